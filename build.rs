@@ -4,7 +4,8 @@
 use std::path::PathBuf;
 
 fn main() {
-    let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let root =
+        PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
     let major = std::env::var("CARGO_PKG_VERSION_MAJOR").expect("cargo sets the version");
     let minor = std::env::var("CARGO_PKG_VERSION_MINOR").expect("cargo sets the version");
     let patch = std::env::var("CARGO_PKG_VERSION_PATCH").expect("cargo sets the version");
@@ -18,7 +19,8 @@ fn main() {
         println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libndx.so.{major}");
     }
 
-    let mut config = cbindgen::Config::from_file(root.join("cbindgen.toml")).expect("cbindgen.toml parses");
+    let mut config =
+        cbindgen::Config::from_file(root.join("cbindgen.toml")).expect("cbindgen.toml parses");
     config.after_includes = Some(format!(
         "\n#define NDX_VERSION_MAJOR {major}\n#define NDX_VERSION_MINOR {minor}\n#define NDX_VERSION_PATCH {patch}\n#define NDX_VERSION_STRING \"{major}.{minor}.{patch}\"\n"
     ));

@@ -14,19 +14,610 @@
 #define NDX_VERSION_STRING "0.1.0"
 
 
+/**
+ * Who supplied a frame.
+ */
+enum ndx_frame_origin_t
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : int32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * A frame of the native stack (C, C++, Rust), captured by ndx.
+   */
+  NDX_FRAME_NATIVE = 1,
+  /**
+   * A frame supplied by the embedder, such as a Python frame.
+   */
+  NDX_FRAME_HOST = 2,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum ndx_frame_origin_t ndx_frame_origin_t;
+#else
+typedef int32_t ndx_frame_origin_t;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * Error kinds, named after the Python exceptions an embedder should raise
+ * (`ndx_error_kind_name`). Values are never renumbered.
+ */
+enum ndx_error_kind_t
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : int32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * A bad argument value ("ValueError").
+   */
+  NDX_ERROR_VALUE = 1,
+  /**
+   * A value of the wrong type, such as an unsupported dtype ("TypeError").
+   */
+  NDX_ERROR_TYPE = 2,
+  /**
+   * An index out of range ("IndexError").
+   */
+  NDX_ERROR_INDEX = 3,
+  /**
+   * A failure of the work itself ("RuntimeError").
+   */
+  NDX_ERROR_RUNTIME = 4,
+  /**
+   * Memory could not be allocated ("MemoryError").
+   */
+  NDX_ERROR_MEMORY = 5,
+  /**
+   * The operation is not available for these inputs ("NotImplementedError").
+   */
+  NDX_ERROR_NOT_IMPLEMENTED = 6,
+  /**
+   * A CUDA driver failure ("CudaError").
+   */
+  NDX_ERROR_CUDA = 7,
+  /**
+   * A wait ran out of time ("TimeoutError").
+   */
+  NDX_ERROR_TIMEOUT = 8,
+  /**
+   * Work was cancelled before it ran ("CancelledError").
+   */
+  NDX_ERROR_CANCELLED = 9,
+  /**
+   * One or more checks failed ("CheckError").
+   */
+  NDX_ERROR_CHECK = 10,
+  /**
+   * A debug backend reports a failure ("BackendError").
+   */
+  NDX_ERROR_BACKEND = 11,
+  /**
+   * A bug in ndx, such as a caught panic ("InternalError").
+   */
+  NDX_ERROR_INTERNAL = 12,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum ndx_error_kind_t ndx_error_kind_t;
+#else
+typedef int32_t ndx_error_kind_t;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * Element types. Values are never renumbered.
+ */
+enum ndx_dtype_t
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : int32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * One byte per element, 0 or 1.
+   */
+  NDX_DTYPE_BOOL = 1,
+  /**
+   * Signed 8-bit integer.
+   */
+  NDX_DTYPE_INT8 = 2,
+  /**
+   * Signed 16-bit integer.
+   */
+  NDX_DTYPE_INT16 = 3,
+  /**
+   * Signed 32-bit integer.
+   */
+  NDX_DTYPE_INT32 = 4,
+  /**
+   * Signed 64-bit integer.
+   */
+  NDX_DTYPE_INT64 = 5,
+  /**
+   * Unsigned 8-bit integer.
+   */
+  NDX_DTYPE_UINT8 = 6,
+  /**
+   * Unsigned 16-bit integer.
+   */
+  NDX_DTYPE_UINT16 = 7,
+  /**
+   * Unsigned 32-bit integer.
+   */
+  NDX_DTYPE_UINT32 = 8,
+  /**
+   * Unsigned 64-bit integer.
+   */
+  NDX_DTYPE_UINT64 = 9,
+  /**
+   * IEEE 754 half precision.
+   */
+  NDX_DTYPE_FLOAT16 = 10,
+  /**
+   * bfloat16.
+   */
+  NDX_DTYPE_BFLOAT16 = 11,
+  /**
+   * IEEE 754 single precision.
+   */
+  NDX_DTYPE_FLOAT32 = 12,
+  /**
+   * IEEE 754 double precision.
+   */
+  NDX_DTYPE_FLOAT64 = 13,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum ndx_dtype_t ndx_dtype_t;
+#else
+typedef int32_t ndx_dtype_t;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * A batch: an ordered list of samples sharing dtype, ndim and device (shapes may
+ * differ). Reference counted, immutable, thread-safe.
+ */
+typedef struct ndx_batch_t ndx_batch_t;
+
+/**
+ * An error: kind, original message, capture-site frames, cause chain and related
+ * errors. An owned value: free it with `ndx_error_free`; copy it with
+ * `ndx_error_clone`. Not reference counted. Reading one error from several threads
+ * is safe; freeing it while another thread reads it is not.
+ */
+typedef struct ndx_error_t ndx_error_t;
+
+/**
+ * A tensor: one n-dimensional array. Reference counted, immutable, thread-safe.
+ */
+typedef struct ndx_tensor_t ndx_tensor_t;
+
+/**
+ * One frame of an error's capture site. Set `struct_size = sizeof(ndx_frame_t)`
+ * before calling `ndx_error_frame`; fields may be appended in later versions, and ndx
+ * writes only the fields that fit in `struct_size`.
+ */
+typedef struct {
+  /**
+   * Set by the caller to `sizeof(ndx_frame_t)`.
+   */
+  size_t struct_size;
+  /**
+   * The function name (demangled), or NULL when unknown. Borrowed from the error.
+   */
+  const char *function;
+  /**
+   * The source file as recorded in the debug information, or NULL when unknown.
+   * Borrowed from the error.
+   */
+  const char *file;
+  /**
+   * 1-based line, 0 when unknown.
+   */
+  uint32_t line;
+  /**
+   * 1-based column, 0 when unknown.
+   */
+  uint32_t column;
+  /**
+   * The native return address of the frame, 0 for host frames.
+   */
+  size_t ip;
+  /**
+   * Who supplied the frame.
+   */
+  ndx_frame_origin_t origin;
+} ndx_frame_t;
+
+/**
+ * Options for every import. Set `struct_size = sizeof(ndx_import_options_t)`;
+ * fields may be appended in later versions. NULL options mean all defaults.
+ */
+typedef struct {
+  /**
+   * Set by the caller to `sizeof(ndx_import_options_t)`.
+   */
+  size_t struct_size;
+  /**
+   * Layout string such as "HWC" (one distinct ASCII letter per dimension), or NULL
+   * for none. Copied.
+   */
+  const char *layout;
+  /**
+   * Makes the imported tensors read-only (in addition to DLPack's READ_ONLY flag).
+   */
+  bool read_only;
+} ndx_import_options_t;
+
+/**
+ * Called once with `(data, user)` when the last reference to a tensor made by
+ * `ndx_tensor_wrap_host` goes away, on whichever thread releases it.
+ */
+typedef void (*ndx_host_deleter_t)(void *data, void *user);
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
 
-// The library version as `MAJOR * 10000 + MINOR * 100 + PATCH`.
-//
-// Thread-safe; never fails.
+/**
+ * The library version as `MAJOR * 10000 + MINOR * 100 + PATCH`.
+ *
+ * Thread-safe; never fails.
+ */
 uint32_t ndx_version(void);
 
-// The library version as a static NUL-terminated string, e.g. `"0.1.0"`.
-//
-// Thread-safe; never fails; the string is static and must not be freed.
+/**
+ * The library version as a static NUL-terminated string, e.g. `"0.1.0"`.
+ *
+ * Thread-safe; never fails; the string is static and must not be freed.
+ */
 const char *ndx_version_string(void);
+
+#if defined(NDX_TEST_HOOKS)
+/**
+ * Test hook: panics inside an entry point with `message`, so tests can check that the
+ * panic boundary turns it into an `NDX_ERROR_INTERNAL` error instead of aborting.
+ * Compiled only with the cargo feature `test-hooks` (CMake option `NDX_TEST_HOOKS`).
+ */
+ndx_error_t *ndx_test_panic(const char *message);
+#endif
+
+/**
+ * The kind of `error` (an `ndx_error_kind_t` value), or 0 when `error` is NULL
+ * (no error).
+ *
+ * Thread-safe; borrows `error`.
+ */
+int32_t ndx_error_kind(const ndx_error_t *error);
+
+/**
+ * The exception name of an error kind: "ValueError", "TypeError", "IndexError",
+ * "RuntimeError", "MemoryError", "NotImplementedError", "CudaError", "TimeoutError",
+ * "CancelledError", "CheckError", "BackendError", "InternalError"; NULL for a value
+ * that is not a kind.
+ *
+ * Thread-safe; the string is static.
+ */
+const char *ndx_error_kind_name(int32_t kind);
+
+/**
+ * The original message of `error`, unchanged; NULL when `error` is NULL.
+ *
+ * The string is borrowed from `error` and lives until it is freed.
+ */
+const char *ndx_error_message(const ndx_error_t *error);
+
+/**
+ * Number of frames of the site that asked for the failing work (0 when there is no
+ * site or `error` is NULL). The first call symbolises the frames (milliseconds the
+ * first time in a process); later calls are cheap.
+ *
+ * Thread-safe; borrows `error`.
+ */
+size_t ndx_error_frame_count(const ndx_error_t *error);
+
+/**
+ * Frame `index` of the capture site. Frame 0 is the innermost: the line that called
+ * into ndx (for an invocation, the line that called `ndx_invoke`; for an error made
+ * with `ndx_error_new` or a failed call, the caller of that function); higher
+ * indices walk outwards to `main`. Frames inside ndx and the Rust runtime are left
+ * out. `ndx_error_format` prints them the other way round, like Python.
+ *
+ * `out->struct_size` must be set; the strings in `*out` are borrowed from `error`.
+ * Fails with NDX_ERROR_VALUE for NULL arguments or a `struct_size` that is too small,
+ * and NDX_ERROR_INDEX when `index >= ndx_error_frame_count(error)`.
+ */
+ndx_error_t *ndx_error_frame(const ndx_error_t *error, size_t index, ndx_frame_t *out);
+
+/**
+ * The direct cause of `error`, or NULL. Borrowed: valid as long as `error`.
+ */
+const ndx_error_t *ndx_error_cause(const ndx_error_t *error);
+
+/**
+ * Number of related errors (an error made of several, like Python's
+ * ExceptionGroup); 0 when none or `error` is NULL.
+ */
+size_t ndx_error_related_count(const ndx_error_t *error);
+
+/**
+ * Related error `index`, or NULL when out of range. Borrowed: valid as long as
+ * `error`.
+ */
+const ndx_error_t *ndx_error_related(const ndx_error_t *error, size_t index);
+
+/**
+ * The operator whose invocation failed, or NULL when the error did not come from an
+ * invocation. Borrowed: valid as long as `error`.
+ */
+const char *ndx_error_op(const ndx_error_t *error);
+
+/**
+ * The sequence number (1, 2, ... per context) of the invocation that failed, or 0
+ * when the error did not come from an invocation.
+ */
+uint64_t ndx_error_sequence(const ndx_error_t *error);
+
+/**
+ * Writes the whole chain as a Python-style traceback into `buf` (at most `cap`
+ * bytes, always NUL-terminated when `cap > 0`) and returns the length the full text
+ * needs, without the NUL — like `snprintf`: call with `cap = 0` to size a buffer.
+ * The root cause comes first; links are joined by "The above exception was the
+ * direct cause of the following exception:"; each link's frames print outermost
+ * first ("most recent call last"). Returns 0 for a NULL `error`.
+ *
+ * Thread-safe; borrows `error`.
+ */
+size_t ndx_error_format(const ndx_error_t *error, char *buf, size_t cap);
+
+/**
+ * A new error for host code (custom operators, embedders): `kind` (an
+ * `ndx_error_kind_t` value), `message` (copied; invalid UTF-8 is replaced) and an
+ * optional `cause`, whose ownership passes to the new error in every case. The new
+ * error's site is the caller of `ndx_error_new` (up to 16 native frames).
+ *
+ * Never returns NULL: when `kind` is not a kind or `message` is NULL, the result is
+ * an NDX_ERROR_VALUE error saying so (still carrying `cause`). Free the result with
+ * `ndx_error_free`. Thread-safe.
+ */
+ndx_error_t *ndx_error_new(int32_t kind, const char *message, ndx_error_t *cause);
+
+/**
+ * An independent owned copy of `error` (its chain and related errors included);
+ * NULL for NULL. Thread-safe; free the copy with `ndx_error_free`.
+ */
+ndx_error_t *ndx_error_clone(const ndx_error_t *error);
+
+/**
+ * Frees an error returned by ndx (with its causes and related errors). NULL is a
+ * no-op. Never pass a borrowed error (from `ndx_error_cause`/`ndx_error_related`).
+ */
+void ndx_error_free(ndx_error_t *error);
+
+/**
+ * Imports a versioned DLPack tensor (DLPack >= 1.0) without copying.
+ *
+ * On success ndx owns `tensor` and calls its deleter exactly once, when the last
+ * reference to `*out` is released (on that thread). On failure the caller still owns
+ * `tensor` — except when its major version is not 1: then, as the DLPack
+ * specification requires, ndx calls its deleter and says so in the error.
+ * The READ_ONLY flag is honoured (ndx never writes such memory) and IS_COPIED kept.
+ * CPU, CUDA, CUDA-host and CUDA-managed memory are accepted as metadata, whether or
+ * not a CUDA driver is present. `opts` may be NULL. Thread-safe.
+ */
+ndx_error_t *ndx_tensor_from_dlpack_versioned(DLManagedTensorVersioned *tensor,
+                                              const ndx_import_options_t *opts,
+                                              ndx_tensor_t **out);
+
+/**
+ * Imports a legacy DLPack tensor without copying. On success ndx owns `tensor` and
+ * calls its deleter exactly once; on failure the caller still owns it. `opts` may be
+ * NULL. Thread-safe.
+ */
+ndx_error_t *ndx_tensor_from_dlpack(DLManagedTensor *tensor,
+                                    const ndx_import_options_t *opts,
+                                    ndx_tensor_t **out);
+
+/**
+ * Imports `n >= 1` versioned DLPack tensors as one batch, without copying.
+ *
+ * Every sample is validated before any is taken: NULL entries, ndim, dtype, device,
+ * shape, strides and byte_offset of each, then that all share device type, device
+ * id, dtype and ndim with `tensors[0]`. On failure the error names the sample index
+ * with the expected and actual values, and the caller still owns every tensor —
+ * except samples with a major version other than 1, whose deleters ndx calls (the
+ * DLPack specification requires it; versions are checked for every sample first and
+ * the error lists them). On success ndx owns all `n` tensors. Thread-safe.
+ */
+ndx_error_t *ndx_batch_from_dlpack_versioned(DLManagedTensorVersioned *const *tensors,
+                                             size_t n,
+                                             const ndx_import_options_t *opts,
+                                             ndx_batch_t **out);
+
+/**
+ * Imports `n >= 1` legacy DLPack tensors as one batch, without copying. Validation
+ * and ownership as for `ndx_batch_from_dlpack_versioned` (legacy tensors have no
+ * version to check). Thread-safe.
+ */
+ndx_error_t *ndx_batch_from_dlpack(DLManagedTensor *const *tensors,
+                                   size_t n,
+                                   const ndx_import_options_t *opts,
+                                   ndx_batch_t **out);
+
+/**
+ * A new compact host tensor holding a copy of `data`: `ndim` dimensions of `shape`,
+ * with `strides` in elements (NULL for compact; negative and zero strides allowed).
+ * `data` may be NULL only when the tensor has no elements. The caller keeps `data`.
+ * Thread-safe.
+ */
+ndx_error_t *ndx_tensor_from_host(const void *data,
+                                  int32_t dtype,
+                                  int32_t ndim,
+                                  const int64_t *shape,
+                                  const int64_t *strides,
+                                  const ndx_import_options_t *opts,
+                                  ndx_tensor_t **out);
+
+/**
+ * A tensor over the caller's host memory, without copying. On success ndx calls
+ * `deleter(data, user)` (if not NULL) exactly once, when the last reference goes, on
+ * the thread that releases it; on failure it is not called and the caller keeps
+ * `data`. ndx never writes into wrapped memory; the caller must not write into it
+ * while work that reads it is pending. Thread-safe.
+ */
+ndx_error_t *ndx_tensor_wrap_host(void *data,
+                                  int32_t dtype,
+                                  int32_t ndim,
+                                  const int64_t *shape,
+                                  const int64_t *strides,
+                                  ndx_host_deleter_t deleter,
+                                  void *user,
+                                  const ndx_import_options_t *opts,
+                                  ndx_tensor_t **out);
+
+/**
+ * Copies the tensor's elements, compacted in row-major order, into `buf` (`cap`
+ * bytes). Fails with NDX_ERROR_VALUE when `cap` is smaller than the tensor's byte
+ * size (`ndx_tensor_nbytes`) or the memory is not host-accessible (kDLCUDA).
+ * Thread-safe.
+ */
+ndx_error_t *ndx_tensor_copy_to(const ndx_tensor_t *tensor, void *buf, size_t cap);
+
+/**
+ * Exports the tensor as a versioned DLPack tensor, without copying. The consumer
+ * owns `*out` and must call its deleter exactly once; until then the data stays
+ * alive. READ_ONLY is set when the tensor is read-only, IS_COPIED when the producer
+ * of the imported data set it. Strides are always given. Thread-safe.
+ */
+ndx_error_t *ndx_tensor_to_dlpack_versioned(const ndx_tensor_t *tensor,
+                                            DLManagedTensorVersioned **out);
+
+/**
+ * Exports the tensor as a legacy DLPack tensor, without copying. Fails with
+ * NDX_ERROR_VALUE for a read-only tensor (the legacy form cannot say so; use
+ * `ndx_tensor_to_dlpack_versioned`). The consumer calls the deleter exactly once.
+ * Thread-safe.
+ */
+ndx_error_t *ndx_tensor_to_dlpack(const ndx_tensor_t *tensor, DLManagedTensor **out);
+
+/**
+ * Adds a reference to `tensor`. Fails with NDX_ERROR_VALUE for NULL. Thread-safe.
+ */
+ndx_error_t *ndx_tensor_retain(const ndx_tensor_t *tensor);
+
+/**
+ * Drops a reference to `tensor`; the last one frees it (and calls the producer's
+ * deleter). NULL is a no-op. Thread-safe.
+ */
+void ndx_tensor_release(const ndx_tensor_t *tensor);
+
+/**
+ * The element type (an `ndx_dtype_t` value).
+ */
+ndx_error_t *ndx_tensor_dtype(const ndx_tensor_t *tensor, int32_t *out);
+
+/**
+ * The number of dimensions.
+ */
+ndx_error_t *ndx_tensor_ndim(const ndx_tensor_t *tensor, int32_t *out);
+
+/**
+ * The shape: `ndim` values, borrowed from the tensor (valid while it lives).
+ */
+ndx_error_t *ndx_tensor_shape(const ndx_tensor_t *tensor, const int64_t **out);
+
+/**
+ * The strides in elements: `ndim` values, borrowed from the tensor.
+ */
+ndx_error_t *ndx_tensor_strides(const ndx_tensor_t *tensor, const int64_t **out);
+
+/**
+ * The number of elements.
+ */
+ndx_error_t *ndx_tensor_numel(const ndx_tensor_t *tensor, size_t *out);
+
+/**
+ * The byte size of the elements when compact (numel x itemsize): what
+ * `ndx_tensor_copy_to` writes.
+ */
+ndx_error_t *ndx_tensor_nbytes(const ndx_tensor_t *tensor, size_t *out);
+
+/**
+ * Where the data lives (DLPack device type and id).
+ */
+ndx_error_t *ndx_tensor_device(const ndx_tensor_t *tensor, DLDevice *out);
+
+/**
+ * The layout string ("" when none), borrowed from the tensor.
+ */
+ndx_error_t *ndx_tensor_layout(const ndx_tensor_t *tensor, const char **out);
+
+/**
+ * Whether the tensor is read-only (ndx never writes it; exports carry READ_ONLY).
+ */
+ndx_error_t *ndx_tensor_is_read_only(const ndx_tensor_t *tensor, bool *out);
+
+/**
+ * The name of a dtype ("float32", "bfloat16", ...), or NULL for a value that is not
+ * an `ndx_dtype_t`. The string is static.
+ */
+const char *ndx_dtype_name(int32_t dtype);
+
+/**
+ * Adds a reference to `batch`. Fails with NDX_ERROR_VALUE for NULL. Thread-safe.
+ */
+ndx_error_t *ndx_batch_retain(const ndx_batch_t *batch);
+
+/**
+ * Drops a reference to `batch`; the last one frees it (samples still referenced
+ * elsewhere stay alive). NULL is a no-op. Thread-safe.
+ */
+void ndx_batch_release(const ndx_batch_t *batch);
+
+/**
+ * The number of samples (at least 1).
+ */
+ndx_error_t *ndx_batch_size(const ndx_batch_t *batch, size_t *out);
+
+/**
+ * Sample `index` as a new tensor reference (release it). NDX_ERROR_INDEX when
+ * `index` is out of range.
+ */
+ndx_error_t *ndx_batch_sample(const ndx_batch_t *batch, size_t index, ndx_tensor_t **out);
+
+/**
+ * Whether every sample has the same shape.
+ */
+ndx_error_t *ndx_batch_is_uniform(const ndx_batch_t *batch, bool *out);
+
+/**
+ * The samples' element type (an `ndx_dtype_t` value).
+ */
+ndx_error_t *ndx_batch_dtype(const ndx_batch_t *batch, int32_t *out);
+
+/**
+ * The samples' number of dimensions.
+ */
+ndx_error_t *ndx_batch_ndim(const ndx_batch_t *batch, int32_t *out);
+
+/**
+ * The samples' device.
+ */
+ndx_error_t *ndx_batch_device(const ndx_batch_t *batch, DLDevice *out);
+
+/**
+ * The samples' layout ("" when none), borrowed from the batch.
+ */
+ndx_error_t *ndx_batch_layout(const ndx_batch_t *batch, const char **out);
+
+/**
+ * Stacks a uniform batch into one new compact host tensor with a leading batch
+ * dimension (layout "N" + the samples' layout, when they have one). A ragged batch
+ * fails with NDX_ERROR_VALUE naming the first sample whose shape differs and both
+ * shapes. Thread-safe.
+ */
+ndx_error_t *ndx_batch_to_tensor(const ndx_batch_t *batch, ndx_tensor_t **out);
 
 #ifdef __cplusplus
 }  // extern "C"

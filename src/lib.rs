@@ -1,5 +1,12 @@
-//! ndx: tensor operators with a C ABI.
+//! ndx: a tensor operator runtime with a C ABI whose errors point at the line that
+//! asked for the work. See `DESIGN.md` and `include/ndx.h`.
+
+// The header comes from `ffi` alone: the core modules are not part of the C API.
+/// cbindgen:ignore
+pub mod error;
 pub mod ffi;
+/// cbindgen:ignore
+pub mod tensor;
 
 /// The crate version packed as `MAJOR * 10000 + MINOR * 100 + PATCH`.
 pub fn version_number() -> u32 {

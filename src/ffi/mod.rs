@@ -1,5 +1,109 @@
-//! The C ABI.
-use std::ffi::c_char;
+//! The C ABI: the only `extern "C"` entry points of the crate.
+//!
+//! Every entry point is a few lines that run inside [`boundary`] (or one of its
+//! variants): it records the entry marker for capture sites, catches panics (a panic
+//! becomes an `NDX_ERROR_INTERNAL` error, never an abort of the host process), checks
+//! out-params and handles, and converts the core's `Result` into an owned
+//! `ndx_error_t*` (NULL on success). No logic lives here.
+
+#![allow(non_camel_case_types)]
+
+mod error;
+mod handle;
+mod tensor;
+
+pub use error::*;
+pub use handle::{ndx_batch_t, ndx_tensor_t};
+pub use tensor::*;
+
+use std::ffi::{CStr, c_char};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+
+use crate::error::{DEFAULT_DEPTH, EntryGuard, Error, Result, Site};
+
+/// The message of a caught panic.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic with a non-string payload".to_string()
+    }
+}
+
+/// Gives an error that has no site the site of the entry point's caller.
+#[inline(always)]
+fn with_entry_site(e: Error) -> Error {
+    if e.site().is_some() {
+        e
+    } else {
+        e.with_site(Arc::new(Site::capture_native(DEFAULT_DEPTH)))
+    }
+}
+
+/// Runs `f` as the body of entry point `name` and returns a value; a panic yields
+/// `on_panic(error)`. Inlined into the entry point so the marker lies in its frame.
+#[inline(always)]
+pub(crate) fn boundary_value<T>(
+    name: &'static str,
+    on_panic: impl FnOnce(Error) -> T,
+    f: impl FnOnce() -> T,
+) -> T {
+    let marker = 0u8;
+    let _entry = EntryGuard::enter(std::hint::black_box(&marker) as *const u8 as usize);
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(v) => v,
+        Err(payload) => on_panic(with_entry_site(Error::internal(format!(
+            "panic in {name}: {}",
+            panic_message(payload.as_ref())
+        )))),
+    }
+}
+
+/// Runs `f` as the body of entry point `name`: NULL on success, an owned error (with
+/// the caller's site) on failure or panic.
+#[inline(always)]
+pub(crate) fn boundary(name: &'static str, f: impl FnOnce() -> Result<()>) -> *mut ndx_error_t {
+    boundary_value(name, error_into_raw, || match f() {
+        Ok(()) => std::ptr::null_mut(),
+        Err(e) => error_into_raw(with_entry_site(e)),
+    })
+}
+
+/// Like [`boundary`] for an entry point with one out-param: checks `out`, sets it to
+/// `empty` first (so it is never half-filled on error), then to `f`'s value.
+#[inline(always)]
+pub(crate) fn boundary_out<T>(
+    name: &'static str,
+    out: *mut T,
+    empty: T,
+    f: impl FnOnce() -> Result<T>,
+) -> *mut ndx_error_t {
+    boundary(name, || {
+        if out.is_null() {
+            return Err(Error::value("argument 'out' is NULL"));
+        }
+        // SAFETY: `out` is non-NULL and, per the API contract, points to writable
+        // storage for one value.
+        unsafe { out.write(empty) };
+        let value = f()?;
+        // SAFETY: as above.
+        unsafe { out.write(value) };
+        Ok(())
+    })
+}
+
+/// Copies a host string (NULL allowed when `optional`) into an owned `String`;
+/// invalid UTF-8 is replaced, not fatal.
+pub(crate) fn host_str(p: *const c_char, arg: &str) -> Result<String> {
+    if p.is_null() {
+        return Err(Error::value(format!("argument '{arg}' is NULL")));
+    }
+    // SAFETY: non-NULL, and the caller promises a NUL-terminated string.
+    Ok(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+}
 
 /// The library version as `MAJOR * 10000 + MINOR * 100 + PATCH`.
 ///
@@ -15,4 +119,16 @@ pub extern "C" fn ndx_version() -> u32 {
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_version_string() -> *const c_char {
     concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
+}
+
+/// Test hook: panics inside an entry point with `message`, so tests can check that the
+/// panic boundary turns it into an `NDX_ERROR_INTERNAL` error instead of aborting.
+/// Compiled only with the cargo feature `test-hooks` (CMake option `NDX_TEST_HOOKS`).
+#[cfg(feature = "test-hooks")]
+#[unsafe(no_mangle)]
+pub extern "C" fn ndx_test_panic(message: *const c_char) -> *mut ndx_error_t {
+    boundary("ndx_test_panic", || {
+        let message = host_str(message, "message")?;
+        panic!("{message}");
+    })
 }

@@ -1,0 +1,124 @@
+//! The traceback text of an error chain, shaped like Python's: the root cause first,
+//! each link's frames outermost first ("most recent call last"), links joined by
+//! "The above exception was the direct cause of the following exception:".
+
+use std::fmt::Write;
+
+use super::{Error, Frame};
+
+/// The separator Python prints between a cause and the error it caused.
+pub const CAUSE_SEPARATOR: &str =
+    "\nThe above exception was the direct cause of the following exception:\n\n";
+
+/// The full traceback of `error` and its causes.
+pub fn traceback(error: &Error) -> String {
+    let mut out = String::new();
+    write_chain(&mut out, error, "");
+    out
+}
+
+fn write_chain(out: &mut String, error: &Error, indent: &str) {
+    let links: Vec<&Error> = error.chain().collect();
+    for (i, link) in links.iter().rev().enumerate() {
+        if i > 0 {
+            for line in CAUSE_SEPARATOR.lines() {
+                push_line(out, indent, line);
+            }
+        }
+        write_link(out, link, indent);
+    }
+}
+
+fn write_link(out: &mut String, error: &Error, indent: &str) {
+    let frames = error.frames();
+    if !frames.is_empty() {
+        push_line(out, indent, "Traceback (most recent call last):");
+        for frame in frames.iter().rev() {
+            push_line(out, indent, &frame_line(frame));
+        }
+    }
+    if let (Some(op), Some(seq)) = (error.op(), error.sequence()) {
+        push_line(
+            out,
+            indent,
+            &format!("  in invocation #{seq} of operator '{op}'"),
+        );
+    }
+    push_line(
+        out,
+        indent,
+        &format!("{}: {}", error.kind().name(), error.message()),
+    );
+    let related = error.related();
+    for (i, rel) in related.iter().enumerate() {
+        push_line(
+            out,
+            indent,
+            &format!(
+                "+---------------- {} of {} ----------------",
+                i + 1,
+                related.len()
+            ),
+        );
+        let nested = format!("{indent}| ");
+        write_chain(out, rel, &nested);
+    }
+    if !related.is_empty() {
+        push_line(out, indent, "+------------------------------------");
+    }
+}
+
+/// One frame as Python prints it: `  File "app.c", line 41, in main`.
+pub fn frame_line(frame: &Frame) -> String {
+    let function = frame.function().unwrap_or("<unknown>");
+    match frame.file() {
+        Some(file) => {
+            let mut s = format!("  File \"{file}\", line {}", frame.line());
+            if frame.column() > 0 {
+                let _ = write!(s, ", column {}", frame.column());
+            }
+            let _ = write!(s, ", in {function}");
+            s
+        }
+        None if frame.ip() != 0 => format!("  At 0x{:x}, in {function}", frame.ip()),
+        None => format!("  In {function}"),
+    }
+}
+
+fn push_line(out: &mut String, indent: &str, line: &str) {
+    out.push_str(indent);
+    out.push_str(line);
+    out.push('\n');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+
+    #[test]
+    fn root_cause_prints_first_with_python_separator() {
+        let e = Error::new(ErrorKind::Runtime, "outer failed").with_cause(Error::value("root bad"));
+        let text = traceback(&e);
+        let root = text.find("ValueError: root bad").expect("root present");
+        let sep = text
+            .find("direct cause of the following exception")
+            .expect("sep");
+        let outer = text.find("RuntimeError: outer failed").expect("outer");
+        assert!(root < sep && sep < outer, "{text}");
+        assert!(
+            !text.contains("Traceback"),
+            "no frames, no traceback header: {text}"
+        );
+    }
+
+    #[test]
+    fn related_errors_are_nested_with_a_bar() {
+        let e = Error::new(ErrorKind::Check, "2 checks failed")
+            .with_related([Error::value("first"), Error::value("second")]);
+        let text = traceback(&e);
+        assert!(text.contains("+---------------- 1 of 2"), "{text}");
+        assert!(text.contains("| ValueError: first"), "{text}");
+        assert!(text.contains("| ValueError: second"), "{text}");
+    }
+}

@@ -1,0 +1,260 @@
+//! Capture sites: where an invocation (or an error) was asked for.
+//!
+//! Capture is cheap and symbolisation is lazy: at capture time only raw instruction
+//! pointers are recorded; names, files and lines are looked up the first time someone
+//! asks for the frames, then cached in the site.
+//!
+//! Frames inside ndx are dropped precisely with a stack marker: every C entry point
+//! (see `crate::ffi::boundary`) records the address of a local of its own frame in a
+//! thread-local before it calls into the core. While unwinding, every frame whose
+//! canonical frame address (CFA) is at or below that marker runs inside the entry
+//! point; the first frame above it is the entry point itself, and the one after that
+//! is the caller's: frame 0. Rust callers of the core API, who have no entry point,
+//! are trimmed by symbol name instead when the frames are resolved.
+
+use std::cell::Cell;
+use std::ffi::{CStr, CString};
+use std::sync::OnceLock;
+
+use super::to_cstring;
+
+/// Who supplied a frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(i32)]
+pub enum FrameOrigin {
+    /// Captured from the native stack (C, C++, Rust, ...).
+    Native = 1,
+    /// Supplied by the embedder (a host language's own frames).
+    Host = 2,
+}
+
+/// One resolved frame.
+#[derive(Debug, Clone)]
+pub struct Frame {
+    function: Option<CString>,
+    file: Option<CString>,
+    line: u32,
+    column: u32,
+    ip: usize,
+    origin: FrameOrigin,
+}
+
+impl Frame {
+    /// A frame from its parts (host frames, explicit locations, tests).
+    pub fn new(
+        function: Option<&str>,
+        file: Option<&str>,
+        line: u32,
+        column: u32,
+        ip: usize,
+        origin: FrameOrigin,
+    ) -> Frame {
+        Frame {
+            function: function.map(to_cstring),
+            file: file.map(to_cstring),
+            line,
+            column,
+            ip,
+            origin,
+        }
+    }
+
+    /// The function name, demangled, without Rust's hash suffix.
+    pub fn function(&self) -> Option<&str> {
+        self.function.as_deref().and_then(|c| c.to_str().ok())
+    }
+    /// The source file, as recorded in the debug information.
+    pub fn file(&self) -> Option<&str> {
+        self.file.as_deref().and_then(|c| c.to_str().ok())
+    }
+    /// The function name as a C string borrowed from the frame.
+    pub fn c_function(&self) -> Option<&CStr> {
+        self.function.as_deref()
+    }
+    /// The file as a C string borrowed from the frame.
+    pub fn c_file(&self) -> Option<&CStr> {
+        self.file.as_deref()
+    }
+    /// 1-based line, 0 when unknown.
+    pub fn line(&self) -> u32 {
+        self.line
+    }
+    /// 1-based column, 0 when unknown.
+    pub fn column(&self) -> u32 {
+        self.column
+    }
+    /// The instruction pointer (return address) of a native frame, 0 for host frames.
+    pub fn ip(&self) -> usize {
+        self.ip
+    }
+    /// Who supplied the frame.
+    pub fn origin(&self) -> FrameOrigin {
+        self.origin
+    }
+}
+
+/// Frames captured beyond the requested depth when no entry marker is set, so that
+/// trimming ndx's own frames by name still leaves `depth` frames of the caller.
+const NAME_TRIM_SLACK: usize = 12;
+
+/// The default number of native frames recorded for errors raised by a C entry point.
+pub const DEFAULT_DEPTH: usize = 16;
+
+thread_local! {
+    static ENTRY_MARKER: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Restores the previous entry marker when an entry point returns (entry points nest
+/// when a callback calls back into ndx).
+pub(crate) struct EntryGuard {
+    previous: usize,
+}
+
+impl EntryGuard {
+    /// Records `marker` — the address of a local in the entry point's own frame.
+    #[inline(always)]
+    pub(crate) fn enter(marker: usize) -> EntryGuard {
+        let previous = ENTRY_MARKER.with(|m| m.replace(marker));
+        EntryGuard { previous }
+    }
+}
+
+impl Drop for EntryGuard {
+    #[inline(always)]
+    fn drop(&mut self) {
+        let previous = self.previous;
+        ENTRY_MARKER.with(|m| m.set(previous));
+    }
+}
+
+/// Where something was asked for: raw native instruction pointers (innermost first),
+/// resolved to [`Frame`]s on first use.
+pub struct Site {
+    ips: Box<[usize]>,
+    /// Frames kept after resolution (only when trimming by name needed slack).
+    depth: usize,
+    trim_by_name: bool,
+    resolved: OnceLock<Vec<Frame>>,
+}
+
+impl Site {
+    /// Captures up to `depth` native frames of the caller. Costs an unwind (a few
+    /// microseconds for 16 frames); resolves nothing.
+    #[inline(never)]
+    pub fn capture_native(depth: usize) -> Site {
+        let marker = ENTRY_MARKER.with(Cell::get);
+        let trim_by_name = marker == 0;
+        let limit = if trim_by_name {
+            depth + NAME_TRIM_SLACK
+        } else {
+            depth
+        };
+        let mut ips = Vec::with_capacity(limit);
+        // 0: below the marker (inside ndx); 1: the entry point's own frame; 2: caller's.
+        let mut state = if trim_by_name { 2 } else { 0 };
+        if limit > 0 {
+            backtrace::trace(|frame| {
+                let cfa = frame.sp() as usize;
+                if state == 0 {
+                    if cfa != 0 && cfa <= marker {
+                        return true;
+                    }
+                    state = 1;
+                }
+                if state == 1 {
+                    state = 2;
+                    return true;
+                }
+                ips.push(frame.ip() as usize);
+                ips.len() < limit
+            });
+        }
+        Site {
+            ips: ips.into_boxed_slice(),
+            depth,
+            trim_by_name,
+            resolved: OnceLock::new(),
+        }
+    }
+
+    /// The raw instruction pointers, innermost first.
+    pub fn ips(&self) -> &[usize] {
+        &self.ips
+    }
+
+    /// The frames, innermost first; symbolised on the first call and cached.
+    pub fn frames(&self) -> &[Frame] {
+        self.resolved.get_or_init(|| self.resolve())
+    }
+
+    fn resolve(&self) -> Vec<Frame> {
+        let mut frames = Vec::with_capacity(self.ips.len());
+        let mut leading = true;
+        for &ip in self.ips.iter() {
+            let mut symbols = Vec::new();
+            backtrace::resolve(ip as *mut std::ffi::c_void, |sym| {
+                let function = sym.name().map(|n| format!("{n:#}"));
+                let file = sym.filename().map(|p| p.to_string_lossy().into_owned());
+                symbols.push(Frame::new(
+                    function.as_deref(),
+                    file.as_deref(),
+                    sym.lineno().unwrap_or(0),
+                    sym.colno().unwrap_or(0),
+                    ip,
+                    FrameOrigin::Native,
+                ));
+            });
+            if symbols.is_empty() {
+                symbols.push(Frame::new(None, None, 0, 0, ip, FrameOrigin::Native));
+            }
+            for frame in symbols {
+                if leading && is_internal(&frame, self.trim_by_name) {
+                    continue;
+                }
+                leading = false;
+                if !is_runtime(&frame) {
+                    frames.push(frame);
+                }
+            }
+        }
+        if self.trim_by_name {
+            frames.truncate(self.depth);
+        }
+        frames
+    }
+}
+
+/// Frames of ndx itself (and of the unwinder) at the inner end of a capture.
+fn is_internal(frame: &Frame, trim_by_name: bool) -> bool {
+    let Some(name) = frame.function() else {
+        return false;
+    };
+    // An entry point that was not trimmed by the marker (it should always be).
+    let exported_entry = name.starts_with("ndx_") && !name.contains("::");
+    exported_entry
+        || (trim_by_name
+            && ["ndx::", "<ndx::", "backtrace::", "<backtrace::"]
+                .iter()
+                .any(|p| name.starts_with(p)))
+        || is_runtime(frame)
+}
+
+/// Frames of the Rust runtime and standard library: never the user's code.
+fn is_runtime(frame: &Frame) -> bool {
+    let Some(name) = frame.function() else {
+        return false;
+    };
+    [
+        "std::", "<std::", "core::", "<core::", "alloc::", "<alloc::", "__rust", "rust_",
+    ]
+    .iter()
+    .any(|p| name.starts_with(p))
+}
+
+impl std::fmt::Debug for Site {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Site")
+            .field("ips", &self.ips.len())
+            .finish()
+    }
+}

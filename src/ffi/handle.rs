@@ -1,0 +1,68 @@
+//! Opaque handles and how they map to Rust values.
+//!
+//! Data handles are `Arc`s handed to C as raw pointers: `retain` adds a reference,
+//! `release` drops one, and every handle an entry point returns is a new reference.
+
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::tensor::{Batch, Tensor};
+
+/// A tensor: one n-dimensional array. Reference counted, immutable, thread-safe.
+pub struct ndx_tensor_t {
+    _private: [u8; 0],
+}
+
+/// A batch: an ordered list of samples sharing dtype, ndim and device (shapes may
+/// differ). Reference counted, immutable, thread-safe.
+pub struct ndx_batch_t {
+    _private: [u8; 0],
+}
+
+/// A C handle type backed by `Arc<Target>`.
+pub(crate) trait ArcHandle {
+    type Target;
+}
+
+impl ArcHandle for ndx_tensor_t {
+    type Target = Tensor;
+}
+
+impl ArcHandle for ndx_batch_t {
+    type Target = Batch;
+}
+
+/// Hands a new reference to C.
+pub(crate) fn into_handle<H: ArcHandle>(value: Arc<H::Target>) -> *mut H {
+    Arc::into_raw(value).cast_mut().cast()
+}
+
+/// Borrows the value behind a handle for the duration of a call.
+pub(crate) fn borrow<'a, H: ArcHandle>(handle: *const H, arg: &str) -> Result<&'a H::Target> {
+    if handle.is_null() {
+        return Err(Error::value(format!("argument '{arg}' is NULL")));
+    }
+    // SAFETY: a non-NULL handle was made by `into_handle` and the caller holds a
+    // reference for the duration of the call (API contract).
+    Ok(unsafe { &*handle.cast::<H::Target>() })
+}
+
+/// A new `Arc` reference to the value behind a handle.
+pub(crate) fn clone_arc<H: ArcHandle>(handle: *const H, arg: &str) -> Result<Arc<H::Target>> {
+    borrow::<H>(handle, arg)?;
+    let ptr = handle.cast::<H::Target>();
+    // SAFETY: `ptr` came from `Arc::into_raw` and is alive (checked non-NULL above;
+    // the caller holds a reference), so incrementing and re-wrapping is sound.
+    unsafe {
+        Arc::increment_strong_count(ptr);
+        Ok(Arc::from_raw(ptr))
+    }
+}
+
+/// Drops one reference; NULL is a no-op.
+pub(crate) fn release<H: ArcHandle>(handle: *const H) {
+    if !handle.is_null() {
+        // SAFETY: the caller gives up one reference made by `into_handle`.
+        drop(unsafe { Arc::from_raw(handle.cast::<H::Target>()) });
+    }
+}

@@ -1,0 +1,573 @@
+//! Tensors and batches: dtype, shape, strides and layout over a [`Storage`].
+
+pub mod dlpack;
+mod dtype;
+mod storage;
+
+pub use dtype::{DType, Device, DeviceKind, describe_dl_dtype, dl_device_name};
+pub use storage::{ALIGNMENT, HostDeleter, Storage};
+
+use std::ffi::{CStr, CString};
+use std::sync::Arc;
+
+use crate::error::{Error, ErrorKind, Result};
+
+/// The most dimensions a tensor may have.
+pub const MAX_NDIM: i32 = 32;
+
+/// Options that apply to every import (DLPack or host memory).
+#[derive(Debug, Clone, Default)]
+pub struct ImportOptions {
+    /// A layout string such as `"HWC"`: one distinct ASCII letter per dimension.
+    pub layout: Option<String>,
+    /// Forces the imported tensors to be read-only.
+    pub read_only: bool,
+}
+
+/// Formats a shape or strides as `[2, 3]`.
+pub fn dims(values: &[i64]) -> String {
+    let inner: Vec<String> = values.iter().map(i64::to_string).collect();
+    format!("[{}]", inner.join(", "))
+}
+
+/// Compact (row-major) strides in elements; `None` on overflow.
+pub fn compact_strides(shape: &[i64]) -> Option<Vec<i64>> {
+    let mut strides = vec![0i64; shape.len()];
+    let mut acc: i64 = 1;
+    for i in (0..shape.len()).rev() {
+        strides[i] = acc;
+        acc = acc.checked_mul(shape[i].max(1))?;
+    }
+    Some(strides)
+}
+
+/// The validated geometry of a view: strides, element count, and the byte span
+/// `[lo, lo + len)` it touches relative to the data pointer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Geometry {
+    /// Strides in elements.
+    pub strides: Vec<i64>,
+    /// Number of elements.
+    pub numel: usize,
+    /// Start of the touched span, in bytes from the data pointer.
+    pub lo: isize,
+    /// Length of the touched span in bytes.
+    pub len: usize,
+}
+
+/// Validates a view described by C or DLPack: sizes non-negative, element count and
+/// every byte address representable, NULL data only when empty. `what` names the
+/// tensor in messages (`"tensor"`, `"tensors[3]"`).
+pub fn validate_geometry(
+    what: &str,
+    data: usize,
+    shape: &[i64],
+    strides: Option<&[i64]>,
+    itemsize: usize,
+    byte_offset: u64,
+) -> Result<Geometry> {
+    for (i, &d) in shape.iter().enumerate() {
+        if d < 0 {
+            return Err(Error::value(format!(
+                "{what}: shape[{i}] is {d}, expected a non-negative size (shape {})",
+                dims(shape)
+            )));
+        }
+    }
+    let overflow = || {
+        Error::value(format!(
+            "{what}: shape {} with strides {} and itemsize {itemsize} from byte_offset {byte_offset} overflows the address space",
+            dims(shape),
+            strides.map_or_else(|| "compact".to_string(), dims)
+        ))
+    };
+    let numel = shape
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d as usize))
+        .ok_or_else(overflow)?;
+    let strides = match strides {
+        Some(s) => s.to_vec(),
+        None => compact_strides(shape).ok_or_else(overflow)?,
+    };
+    if numel == 0 {
+        let lo = isize::try_from(byte_offset).map_err(|_| overflow())?;
+        return Ok(Geometry {
+            strides,
+            numel,
+            lo,
+            len: 0,
+        });
+    }
+    if data == 0 {
+        return Err(Error::value(format!(
+            "{what}: data is NULL but the tensor has {numel} elements (shape {})",
+            dims(shape)
+        )));
+    }
+    // Extreme element offsets, in i128 so no intermediate can overflow.
+    let (mut min_el, mut max_el) = (0i128, 0i128);
+    for (&d, &s) in shape.iter().zip(&strides) {
+        let reach = (d as i128 - 1) * s as i128;
+        if reach < 0 {
+            min_el += reach;
+        } else {
+            max_el += reach;
+        }
+    }
+    let item = itemsize as i128;
+    let lo = byte_offset as i128 + min_el * item;
+    let hi = byte_offset as i128 + (max_el + 1) * item;
+    let addr_lo = data as i128 + lo;
+    let addr_hi = data as i128 + hi;
+    if addr_lo < 0 || addr_hi > isize::MAX as i128 || hi - lo > isize::MAX as i128 {
+        return Err(overflow());
+    }
+    Ok(Geometry {
+        strides,
+        numel,
+        lo: lo as isize,
+        len: (hi - lo) as usize,
+    })
+}
+
+/// Checks a layout string against `ndim`: one distinct ASCII letter per dimension.
+pub fn validate_layout(layout: &str, ndim: usize, what: &str) -> Result<CString> {
+    if layout.is_empty() {
+        return Ok(CString::default());
+    }
+    if !layout.bytes().all(|b| b.is_ascii_alphabetic()) {
+        return Err(Error::value(format!(
+            "{what}: layout \"{layout}\" must consist of ASCII letters, one per dimension"
+        )));
+    }
+    if layout.len() != ndim {
+        return Err(Error::value(format!(
+            "{what}: layout \"{layout}\" has {} letters but the tensor has ndim {ndim}",
+            layout.len()
+        )));
+    }
+    let mut seen = [false; 128];
+    for b in layout.bytes() {
+        if std::mem::replace(&mut seen[b as usize], true) {
+            return Err(Error::value(format!(
+                "{what}: layout \"{layout}\" names dimension '{}' twice",
+                b as char
+            )));
+        }
+    }
+    Ok(CString::new(layout).unwrap_or_default())
+}
+
+/// An n-dimensional view of a [`Storage`].
+#[derive(Debug)]
+pub struct Tensor {
+    storage: Arc<Storage>,
+    dtype: DType,
+    shape: Vec<i64>,
+    strides: Vec<i64>,
+    /// Byte offset of element 0 from the storage's data pointer (DLPack's meaning).
+    byte_offset: u64,
+    numel: usize,
+    layout: CString,
+    read_only: bool,
+}
+
+impl Tensor {
+    /// A view over `storage`, whose geometry the caller has validated.
+    pub(crate) fn from_parts(
+        storage: Arc<Storage>,
+        dtype: DType,
+        shape: Vec<i64>,
+        geometry: Geometry,
+        byte_offset: u64,
+        layout: CString,
+        read_only: bool,
+    ) -> Tensor {
+        let read_only = read_only || storage.read_only();
+        Tensor {
+            storage,
+            dtype,
+            shape,
+            strides: geometry.strides,
+            byte_offset,
+            numel: geometry.numel,
+            layout,
+            read_only,
+        }
+    }
+
+    /// A new compact host tensor filled by `fill`, which receives the zeroed bytes.
+    pub fn new_host(
+        dtype: DType,
+        shape: &[i64],
+        layout: CString,
+        fill: impl FnOnce(&mut [u8]) -> Result<()>,
+    ) -> Result<Tensor> {
+        let geometry = validate_geometry("output", 1, shape, None, dtype.itemsize(), 0)?;
+        let nbytes = geometry
+            .numel
+            .checked_mul(dtype.itemsize())
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Memory,
+                    format!("shape {} is too large to allocate", dims(shape)),
+                )
+            })?;
+        let mut storage = Storage::owned(nbytes)?;
+        if let Some(bytes) = storage.owned_bytes_mut() {
+            fill(bytes)?;
+        }
+        let geometry = Geometry {
+            lo: 0,
+            len: nbytes,
+            ..geometry
+        };
+        Ok(Tensor::from_parts(
+            Arc::new(storage),
+            dtype,
+            shape.to_vec(),
+            geometry,
+            0,
+            layout,
+            false,
+        ))
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+    /// Number of dimensions.
+    pub fn ndim(&self) -> usize {
+        self.shape.len()
+    }
+    /// The shape.
+    pub fn shape(&self) -> &[i64] {
+        &self.shape
+    }
+    /// The strides, in elements.
+    pub fn strides(&self) -> &[i64] {
+        &self.strides
+    }
+    /// Byte offset of element 0 from the storage's data pointer.
+    pub fn byte_offset(&self) -> u64 {
+        self.byte_offset
+    }
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.numel
+    }
+    /// Bytes of the data when compact (`numel * itemsize`).
+    pub fn nbytes(&self) -> usize {
+        self.numel * self.dtype.itemsize()
+    }
+    /// Where the data lives.
+    pub fn device(&self) -> Device {
+        self.storage.device()
+    }
+    /// The layout string (empty when none).
+    pub fn layout(&self) -> &str {
+        self.layout.to_str().unwrap_or("")
+    }
+    /// The layout as a C string borrowed from the tensor.
+    pub fn c_layout(&self) -> &CStr {
+        &self.layout
+    }
+    /// Whether ndx (and consumers of an export) must not write the data.
+    pub fn read_only(&self) -> bool {
+        self.read_only
+    }
+    /// The storage behind this view.
+    pub fn storage(&self) -> &Arc<Storage> {
+        &self.storage
+    }
+    /// Whether the strides are the compact row-major strides of the shape.
+    pub fn is_compact(&self) -> bool {
+        self.shape
+            .iter()
+            .zip(&self.strides)
+            .zip(compact_strides(&self.shape).unwrap_or_default())
+            .all(|((&d, &s), c)| d <= 1 || s == c)
+    }
+
+    /// Copies the elements, compacted in row-major order, into `dst`, which must hold
+    /// at least [`Tensor::nbytes`] bytes.
+    pub fn copy_to(&self, dst: &mut [u8]) -> Result<()> {
+        let nbytes = self.nbytes();
+        if dst.len() < nbytes {
+            return Err(Error::value(format!(
+                "buffer too small: the tensor has {nbytes} bytes ({} x {} of {}), the buffer holds {}",
+                self.numel,
+                self.dtype.itemsize(),
+                self.dtype.name(),
+                dst.len()
+            )));
+        }
+        if nbytes == 0 {
+            return Ok(());
+        }
+        let src = self.storage.host_bytes().ok_or_else(|| {
+            Error::value(format!(
+                "the tensor lives in {} device memory, which the host cannot read; ndx_tensor_copy_to reads host-accessible memory only",
+                self.device()
+            ))
+        })?;
+        let item = self.dtype.itemsize();
+        // Byte index of element 0 inside the span.
+        let origin = self.byte_offset as isize - self.storage.span_start();
+        let dst = &mut dst[..nbytes];
+        if self.is_compact() {
+            let start = origin as usize;
+            dst.copy_from_slice(&src[start..start + nbytes]);
+            return Ok(());
+        }
+        let ndim = self.ndim();
+        let inner = self.shape[ndim - 1] as usize;
+        let inner_stride = self.strides[ndim - 1] as isize * item as isize;
+        let row_bytes = inner * item;
+        let mut index = vec![0i64; ndim - 1];
+        let mut out = 0usize;
+        loop {
+            let mut at = origin;
+            for (k, &i) in index.iter().enumerate() {
+                at += (i * self.strides[k]) as isize * item as isize;
+            }
+            if inner_stride == item as isize {
+                let a = at as usize;
+                dst[out..out + row_bytes].copy_from_slice(&src[a..a + row_bytes]);
+                out += row_bytes;
+            } else {
+                for j in 0..inner as isize {
+                    let a = (at + j * inner_stride) as usize;
+                    dst[out..out + item].copy_from_slice(&src[a..a + item]);
+                    out += item;
+                }
+            }
+            // Odometer over the outer dimensions.
+            let mut k = ndim - 1;
+            loop {
+                if k == 0 {
+                    return Ok(());
+                }
+                k -= 1;
+                index[k] += 1;
+                if index[k] < self.shape[k] {
+                    break;
+                }
+                index[k] = 0;
+            }
+        }
+    }
+
+    /// The same view, read-only.
+    pub fn into_read_only(mut self) -> Tensor {
+        self.read_only = true;
+        self
+    }
+
+    /// The elements as a compact vector of bytes.
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        let mut out = vec![0u8; self.nbytes()];
+        self.copy_to(&mut out)?;
+        Ok(out)
+    }
+
+    /// A compact host copy with its own storage.
+    pub fn to_compact(&self) -> Result<Tensor> {
+        Tensor::new_host(self.dtype, &self.shape, self.layout.clone(), |bytes| {
+            self.copy_to(bytes)
+        })
+    }
+}
+
+/// An ordered list of samples sharing dtype, ndim and device; shapes may differ.
+#[derive(Debug)]
+pub struct Batch {
+    samples: Vec<Arc<Tensor>>,
+}
+
+impl Batch {
+    /// A batch of at least one sample; every sample must share dtype, ndim, device
+    /// (kind and id) and layout with sample 0.
+    pub fn new(samples: Vec<Arc<Tensor>>) -> Result<Batch> {
+        let first = samples
+            .first()
+            .ok_or_else(|| Error::value("a batch needs at least one sample, got 0"))?;
+        for (i, s) in samples.iter().enumerate().skip(1) {
+            check_same_metadata(
+                i,
+                (s.dtype(), s.ndim(), s.device()),
+                (first.dtype(), first.ndim(), first.device()),
+            )?;
+            if s.layout() != first.layout() {
+                return Err(Error::value(format!(
+                    "samples[{i}]: layout is \"{}\", expected \"{}\" like samples[0]",
+                    s.layout(),
+                    first.layout()
+                )));
+            }
+        }
+        Ok(Batch { samples })
+    }
+
+    /// Number of samples (at least 1).
+    pub fn len(&self) -> usize {
+        self.samples.len()
+    }
+    /// Always false: a batch has at least one sample.
+    pub fn is_empty(&self) -> bool {
+        self.samples.is_empty()
+    }
+    /// The samples.
+    pub fn samples(&self) -> &[Arc<Tensor>] {
+        &self.samples
+    }
+    /// Sample `i`, or an `NDX_ERROR_INDEX` error.
+    pub fn sample(&self, i: usize) -> Result<&Arc<Tensor>> {
+        self.samples.get(i).ok_or_else(|| {
+            Error::index(format!(
+                "sample index {i} is out of range for a batch of {} samples",
+                self.samples.len()
+            ))
+        })
+    }
+    fn first(&self) -> &Tensor {
+        &self.samples[0]
+    }
+    /// The samples' dtype.
+    pub fn dtype(&self) -> DType {
+        self.first().dtype()
+    }
+    /// The samples' number of dimensions.
+    pub fn ndim(&self) -> usize {
+        self.first().ndim()
+    }
+    /// The samples' device.
+    pub fn device(&self) -> Device {
+        self.first().device()
+    }
+    /// The samples' layout (empty when none).
+    pub fn c_layout(&self) -> &CStr {
+        self.first().c_layout()
+    }
+    /// The first sample whose shape differs from sample 0's, if any.
+    pub fn first_nonuniform(&self) -> Option<usize> {
+        let shape = self.first().shape();
+        self.samples.iter().position(|s| s.shape() != shape)
+    }
+    /// Whether every sample has the same shape.
+    pub fn is_uniform(&self) -> bool {
+        self.first_nonuniform().is_none()
+    }
+
+    /// Stacks a uniform batch into one compact tensor with a leading batch dimension.
+    /// Its layout is the samples' prefixed with `N` (when they have one without `N`).
+    pub fn to_tensor(&self) -> Result<Tensor> {
+        if let Some(i) = self.first_nonuniform() {
+            return Err(Error::value(format!(
+                "cannot stack a ragged batch: sample {i} has shape {}, sample 0 has shape {}",
+                dims(self.samples[i].shape()),
+                dims(self.first().shape())
+            )));
+        }
+        let mut shape = vec![self.samples.len() as i64];
+        shape.extend_from_slice(self.first().shape());
+        let sample_layout = self.first().layout();
+        let layout = if !sample_layout.is_empty() && !sample_layout.contains('N') {
+            CString::new(format!("N{sample_layout}")).unwrap_or_default()
+        } else {
+            CString::default()
+        };
+        let per_sample = self.first().nbytes();
+        Tensor::new_host(self.dtype(), &shape, layout, |bytes| {
+            if per_sample == 0 {
+                return Ok(());
+            }
+            for (sample, chunk) in self.samples.iter().zip(bytes.chunks_mut(per_sample)) {
+                sample.copy_to(chunk)?;
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Checks sample `i`'s (dtype, ndim, device) against sample 0's.
+pub(crate) fn check_same_metadata(
+    i: usize,
+    (dtype, ndim, device): (DType, usize, Device),
+    (dtype0, ndim0, device0): (DType, usize, Device),
+) -> Result<()> {
+    let mismatch = |what: &str, actual: String, expected: String| {
+        Err(Error::value(format!(
+            "samples[{i}]: {what} is {actual}, expected {expected} like samples[0]"
+        )))
+    };
+    if device.kind != device0.kind {
+        let name = |d: Device| dl_device_name(d.to_dl().device_type.0).to_string();
+        return mismatch("device type", name(device), name(device0));
+    }
+    if device.id != device0.id {
+        return mismatch("device id", device.id.to_string(), device0.id.to_string());
+    }
+    if dtype != dtype0 {
+        return mismatch("dtype", dtype.name().into(), dtype0.name().into());
+    }
+    if ndim != ndim0 {
+        return mismatch("ndim", ndim.to_string(), ndim0.to_string());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn geometry_rejects_negative_dims_and_null_data() {
+        let e = validate_geometry("tensor", 64, &[2, -3], None, 4, 0).unwrap_err();
+        assert!(e.message().contains("shape[1] is -3"), "{e}");
+        let e = validate_geometry("tensor", 0, &[2, 3], None, 4, 0).unwrap_err();
+        assert!(
+            e.message()
+                .contains("data is NULL but the tensor has 6 elements"),
+            "{e}"
+        );
+        let g = validate_geometry("tensor", 0, &[2, 0], None, 4, 0).expect("empty may be NULL");
+        assert_eq!((g.numel, g.len), (0, 0));
+    }
+
+    #[test]
+    fn geometry_spans_negative_and_zero_strides() {
+        // A flipped row of 4 floats whose element 0 is 12 bytes into the buffer.
+        let g = validate_geometry("t", 4096, &[4], Some(&[-1]), 4, 12).expect("valid");
+        assert_eq!((g.lo, g.len), (0, 16));
+        // A broadcast (zero-stride) view touches one row.
+        let g = validate_geometry("t", 4096, &[5, 3], Some(&[0, 1]), 4, 0).expect("valid");
+        assert_eq!((g.lo, g.len), (0, 12));
+    }
+
+    #[test]
+    fn geometry_detects_overflow() {
+        let e = validate_geometry("t", 4096, &[i64::MAX, 2], None, 8, 0).unwrap_err();
+        assert!(e.message().contains("overflows the address space"), "{e}");
+        let e = validate_geometry("t", 4096, &[2], Some(&[i64::MAX / 2]), 8, 0).unwrap_err();
+        assert!(e.message().contains("overflows"), "{e}");
+        let e = validate_geometry("t", 16, &[2], Some(&[-8]), 4, 0).unwrap_err();
+        assert!(e.message().contains("overflows"), "{e}");
+    }
+
+    #[test]
+    fn layout_must_match_ndim_and_be_distinct_letters() {
+        assert!(validate_layout("HWC", 3, "t").is_ok());
+        let e = validate_layout("HWC", 2, "t").unwrap_err();
+        assert!(
+            e.message()
+                .contains("has 3 letters but the tensor has ndim 2"),
+            "{e}"
+        );
+        let e = validate_layout("HH", 2, "t").unwrap_err();
+        assert!(e.message().contains("twice"), "{e}");
+        let e = validate_layout("H1", 2, "t").unwrap_err();
+        assert!(e.message().contains("ASCII letters"), "{e}");
+    }
+}

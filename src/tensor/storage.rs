@@ -1,0 +1,250 @@
+//! The memory behind tensors: buffers ndx owns, and memory borrowed from a DLPack
+//! producer or a C caller, released through the producer's deleter exactly once.
+//!
+//! This is the DLPack/host-memory boundary of the crate, so raw pointers live here;
+//! everything above it sees byte slices.
+
+use std::alloc::Layout;
+use std::ffi::c_void;
+
+use dlpark::ffi::{DLManagedTensor, DLManagedTensorVersioned};
+
+use super::dtype::Device;
+use crate::error::{Error, ErrorKind, Result};
+
+/// Alignment of buffers ndx allocates (a cache line; enough for any SIMD load).
+pub const ALIGNMENT: usize = 64;
+
+/// A C deleter for host memory wrapped with `ndx_tensor_wrap_host`:
+/// `deleter(data, user)`.
+pub type HostDeleter = unsafe extern "C" fn(data: *mut c_void, user: *mut c_void);
+
+enum Owner {
+    /// An aligned buffer allocated by ndx (`None` when empty).
+    Owned(Option<Layout>),
+    /// A DLPack ≥ 1.0 producer's tensor; its deleter runs on drop.
+    Versioned(*mut DLManagedTensorVersioned),
+    /// A legacy DLPack producer's tensor; its deleter runs on drop.
+    Legacy(*mut DLManagedTensor),
+    /// Host memory lent by a C caller, with an optional deleter.
+    Host {
+        deleter: Option<HostDeleter>,
+        user: *mut c_void,
+    },
+}
+
+/// A block of memory and who releases it.
+pub struct Storage {
+    /// The DLPack `data` pointer (the base the byte offsets count from).
+    ptr: *mut u8,
+    /// The bytes views of this storage may touch: `[ptr + lo, ptr + lo + len)`.
+    lo: isize,
+    len: usize,
+    device: Device,
+    read_only: bool,
+    is_copied: bool,
+    owner: Owner,
+}
+
+// SAFETY: a Storage is a pointer to memory plus the right to release it. ndx never
+// writes through a shared Storage (owned buffers are filled through `&mut` before they
+// are shared, and imported memory is never written), so shared reads from many
+// threads are sound. The release (`Drop`) happens once, on whichever thread drops the
+// last reference; the C API documents that producers' deleters may run on any thread.
+unsafe impl Send for Storage {}
+// SAFETY: see `Send`: all access through `&Storage` is read-only.
+unsafe impl Sync for Storage {}
+
+impl Storage {
+    /// A new zeroed host buffer of `len` bytes, aligned to [`ALIGNMENT`].
+    pub fn owned(len: usize) -> Result<Storage> {
+        let (ptr, layout) = if len == 0 {
+            (std::ptr::null_mut(), None)
+        } else {
+            let layout = Layout::from_size_align(len, ALIGNMENT).map_err(|_| {
+                Error::new(
+                    ErrorKind::Memory,
+                    format!("cannot allocate {len} bytes: size too large"),
+                )
+            })?;
+            // SAFETY: `layout` has a non-zero size.
+            let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+            if ptr.is_null() {
+                return Err(Error::new(
+                    ErrorKind::Memory,
+                    format!("cannot allocate {len} bytes of host memory"),
+                ));
+            }
+            (ptr, Some(layout))
+        };
+        Ok(Storage {
+            ptr,
+            lo: 0,
+            len,
+            device: Device::CPU,
+            read_only: false,
+            is_copied: false,
+            owner: Owner::Owned(layout),
+        })
+    }
+
+    /// Takes ownership of a versioned DLPack tensor whose metadata has been validated;
+    /// `[lo, lo + len)` is the byte span its view covers, relative to `data`.
+    ///
+    /// # Safety
+    /// `managed` must be a valid, validated producer tensor that nothing else will
+    /// release, and the span must lie inside the producer's allocation.
+    pub(crate) unsafe fn from_versioned(
+        managed: *mut DLManagedTensorVersioned,
+        lo: isize,
+        len: usize,
+        device: Device,
+        read_only: bool,
+        is_copied: bool,
+    ) -> Storage {
+        // SAFETY: the caller guarantees `managed` is valid.
+        let ptr = unsafe { (*managed).dl_tensor.data.cast::<u8>() };
+        Storage {
+            ptr,
+            lo,
+            len,
+            device,
+            read_only,
+            is_copied,
+            owner: Owner::Versioned(managed),
+        }
+    }
+
+    /// Like [`Storage::from_versioned`], for a legacy tensor.
+    ///
+    /// # Safety
+    /// As for [`Storage::from_versioned`].
+    pub(crate) unsafe fn from_legacy(
+        managed: *mut DLManagedTensor,
+        lo: isize,
+        len: usize,
+        device: Device,
+        read_only: bool,
+    ) -> Storage {
+        // SAFETY: the caller guarantees `managed` is valid.
+        let ptr = unsafe { (*managed).dl_tensor.data.cast::<u8>() };
+        Storage {
+            ptr,
+            lo,
+            len,
+            device,
+            read_only,
+            is_copied: false,
+            owner: Owner::Legacy(managed),
+        }
+    }
+
+    /// Borrows host memory from a C caller; `deleter(data, user)` runs once on drop.
+    ///
+    /// # Safety
+    /// `[data + lo, data + lo + len)` must stay readable until the deleter runs.
+    pub(crate) unsafe fn from_host(
+        data: *mut c_void,
+        lo: isize,
+        len: usize,
+        read_only: bool,
+        deleter: Option<HostDeleter>,
+        user: *mut c_void,
+    ) -> Storage {
+        Storage {
+            ptr: data.cast(),
+            lo,
+            len,
+            device: Device::CPU,
+            read_only,
+            is_copied: false,
+            owner: Owner::Host { deleter, user },
+        }
+    }
+
+    /// The DLPack `data` pointer.
+    pub fn data_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+    /// Where the memory lives.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+    /// Whether ndx must never write into this memory.
+    pub fn read_only(&self) -> bool {
+        self.read_only
+    }
+    /// Whether the producer marked the memory as a private copy (DLPack IS_COPIED).
+    pub fn is_copied(&self) -> bool {
+        self.is_copied
+    }
+    /// The start of the span views may touch, in bytes relative to the data pointer.
+    pub fn span_start(&self) -> isize {
+        self.lo
+    }
+
+    /// The span as bytes, when the host can read this memory.
+    pub fn host_bytes(&self) -> Option<&[u8]> {
+        if !self.device.host_accessible() {
+            return None;
+        }
+        if self.len == 0 {
+            return Some(&[]);
+        }
+        // SAFETY: the span was validated (or allocated) when the storage was made and
+        // the memory stays valid until `Drop`; it is only read through `&self`.
+        Some(unsafe { std::slice::from_raw_parts(self.ptr.offset(self.lo), self.len) })
+    }
+
+    /// The span as mutable bytes: only for buffers ndx owns (and so never read-only).
+    pub fn owned_bytes_mut(&mut self) -> Option<&mut [u8]> {
+        match self.owner {
+            Owner::Owned(None) => Some(&mut []),
+            // SAFETY: ndx allocated these `len` bytes and `&mut self` is unique.
+            Owner::Owned(Some(_)) => {
+                Some(unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) })
+            }
+            _ => None,
+        }
+    }
+}
+
+impl Drop for Storage {
+    fn drop(&mut self) {
+        match self.owner {
+            Owner::Owned(None) => {}
+            // SAFETY: allocated in `owned` with exactly this layout.
+            Owner::Owned(Some(layout)) => unsafe { std::alloc::dealloc(self.ptr, layout) },
+            Owner::Versioned(managed) => {
+                // SAFETY: we own `managed` and release it exactly once, here.
+                if let Some(deleter) = unsafe { (*managed).deleter } {
+                    // SAFETY: the producer's deleter, called once with its own tensor.
+                    unsafe { deleter(managed) }
+                }
+            }
+            Owner::Legacy(managed) => {
+                // SAFETY: we own `managed` and release it exactly once, here.
+                if let Some(deleter) = unsafe { (*managed).deleter } {
+                    // SAFETY: the producer's deleter, called once with its own tensor.
+                    unsafe { deleter(managed) }
+                }
+            }
+            Owner::Host { deleter, user } => {
+                if let Some(deleter) = deleter {
+                    // SAFETY: the caller's deleter, called once with its own pointers.
+                    unsafe { deleter(self.ptr.cast(), user) }
+                }
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Storage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Storage")
+            .field("device", &self.device)
+            .field("len", &self.len)
+            .field("read_only", &self.read_only)
+            .finish()
+    }
+}
