@@ -7,10 +7,10 @@
 //! Frames inside ndx are dropped precisely with a stack marker: every C entry point
 //! (see `crate::ffi::boundary`) records the address of a local of its own frame in a
 //! thread-local before it calls into the core. While unwinding, every frame whose
-//! canonical frame address (CFA) is at or below that marker runs inside the entry
-//! point; the first frame above it is the entry point itself, and the one after that
-//! is the caller's: frame 0. Rust callers of the core API, who have no entry point,
-//! are trimmed by symbol name instead when the frames are resolved.
+//! stack pointer is at or below that marker runs inside the entry point (its own frame
+//! included); the first frame above it is the caller's: frame 0. Rust callers of the
+//! core API, who have no entry point, are trimmed by symbol name instead when the
+//! frames are resolved.
 
 use std::cell::Cell;
 use std::ffi::{CStr, CString};
@@ -150,21 +150,17 @@ impl Site {
             depth
         };
         let mut ips = Vec::with_capacity(limit);
-        // 0: below the marker (inside ndx); 1: the entry point's own frame; 2: caller's.
-        let mut state = if trim_by_name { 2 } else { 0 };
+        let mut inside = !trim_by_name;
         if limit > 0 {
             backtrace::trace(|frame| {
-                let cfa = frame.sp() as usize;
-                if state == 0 {
-                    if cfa != 0 && cfa <= marker {
-                        return true;
-                    }
-                    state = 1;
-                }
-                if state == 1 {
-                    state = 2;
+                // `sp` is the frame's stack pointer: at or below the marker while the
+                // frame runs inside the entry point (the entry point's own frame
+                // included, as the marker is one of its locals).
+                let sp = frame.sp() as usize;
+                if inside && sp != 0 && sp <= marker {
                     return true;
                 }
+                inside = false;
                 ips.push(frame.ip() as usize);
                 ips.len() < limit
             });

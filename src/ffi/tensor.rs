@@ -16,8 +16,8 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::tensor::{
-    DType, Geometry, ImportOptions, MAX_NDIM, Storage, Tensor, dlpack,
-    validate_geometry, validate_layout,
+    DType, Geometry, ImportOptions, MAX_NDIM, Storage, Tensor, dlpack, validate_geometry,
+    validate_layout,
 };
 
 /// Element types. Values are never renumbered.

@@ -1,0 +1,273 @@
+//! A DLPack producer for tests: heap tensors whose deleter counts its calls.
+#![allow(dead_code)]
+
+use std::ffi::{CStr, c_void};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use dlpark::DlpackFlags;
+use dlpark::ffi::{
+    DLDataType, DLDataTypeCode, DLDevice, DLDeviceType, DLManagedTensor, DLManagedTensorVersioned,
+    DLPackVersion, DLTensor,
+};
+use ndx::ffi::*;
+
+/// Counts deleter calls of one produced tensor.
+pub type Count = Arc<AtomicUsize>;
+
+pub fn calls(c: &Count) -> usize {
+    c.load(Ordering::SeqCst)
+}
+
+struct Backing {
+    shape: Vec<i64>,
+    strides: Option<Vec<i64>>,
+    data: Vec<u8>,
+    count: Count,
+}
+
+#[repr(C)]
+struct ProducedV {
+    managed: DLManagedTensorVersioned,
+    backing: Backing,
+}
+
+#[repr(C)]
+struct ProducedL {
+    managed: DLManagedTensor,
+    backing: Backing,
+}
+
+pub fn f32_dtype() -> DLDataType {
+    DLDataType {
+        code: DLDataTypeCode::FLOAT,
+        bits: 32,
+        lanes: 1,
+    }
+}
+
+pub fn i32_dtype() -> DLDataType {
+    DLDataType {
+        code: DLDataTypeCode::INT,
+        bits: 32,
+        lanes: 1,
+    }
+}
+
+pub fn cpu() -> DLDevice {
+    DLDevice {
+        device_type: DLDeviceType::CPU,
+        device_id: 0,
+    }
+}
+
+/// What a producer tensor looks like; tests mutate it to make it invalid.
+#[derive(Clone)]
+pub struct Spec {
+    pub data: Vec<u8>,
+    pub dtype: DLDataType,
+    pub device: DLDevice,
+    pub shape: Vec<i64>,
+    pub strides: Option<Vec<i64>>,
+    pub byte_offset: u64,
+    pub ndim: Option<i32>,
+    pub null_data: bool,
+    pub null_shape: bool,
+    pub flags: DlpackFlags,
+    pub major: u32,
+}
+
+impl Spec {
+    pub fn f32s(values: &[f32], shape: &[i64]) -> Spec {
+        Spec {
+            data: values.iter().flat_map(|v| v.to_ne_bytes()).collect(),
+            dtype: f32_dtype(),
+            device: cpu(),
+            shape: shape.to_vec(),
+            strides: None,
+            byte_offset: 0,
+            ndim: None,
+            null_data: false,
+            null_shape: false,
+            flags: DlpackFlags::empty(),
+            major: 1,
+        }
+    }
+
+    fn backing(&self) -> (Backing, Count) {
+        let count = Count::default();
+        let b = Backing {
+            shape: self.shape.clone(),
+            strides: self.strides.clone(),
+            data: self.data.clone(),
+            count: count.clone(),
+        };
+        (b, count)
+    }
+
+    fn dl_tensor(&self, b: &mut Backing) -> DLTensor {
+        DLTensor {
+            data: if self.null_data {
+                std::ptr::null_mut()
+            } else {
+                b.data.as_mut_ptr().cast()
+            },
+            device: self.device,
+            ndim: self.ndim.unwrap_or(self.shape.len() as i32),
+            dtype: self.dtype,
+            shape: if self.null_shape {
+                std::ptr::null_mut()
+            } else {
+                b.shape.as_mut_ptr()
+            },
+            strides: b
+                .strides
+                .as_mut()
+                .map_or(std::ptr::null_mut(), |s| s.as_mut_ptr()),
+            byte_offset: self.byte_offset,
+        }
+    }
+
+    pub fn versioned(&self) -> (*mut DLManagedTensorVersioned, Count) {
+        let (backing, count) = self.backing();
+        let mut p = Box::new(ProducedV {
+            managed: DLManagedTensorVersioned {
+                version: DLPackVersion {
+                    major: self.major,
+                    minor: 0,
+                },
+                manager_ctx: std::ptr::null_mut(),
+                deleter: Some(delete_v),
+                flags: self.flags,
+                dl_tensor: DLTensor {
+                    data: std::ptr::null_mut(),
+                    device: cpu(),
+                    ndim: 0,
+                    dtype: f32_dtype(),
+                    shape: std::ptr::null_mut(),
+                    strides: std::ptr::null_mut(),
+                    byte_offset: 0,
+                },
+            },
+            backing,
+        });
+        p.managed.dl_tensor = self.dl_tensor(&mut p.backing);
+        let raw = Box::into_raw(p);
+        // SAFETY: fresh box; the managed struct is its first field.
+        unsafe {
+            (*raw).managed.manager_ctx = raw.cast();
+            (&raw mut (*raw).managed, count)
+        }
+    }
+
+    pub fn legacy(&self) -> (*mut DLManagedTensor, Count) {
+        let (backing, count) = self.backing();
+        let mut p = Box::new(ProducedL {
+            managed: DLManagedTensor {
+                dl_tensor: DLTensor {
+                    data: std::ptr::null_mut(),
+                    device: cpu(),
+                    ndim: 0,
+                    dtype: f32_dtype(),
+                    shape: std::ptr::null_mut(),
+                    strides: std::ptr::null_mut(),
+                    byte_offset: 0,
+                },
+                manager_ctx: std::ptr::null_mut(),
+                deleter: Some(delete_l),
+            },
+            backing,
+        });
+        p.managed.dl_tensor = self.dl_tensor(&mut p.backing);
+        let raw = Box::into_raw(p);
+        // SAFETY: fresh box; the managed struct is its first field.
+        unsafe {
+            (*raw).managed.manager_ctx = raw.cast();
+            (&raw mut (*raw).managed, count)
+        }
+    }
+}
+
+unsafe extern "C" fn delete_v(m: *mut DLManagedTensorVersioned) {
+    // SAFETY: made by `Spec::versioned`; called once.
+    let b = unsafe { Box::from_raw((*m).manager_ctx.cast::<ProducedV>()) };
+    b.backing.count.fetch_add(1, Ordering::SeqCst);
+}
+
+unsafe extern "C" fn delete_l(m: *mut DLManagedTensor) {
+    // SAFETY: made by `Spec::legacy`; called once.
+    let b = unsafe { Box::from_raw((*m).manager_ctx.cast::<ProducedL>()) };
+    b.backing.count.fetch_add(1, Ordering::SeqCst);
+}
+
+/// Calls a versioned tensor's deleter the way its owner would.
+pub fn drop_versioned(m: *mut DLManagedTensorVersioned) {
+    // SAFETY: a live tensor made by `Spec::versioned` that the test still owns.
+    unsafe { ((*m).deleter.expect("deleter"))(m) }
+}
+
+/// Calls a legacy tensor's deleter the way its owner would.
+pub fn drop_legacy(m: *mut DLManagedTensor) {
+    // SAFETY: a live tensor made by `Spec::legacy` that the test still owns.
+    unsafe { ((*m).deleter.expect("deleter"))(m) }
+}
+
+/// Takes an error returned by the C API: `(kind, message)`, freeing it.
+pub fn take_error(e: *mut ndx_error_t) -> Option<(i32, String)> {
+    if e.is_null() {
+        return None;
+    }
+    let kind = ndx_error_kind(e);
+    // SAFETY: a live error's message is a valid C string.
+    let msg = unsafe { CStr::from_ptr(ndx_error_message(e)) }
+        .to_string_lossy()
+        .into_owned();
+    ndx_error_free(e);
+    Some((kind, msg))
+}
+
+/// Panics unless `e` is NULL (printing the error).
+pub fn ok(e: *mut ndx_error_t) {
+    if let Some((kind, msg)) = take_error(e) {
+        panic!("unexpected error kind {kind}: {msg}");
+    }
+}
+
+/// Asserts `e` has `kind` and a message containing `fragment`; frees it.
+pub fn expect_err(e: *mut ndx_error_t, kind: ndx_error_kind_t, fragment: &str) {
+    let (k, msg) = take_error(e).expect("an error");
+    assert_eq!(k, kind as i32, "kind of {msg:?}");
+    assert!(
+        msg.contains(fragment),
+        "{msg:?} does not contain {fragment:?}"
+    );
+}
+
+/// The compact f32 values of a tensor.
+pub fn values_f32(t: *const ndx_tensor_t) -> Vec<f32> {
+    let mut n = 0usize;
+    ok(ndx_tensor_numel(t, &mut n));
+    let mut out = vec![0f32; n];
+    ok(ndx_tensor_copy_to(
+        t,
+        out.as_mut_ptr().cast::<c_void>(),
+        n * 4,
+    ));
+    out
+}
+
+pub fn shape_of(t: *const ndx_tensor_t) -> Vec<i64> {
+    let (mut nd, mut p) = (0i32, std::ptr::null());
+    ok(ndx_tensor_ndim(t, &mut nd));
+    ok(ndx_tensor_shape(t, &mut p));
+    // SAFETY: `nd` entries borrowed from the live tensor.
+    unsafe { std::slice::from_raw_parts(p, nd as usize) }.to_vec()
+}
+
+pub fn strides_of(t: *const ndx_tensor_t) -> Vec<i64> {
+    let (mut nd, mut p) = (0i32, std::ptr::null());
+    ok(ndx_tensor_ndim(t, &mut nd));
+    ok(ndx_tensor_strides(t, &mut p));
+    // SAFETY: `nd` entries borrowed from the live tensor.
+    unsafe { std::slice::from_raw_parts(p, nd as usize) }.to_vec()
+}

@@ -1,0 +1,701 @@
+//! DLPack import/export and host memory through the C API, called from Rust: deleter
+//! call counts on success and on every failure path, one test per invalid field,
+//! strided reads, read-only, round trips and stacking.
+
+mod common;
+
+use std::ffi::{CStr, c_void};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use common::*;
+use dlpark::DlpackFlags;
+use dlpark::ffi::{
+    DLDataType, DLDataTypeCode, DLDeviceType, DLManagedTensor, DLManagedTensorVersioned,
+};
+use ndx::ffi::ndx_error_kind_t::*;
+use ndx::ffi::*;
+
+fn import_v(m: *mut DLManagedTensorVersioned) -> Result<*mut ndx_tensor_t, (i32, String)> {
+    let mut t = std::ptr::null_mut();
+    match take_error(ndx_tensor_from_dlpack_versioned(
+        m,
+        std::ptr::null(),
+        &mut t,
+    )) {
+        None => Ok(t),
+        Some(e) => {
+            assert!(t.is_null(), "out-param must stay NULL on error");
+            Err(e)
+        }
+    }
+}
+
+fn import_l(m: *mut DLManagedTensor) -> Result<*mut ndx_tensor_t, (i32, String)> {
+    let mut t = std::ptr::null_mut();
+    match take_error(ndx_tensor_from_dlpack(m, std::ptr::null(), &mut t)) {
+        None => Ok(t),
+        Some(e) => Err(e),
+    }
+}
+
+fn base() -> Spec {
+    Spec::f32s(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3])
+}
+
+#[test]
+fn import_is_zero_copy_and_the_deleter_runs_once_at_the_last_release() {
+    for legacy in [false, true] {
+        let spec = base();
+        let (t, count) = if legacy {
+            let (m, c) = spec.legacy();
+            (import_l(m).expect("import"), c)
+        } else {
+            let (m, c) = spec.versioned();
+            (import_v(m).expect("import"), c)
+        };
+        assert_eq!(values_f32(t), [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        assert_eq!(shape_of(t), [2, 3]);
+        assert_eq!(strides_of(t), [3, 1]);
+        ok(ndx_tensor_retain(t));
+        ndx_tensor_release(t);
+        assert_eq!(calls(&count), 0);
+        ndx_tensor_release(t);
+        assert_eq!(calls(&count), 1);
+    }
+}
+
+/// Each invalid field: kind, message fragment, and the caller still owns the tensor.
+#[test]
+fn every_invalid_field_fails_naming_it_and_leaves_the_tensor_with_the_caller() {
+    type Mutate = fn(&mut Spec);
+    let cases: &[(&str, Mutate, i32, &str)] = &[
+        (
+            "ndim -1",
+            |s| s.ndim = Some(-1),
+            NDX_ERROR_VALUE as i32,
+            "ndim is -1, expected 0 to 32",
+        ),
+        (
+            "ndim 1000",
+            |s| s.ndim = Some(1000),
+            NDX_ERROR_VALUE as i32,
+            "ndim is 1000",
+        ),
+        (
+            "null shape",
+            |s| s.null_shape = true,
+            NDX_ERROR_VALUE as i32,
+            "shape is NULL but ndim is 2",
+        ),
+        (
+            "negative dim",
+            |s| s.shape[1] = -3,
+            NDX_ERROR_VALUE as i32,
+            "shape[1] is -3",
+        ),
+        (
+            "complex dtype",
+            |s| {
+                s.dtype = DLDataType {
+                    code: DLDataTypeCode::COMPLEX,
+                    bits: 64,
+                    lanes: 1,
+                }
+            },
+            NDX_ERROR_TYPE as i32,
+            "dtype code 5 (complex), bits 64, lanes 1 is not supported",
+        ),
+        (
+            "4 lanes",
+            |s| s.dtype.lanes = 4,
+            NDX_ERROR_TYPE as i32,
+            "lanes 4",
+        ),
+        (
+            "odd bits",
+            |s| s.dtype.bits = 24,
+            NDX_ERROR_TYPE as i32,
+            "bits 24",
+        ),
+        (
+            "OpenCL device",
+            |s| s.device.device_type = DLDeviceType::OPENCL,
+            NDX_ERROR_VALUE as i32,
+            "device type 4 (kDLOpenCL) is not supported",
+        ),
+        (
+            "negative device id",
+            |s| s.device.device_id = -1,
+            NDX_ERROR_VALUE as i32,
+            "device id is -1",
+        ),
+        (
+            "NULL data",
+            |s| s.null_data = true,
+            NDX_ERROR_VALUE as i32,
+            "data is NULL but the tensor has 6 elements",
+        ),
+        (
+            "stride overflow",
+            |s| s.strides = Some(vec![i64::MAX / 2, 1]),
+            NDX_ERROR_VALUE as i32,
+            "overflows the address space",
+        ),
+        (
+            "size overflow",
+            |s| s.shape = vec![i64::MAX, 4],
+            NDX_ERROR_VALUE as i32,
+            "overflows the address space",
+        ),
+    ];
+    for (name, mutate, kind, fragment) in cases {
+        let mut spec = base();
+        mutate(&mut spec);
+        for legacy in [false, true] {
+            let (result, count, drop_it): (_, Count, Box<dyn FnOnce()>) = if legacy {
+                let (m, c) = spec.legacy();
+                (import_l(m), c, Box::new(move || drop_legacy(m)))
+            } else {
+                let (m, c) = spec.versioned();
+                (import_v(m), c, Box::new(move || drop_versioned(m)))
+            };
+            let (k, msg) = result.expect_err(name);
+            assert_eq!(k, *kind, "{name}: {msg}");
+            assert!(msg.contains(fragment), "{name}: {msg:?} lacks {fragment:?}");
+            assert_eq!(calls(&count), 0, "{name}: the caller still owns the tensor");
+            drop_it();
+            assert_eq!(calls(&count), 1);
+        }
+    }
+}
+
+#[test]
+fn null_tensor_and_null_out_are_value_errors() {
+    expect_err(
+        ndx_tensor_from_dlpack_versioned(
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            &mut std::ptr::null_mut(),
+        ),
+        NDX_ERROR_VALUE,
+        "argument 'tensor' is NULL",
+    );
+    let (m, count) = base().versioned();
+    expect_err(
+        ndx_tensor_from_dlpack_versioned(m, std::ptr::null(), std::ptr::null_mut()),
+        NDX_ERROR_VALUE,
+        "argument 'out' is NULL",
+    );
+    assert_eq!(calls(&count), 0);
+    drop_versioned(m);
+}
+
+#[test]
+fn unknown_major_version_is_released_as_the_spec_requires() {
+    let mut spec = base();
+    spec.major = 2;
+    let (m, count) = spec.versioned();
+    let (k, msg) = import_v(m).expect_err("major 2");
+    assert_eq!(k, NDX_ERROR_VALUE as i32);
+    assert!(
+        msg.contains("DLPack major version 2 is not supported"),
+        "{msg}"
+    );
+    assert!(msg.contains("deleter has been called"), "{msg}");
+    assert_eq!(calls(&count), 1);
+}
+
+#[test]
+fn layout_option_is_validated_and_kept() {
+    let opts = ndx_import_options_t {
+        struct_size: std::mem::size_of::<ndx_import_options_t>(),
+        layout: c"HW".as_ptr(),
+        read_only: false,
+    };
+    let (m, count) = base().versioned();
+    let mut t = std::ptr::null_mut();
+    ok(ndx_tensor_from_dlpack_versioned(m, &opts, &mut t));
+    let mut layout = std::ptr::null();
+    ok(ndx_tensor_layout(t, &mut layout));
+    // SAFETY: borrowed from the live tensor.
+    assert_eq!(unsafe { CStr::from_ptr(layout) }, c"HW");
+    ndx_tensor_release(t);
+    assert_eq!(calls(&count), 1);
+
+    let bad = ndx_import_options_t {
+        layout: c"HWC".as_ptr(),
+        ..opts
+    };
+    let (m, count) = base().versioned();
+    expect_err(
+        ndx_tensor_from_dlpack_versioned(m, &bad, &mut t),
+        NDX_ERROR_VALUE,
+        "layout \"HWC\" has 3 letters but the tensor has ndim 2",
+    );
+    assert_eq!(calls(&count), 0);
+    drop_versioned(m);
+
+    let small = ndx_import_options_t {
+        struct_size: 4,
+        ..opts
+    };
+    let (m, _count) = base().versioned();
+    expect_err(
+        ndx_tensor_from_dlpack_versioned(m, &small, &mut t),
+        NDX_ERROR_VALUE,
+        "opts->struct_size is 4",
+    );
+    drop_versioned(m);
+}
+
+#[test]
+fn strided_views_with_byte_offset_and_negative_strides_read_correctly() {
+    // A 3x4 buffer [0..12); view its transpose 4x3 starting one row in (byte_offset).
+    let values: Vec<f32> = (0..16).map(|v| v as f32).collect();
+    let mut spec = Spec::f32s(&values, &[3, 3]);
+    spec.strides = Some(vec![1, 4]);
+    spec.byte_offset = 4 * 4;
+    let (m, count) = spec.versioned();
+    let t = import_v(m).expect("strided");
+    assert_eq!(
+        values_f32(t),
+        [4.0, 8.0, 12.0, 5.0, 9.0, 13.0, 6.0, 10.0, 14.0]
+    );
+    ndx_tensor_release(t);
+    assert_eq!(calls(&count), 1);
+
+    // A flipped row: element 0 is the last of the buffer, stride -1.
+    let mut spec = Spec::f32s(&[1.0, 2.0, 3.0, 4.0], &[4]);
+    spec.strides = Some(vec![-1]);
+    spec.byte_offset = 12;
+    let (m, _) = spec.versioned();
+    let t = import_v(m).expect("flipped");
+    assert_eq!(values_f32(t), [4.0, 3.0, 2.0, 1.0]);
+    ndx_tensor_release(t);
+
+    // A broadcast row (stride 0).
+    let mut spec = Spec::f32s(&[7.0, 8.0], &[3, 2]);
+    spec.strides = Some(vec![0, 1]);
+    let (m, _) = spec.versioned();
+    let t = import_v(m).expect("broadcast");
+    assert_eq!(values_f32(t), [7.0, 8.0, 7.0, 8.0, 7.0, 8.0]);
+    let mut small = [0f32; 5];
+    expect_err(
+        ndx_tensor_copy_to(t, small.as_mut_ptr().cast(), 20),
+        NDX_ERROR_VALUE,
+        "buffer too small: the tensor has 24 bytes",
+    );
+    ndx_tensor_release(t);
+}
+
+#[test]
+fn read_only_is_honoured_on_export_and_legacy_export_refuses_it() {
+    let mut spec = base();
+    spec.flags = DlpackFlags::READ_ONLY | DlpackFlags::IS_COPIED;
+    let (m, count) = spec.versioned();
+    let t = import_v(m).expect("import");
+    let mut ro = false;
+    ok(ndx_tensor_is_read_only(t, &mut ro));
+    assert!(ro);
+    let mut out = std::ptr::null_mut();
+    ok(ndx_tensor_to_dlpack_versioned(t, &mut out));
+    // SAFETY: a live export.
+    let flags = unsafe { (*out).flags };
+    assert!(flags.contains(DlpackFlags::READ_ONLY | DlpackFlags::IS_COPIED));
+    let mut legacy = std::ptr::null_mut();
+    expect_err(
+        ndx_tensor_to_dlpack(t, &mut legacy),
+        NDX_ERROR_VALUE,
+        "read-only",
+    );
+    assert!(legacy.is_null());
+    ndx_tensor_release(t);
+    assert_eq!(calls(&count), 0, "the export keeps the storage alive");
+    drop_versioned(out);
+    assert_eq!(calls(&count), 1);
+}
+
+#[test]
+fn export_then_reimport_keeps_values_dtype_shape_strides_and_layout() {
+    let values: Vec<f32> = (0..12).map(|v| v as f32 * 0.5).collect();
+    let mut spec = Spec::f32s(&values, &[3, 4]);
+    spec.strides = Some(vec![1, 3]);
+    let (m, count) = spec.versioned();
+    let opts = ndx_import_options_t {
+        struct_size: std::mem::size_of::<ndx_import_options_t>(),
+        layout: c"HW".as_ptr(),
+        read_only: false,
+    };
+    let mut t = std::ptr::null_mut();
+    ok(ndx_tensor_from_dlpack_versioned(m, &opts, &mut t));
+    let before = values_f32(t);
+    for legacy in [false, true] {
+        let mut back = std::ptr::null_mut();
+        if legacy {
+            let mut out = std::ptr::null_mut();
+            ok(ndx_tensor_to_dlpack(t, &mut out));
+            ok(ndx_tensor_from_dlpack(out, &opts, &mut back));
+        } else {
+            let mut out = std::ptr::null_mut();
+            ok(ndx_tensor_to_dlpack_versioned(t, &mut out));
+            ok(ndx_tensor_from_dlpack_versioned(out, &opts, &mut back));
+        }
+        assert_eq!(values_f32(back), before);
+        assert_eq!(shape_of(back), [3, 4]);
+        assert_eq!(strides_of(back), [1, 3]);
+        let mut dtype = 0;
+        ok(ndx_tensor_dtype(back, &mut dtype));
+        assert_eq!(dtype, ndx_dtype_t::NDX_DTYPE_FLOAT32 as i32);
+        let mut layout = std::ptr::null();
+        ok(ndx_tensor_layout(back, &mut layout));
+        // SAFETY: borrowed from the live tensor.
+        assert_eq!(unsafe { CStr::from_ptr(layout) }, c"HW");
+        ndx_tensor_release(back);
+    }
+    assert_eq!(calls(&count), 0);
+    ndx_tensor_release(t);
+    assert_eq!(calls(&count), 1);
+}
+
+fn batch_v(specs: &[Spec]) -> (Vec<*mut DLManagedTensorVersioned>, Vec<Count>) {
+    specs.iter().map(Spec::versioned).unzip()
+}
+
+#[test]
+fn bulk_import_takes_all_on_success_and_none_on_failure() {
+    let specs = vec![
+        Spec::f32s(&[1.0; 6], &[2, 3]),
+        Spec::f32s(&[2.0; 4], &[2, 2]),
+        Spec::f32s(&[3.0; 6], &[3, 2]),
+    ];
+    let (ptrs, counts) = batch_v(&specs);
+    let mut b = std::ptr::null_mut();
+    ok(ndx_batch_from_dlpack_versioned(
+        ptrs.as_ptr(),
+        3,
+        std::ptr::null(),
+        &mut b,
+    ));
+    let (mut n, mut uniform) = (0usize, true);
+    ok(ndx_batch_size(b, &mut n));
+    ok(ndx_batch_is_uniform(b, &mut uniform));
+    assert_eq!((n, uniform), (3, false));
+    let mut s = std::ptr::null_mut();
+    ok(ndx_batch_sample(b, 2, &mut s));
+    assert_eq!(shape_of(s), [3, 2]);
+    assert_eq!(values_f32(s), [3.0; 6]);
+    let mut none = std::ptr::null_mut();
+    expect_err(
+        ndx_batch_sample(b, 3, &mut none),
+        NDX_ERROR_INDEX,
+        "sample index 3 is out of range for a batch of 3",
+    );
+    let mut stacked = std::ptr::null_mut();
+    expect_err(
+        ndx_batch_to_tensor(b, &mut stacked),
+        NDX_ERROR_VALUE,
+        "sample 1 has shape [2, 2], sample 0 has shape [2, 3]",
+    );
+    ndx_batch_release(b);
+    assert_eq!(
+        counts.iter().map(calls).collect::<Vec<_>>(),
+        [1, 1, 0],
+        "sample 2 is still referenced"
+    );
+    ndx_tensor_release(s);
+    assert_eq!(counts.iter().map(calls).collect::<Vec<_>>(), [1, 1, 1]);
+}
+
+#[test]
+fn bulk_import_disagreements_name_the_sample_expected_and_actual() {
+    type Mutate = fn(&mut Spec);
+    let cases: &[(Mutate, &str)] = &[
+        (
+            |s| s.dtype.bits = 64,
+            "tensors[2]: dtype is float64, expected float32 like tensors[0]",
+        ),
+        (
+            |s| s.shape = vec![6],
+            "tensors[2]: ndim is 1, expected 2 like tensors[0]",
+        ),
+        (
+            |s| s.device.device_type = DLDeviceType::CUDAHOST,
+            "tensors[2]: device type is kDLCUDAHost, expected kDLCPU like tensors[0]",
+        ),
+        (
+            |s| s.device.device_id = 1,
+            "tensors[2]: device id is 1, expected 0 like tensors[0]",
+        ),
+        (|s| s.shape[0] = -1, "tensors[2]: shape[0] is -1"),
+    ];
+    for (mutate, fragment) in cases {
+        let mut specs = vec![base(), base(), base()];
+        mutate(&mut specs[2]);
+        for legacy in [false, true] {
+            let mut b = std::ptr::null_mut();
+            let counts: Vec<Count>;
+            let err;
+            if legacy {
+                let (ptrs, c): (Vec<_>, Vec<_>) = specs.iter().map(Spec::legacy).unzip();
+                err = ndx_batch_from_dlpack(ptrs.as_ptr(), 3, std::ptr::null(), &mut b);
+                counts = c;
+                assert!(counts.iter().all(|c| calls(c) == 0));
+                ptrs.into_iter().for_each(drop_legacy);
+            } else {
+                let (ptrs, c) = batch_v(&specs);
+                err = ndx_batch_from_dlpack_versioned(ptrs.as_ptr(), 3, std::ptr::null(), &mut b);
+                counts = c;
+                assert!(counts.iter().all(|c| calls(c) == 0));
+                ptrs.into_iter().for_each(drop_versioned);
+            }
+            assert!(b.is_null());
+            let (_, msg) = take_error(err).expect("error");
+            assert!(msg.contains(fragment), "{msg:?} lacks {fragment:?}");
+            assert!(
+                msg.contains("every tensor still belongs to the caller"),
+                "{msg}"
+            );
+        }
+    }
+}
+
+#[test]
+fn bulk_import_checks_every_version_first_and_releases_only_unknown_ones() {
+    let mut specs = vec![base(), base(), base(), base()];
+    specs[1].major = 2;
+    specs[3].major = 3;
+    specs[2].shape[0] = -5; // would fail validation, but versions come first
+    let (ptrs, counts) = batch_v(&specs);
+    let mut b = std::ptr::null_mut();
+    let (_, msg) = take_error(ndx_batch_from_dlpack_versioned(
+        ptrs.as_ptr(),
+        4,
+        std::ptr::null(),
+        &mut b,
+    ))
+    .expect("error");
+    assert!(
+        msg.contains("tensors[1] (major 2), tensors[3] (major 3)"),
+        "{msg}"
+    );
+    assert!(msg.contains("their deleters have been called"), "{msg}");
+    assert_eq!(counts.iter().map(calls).collect::<Vec<_>>(), [0, 1, 0, 1]);
+    drop_versioned(ptrs[0]);
+    drop_versioned(ptrs[2]);
+}
+
+#[test]
+fn bulk_import_argument_errors() {
+    let mut b = std::ptr::null_mut();
+    let (ptrs, counts) = batch_v(&[base()]);
+    expect_err(
+        ndx_batch_from_dlpack_versioned(ptrs.as_ptr(), 0, std::ptr::null(), &mut b),
+        NDX_ERROR_VALUE,
+        "argument 'n' is 0",
+    );
+    expect_err(
+        ndx_batch_from_dlpack_versioned(std::ptr::null(), 2, std::ptr::null(), &mut b),
+        NDX_ERROR_VALUE,
+        "argument 'tensors' is NULL",
+    );
+    let with_null = [ptrs[0], std::ptr::null_mut()];
+    expect_err(
+        ndx_batch_from_dlpack_versioned(with_null.as_ptr(), 2, std::ptr::null(), &mut b),
+        NDX_ERROR_VALUE,
+        "tensors[1] is NULL",
+    );
+    assert_eq!(calls(&counts[0]), 0);
+    drop_versioned(ptrs[0]);
+}
+
+#[test]
+fn cuda_tensors_import_as_metadata_without_a_driver() {
+    let mut spec = base();
+    spec.device.device_type = DLDeviceType::CUDA;
+    spec.device.device_id = 1;
+    let (m, count) = spec.versioned();
+    let t = import_v(m).expect("cuda metadata");
+    let mut dev = ndx::tensor::Device::CPU.to_dl();
+    ok(ndx_tensor_device(t, &mut dev));
+    assert_eq!((dev.device_type, dev.device_id), (DLDeviceType::CUDA, 1));
+    let mut buf = [0f32; 6];
+    expect_err(
+        ndx_tensor_copy_to(t, buf.as_mut_ptr().cast(), 24),
+        NDX_ERROR_VALUE,
+        "device memory",
+    );
+    ndx_tensor_release(t);
+    assert_eq!(calls(&count), 1);
+}
+
+#[test]
+fn uniform_batch_stacks_with_a_leading_dimension() {
+    let specs = vec![
+        Spec::f32s(&[1.0, 2.0, 3.0, 4.0], &[2, 2]),
+        Spec::f32s(&[5.0, 6.0, 7.0, 8.0], &[2, 2]),
+    ];
+    let (ptrs, counts) = batch_v(&specs);
+    let opts = ndx_import_options_t {
+        struct_size: std::mem::size_of::<ndx_import_options_t>(),
+        layout: c"HW".as_ptr(),
+        read_only: false,
+    };
+    let mut b = std::ptr::null_mut();
+    ok(ndx_batch_from_dlpack_versioned(
+        ptrs.as_ptr(),
+        2,
+        &opts,
+        &mut b,
+    ));
+    let mut t = std::ptr::null_mut();
+    ok(ndx_batch_to_tensor(b, &mut t));
+    assert_eq!(shape_of(t), [2, 2, 2]);
+    assert_eq!(values_f32(t), [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]);
+    let mut layout = std::ptr::null();
+    ok(ndx_tensor_layout(t, &mut layout));
+    // SAFETY: borrowed from the live tensor.
+    assert_eq!(unsafe { CStr::from_ptr(layout) }, c"NHW");
+    ndx_batch_release(b);
+    assert_eq!(
+        counts.iter().map(calls).collect::<Vec<_>>(),
+        [1, 1],
+        "the stack is a copy"
+    );
+    ndx_tensor_release(t);
+}
+
+static HOST_DELETES: AtomicUsize = AtomicUsize::new(0);
+
+unsafe extern "C" fn host_deleter(data: *mut c_void, user: *mut c_void) {
+    assert_eq!(data, user, "deleter receives (data, user)");
+    HOST_DELETES.fetch_add(1, Ordering::SeqCst);
+}
+
+#[test]
+fn host_memory_copy_and_wrap() {
+    let mut buf: Vec<i32> = (0..6).collect();
+    let shape = [3i64, 2];
+    let strides = [1i64, 3];
+    let mut t = std::ptr::null_mut();
+    ok(ndx_tensor_from_host(
+        buf.as_ptr().cast(),
+        ndx_dtype_t::NDX_DTYPE_INT32 as i32,
+        2,
+        shape.as_ptr(),
+        strides.as_ptr(),
+        std::ptr::null(),
+        &mut t,
+    ));
+    buf.iter_mut().for_each(|v| *v = -1); // a copy: later writes do not show
+    let mut out = [0i32; 6];
+    ok(ndx_tensor_copy_to(t, out.as_mut_ptr().cast(), 24));
+    assert_eq!(out, [0, 3, 1, 4, 2, 5]);
+    assert_eq!(strides_of(t), [2, 1]);
+    ndx_tensor_release(t);
+
+    let data = buf.as_mut_ptr().cast::<c_void>();
+    expect_err(
+        ndx_tensor_wrap_host(
+            data,
+            99,
+            2,
+            shape.as_ptr(),
+            std::ptr::null(),
+            Some(host_deleter),
+            data,
+            std::ptr::null(),
+            &mut t,
+        ),
+        NDX_ERROR_VALUE,
+        "argument 'dtype' is 99",
+    );
+    assert_eq!(
+        HOST_DELETES.load(Ordering::SeqCst),
+        0,
+        "not called on failure"
+    );
+    ok(ndx_tensor_wrap_host(
+        data,
+        ndx_dtype_t::NDX_DTYPE_INT32 as i32,
+        2,
+        shape.as_ptr(),
+        std::ptr::null(),
+        Some(host_deleter),
+        data,
+        std::ptr::null(),
+        &mut t,
+    ));
+    ok(ndx_tensor_copy_to(t, out.as_mut_ptr().cast(), 24));
+    assert_eq!(out, [-1; 6]);
+    ndx_tensor_release(t);
+    assert_eq!(HOST_DELETES.load(Ordering::SeqCst), 1);
+
+    expect_err(
+        ndx_tensor_from_host(
+            std::ptr::null(),
+            12,
+            2,
+            shape.as_ptr(),
+            std::ptr::null(),
+            std::ptr::null(),
+            &mut t,
+        ),
+        NDX_ERROR_VALUE,
+        "data is NULL but the tensor has 6 elements",
+    );
+    expect_err(
+        ndx_tensor_from_host(
+            data,
+            12,
+            33,
+            shape.as_ptr(),
+            std::ptr::null(),
+            std::ptr::null(),
+            &mut t,
+        ),
+        NDX_ERROR_VALUE,
+        "argument 'ndim' is 33",
+    );
+    let empty = [0i64, 4];
+    ok(ndx_tensor_from_host(
+        std::ptr::null(),
+        12,
+        2,
+        empty.as_ptr(),
+        std::ptr::null(),
+        std::ptr::null(),
+        &mut t,
+    ));
+    let mut nbytes = 1usize;
+    ok(ndx_tensor_nbytes(t, &mut nbytes));
+    assert_eq!(nbytes, 0);
+    ndx_tensor_release(t);
+}
+
+#[test]
+fn accessors_reject_null_handles_and_clear_out_params() {
+    let mut nd = 7i32;
+    expect_err(
+        ndx_tensor_ndim(std::ptr::null(), &mut nd),
+        NDX_ERROR_VALUE,
+        "argument 'tensor' is NULL",
+    );
+    assert_eq!(nd, 0);
+    let mut n = 7usize;
+    expect_err(
+        ndx_batch_size(std::ptr::null(), &mut n),
+        NDX_ERROR_VALUE,
+        "argument 'batch' is NULL",
+    );
+    assert_eq!(n, 0);
+    expect_err(
+        ndx_tensor_retain(std::ptr::null()),
+        NDX_ERROR_VALUE,
+        "argument 'tensor' is NULL",
+    );
+    ndx_tensor_release(std::ptr::null());
+    ndx_batch_release(std::ptr::null());
+    // SAFETY: static strings from ndx.
+    assert_eq!(unsafe { CStr::from_ptr(ndx_dtype_name(11)) }, c"bfloat16");
+    assert!(ndx_dtype_name(0).is_null());
+}

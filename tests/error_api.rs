@@ -1,0 +1,267 @@
+//! The error object through the C API, called from Rust: kinds, ownership of causes,
+//! clone, traceback text, and native capture sites that point at the caller.
+
+mod common;
+
+use std::ffi::CStr;
+
+use common::{expect_err, ok};
+use ndx::error::{Error, ErrorKind, Site};
+use ndx::ffi::*;
+
+fn cstr(p: *const std::ffi::c_char) -> String {
+    assert!(!p.is_null());
+    // SAFETY: non-NULL C strings returned by ndx, borrowed from a live owner.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+fn frame(e: *const ndx_error_t, i: usize) -> ndx_frame_t {
+    let mut f = ndx_frame_t {
+        struct_size: std::mem::size_of::<ndx_frame_t>(),
+        function: std::ptr::null(),
+        file: std::ptr::null(),
+        line: 0,
+        column: 0,
+        ip: 0,
+        origin: ndx_frame_origin_t::NDX_FRAME_HOST,
+    };
+    ok(ndx_error_frame(e, i, &mut f));
+    f
+}
+
+fn format(e: *const ndx_error_t) -> String {
+    let need = ndx_error_format(e, std::ptr::null_mut(), 0);
+    let mut buf = vec![0 as std::ffi::c_char; need + 1];
+    assert_eq!(ndx_error_format(e, buf.as_mut_ptr(), buf.len()), need);
+    cstr(buf.as_ptr())
+}
+
+#[inline(never)]
+fn make_error_here() -> (*mut ndx_error_t, u32) {
+    let line = line!() + 1;
+    let e = ndx_error_new(
+        ndx_error_kind_t::NDX_ERROR_RUNTIME as i32,
+        c"made here".as_ptr(),
+        std::ptr::null_mut(),
+    );
+    (std::hint::black_box(e), line)
+}
+
+#[test]
+fn frame_zero_of_a_native_capture_is_the_calling_line() {
+    let (e, line) = make_error_here();
+    assert!(ndx_error_frame_count(e) >= 2, "{}", format(e));
+    let f0 = frame(e, 0);
+    assert_eq!(f0.origin, ndx_frame_origin_t::NDX_FRAME_NATIVE);
+    assert_ne!(f0.ip, 0);
+    assert!(
+        cstr(f0.function).ends_with("make_error_here"),
+        "{}",
+        cstr(f0.function)
+    );
+    assert!(
+        cstr(f0.file).ends_with("tests/error_api.rs"),
+        "{}",
+        cstr(f0.file)
+    );
+    assert_eq!(f0.line, line);
+    let f1 = frame(e, 1);
+    assert!(
+        cstr(f1.function).ends_with("frame_zero_of_a_native_capture_is_the_calling_line"),
+        "{}",
+        cstr(f1.function)
+    );
+    let text = format(e);
+    assert!(
+        text.starts_with("Traceback (most recent call last):\n"),
+        "{text}"
+    );
+    // Outermost first: the test function's line comes before make_error_here's.
+    let outer = text.find("frame_zero_of_a_native").expect("outer frame");
+    let inner = text.find(&format!("line {line},")).expect("inner frame");
+    assert!(outer < inner, "{text}");
+    assert!(text.ends_with("RuntimeError: made here\n"), "{text}");
+    ndx_error_free(e);
+}
+
+#[test]
+fn a_failed_call_points_at_its_caller() {
+    let mut n = 0i32;
+    let line = line!() + 1;
+    let e = ndx_tensor_ndim(std::ptr::null(), &mut n);
+    let f0 = frame(e, 0);
+    assert!(
+        cstr(f0.function).ends_with("a_failed_call_points_at_its_caller"),
+        "{}",
+        cstr(f0.function)
+    );
+    assert_eq!(f0.line, line);
+    expect_err(
+        e,
+        ndx_error_kind_t::NDX_ERROR_VALUE,
+        "argument 'tensor' is NULL",
+    );
+}
+
+#[test]
+fn core_capture_from_rust_trims_ndx_frames_by_name() {
+    let line = line!() + 1;
+    let site = Site::capture_native(4);
+    let f0 = &site.frames()[0];
+    assert!(
+        f0.function()
+            .unwrap_or("")
+            .ends_with("core_capture_from_rust_trims_ndx_frames_by_name"),
+        "{:?}",
+        f0.function()
+    );
+    assert_eq!(f0.line(), line);
+    assert!(site.frames().len() <= 4);
+}
+
+#[test]
+fn new_takes_ownership_of_the_cause_and_clone_is_independent() {
+    let root = ndx_error_new(
+        ndx_error_kind_t::NDX_ERROR_VALUE as i32,
+        c"root".as_ptr(),
+        std::ptr::null_mut(),
+    );
+    let outer = ndx_error_new(
+        ndx_error_kind_t::NDX_ERROR_RUNTIME as i32,
+        c"outer".as_ptr(),
+        root,
+    );
+    let copy = ndx_error_clone(outer);
+    ndx_error_free(outer);
+    let cause = ndx_error_cause(copy);
+    assert_eq!(cstr(ndx_error_message(cause)), "root");
+    assert_eq!(
+        ndx_error_kind(cause),
+        ndx_error_kind_t::NDX_ERROR_VALUE as i32
+    );
+    assert!(ndx_error_cause(cause).is_null());
+    let text = format(copy);
+    let root_at = text.find("ValueError: root").expect("root");
+    let sep = text
+        .find("The above exception was the direct cause of the following exception:")
+        .expect("separator");
+    let outer_at = text.find("RuntimeError: outer").expect("outer");
+    assert!(root_at < sep && sep < outer_at, "{text}");
+    ndx_error_free(copy);
+}
+
+#[test]
+fn misuse_of_error_new_is_a_value_error_that_keeps_the_cause() {
+    let cause = ndx_error_new(
+        ndx_error_kind_t::NDX_ERROR_INDEX as i32,
+        c"c".as_ptr(),
+        std::ptr::null_mut(),
+    );
+    let e = ndx_error_new(99, c"x".as_ptr(), cause);
+    assert_eq!(
+        ndx_error_kind(ndx_error_cause(e)),
+        ndx_error_kind_t::NDX_ERROR_INDEX as i32
+    );
+    expect_err(
+        e,
+        ndx_error_kind_t::NDX_ERROR_VALUE,
+        "kind 99 is not an ndx_error_kind_t value",
+    );
+    let e = ndx_error_new(
+        ndx_error_kind_t::NDX_ERROR_RUNTIME as i32,
+        std::ptr::null(),
+        std::ptr::null_mut(),
+    );
+    expect_err(
+        e,
+        ndx_error_kind_t::NDX_ERROR_VALUE,
+        "argument 'message' is NULL",
+    );
+}
+
+#[test]
+fn kind_names_and_null_safety() {
+    let names = [
+        "ValueError",
+        "TypeError",
+        "IndexError",
+        "RuntimeError",
+        "MemoryError",
+        "NotImplementedError",
+        "CudaError",
+        "TimeoutError",
+        "CancelledError",
+        "CheckError",
+        "BackendError",
+        "InternalError",
+    ];
+    for (i, name) in names.iter().enumerate() {
+        assert_eq!(cstr(ndx_error_kind_name(i as i32 + 1)), *name);
+        assert_eq!(
+            ErrorKind::from_raw(i as i32 + 1).map(ErrorKind::name),
+            Some(*name)
+        );
+    }
+    assert!(ndx_error_kind_name(0).is_null());
+    assert!(ndx_error_kind_name(13).is_null());
+    assert_eq!(ndx_error_kind(std::ptr::null()), 0);
+    assert!(ndx_error_message(std::ptr::null()).is_null());
+    assert_eq!(ndx_error_frame_count(std::ptr::null()), 0);
+    assert_eq!(
+        ndx_error_format(std::ptr::null(), std::ptr::null_mut(), 0),
+        0
+    );
+    assert!(ndx_error_clone(std::ptr::null()).is_null());
+    ndx_error_free(std::ptr::null_mut());
+}
+
+#[test]
+fn frame_accessor_checks_its_arguments() {
+    let (e, _) = make_error_here();
+    let mut f = frame(e, 0);
+    f.struct_size = 8;
+    expect_err(
+        ndx_error_frame(e, 0, &mut f),
+        ndx_error_kind_t::NDX_ERROR_VALUE,
+        "struct_size is 8",
+    );
+    f.struct_size = std::mem::size_of::<ndx_frame_t>();
+    let n = ndx_error_frame_count(e);
+    expect_err(
+        ndx_error_frame(e, n, &mut f),
+        ndx_error_kind_t::NDX_ERROR_INDEX,
+        &format!("frame index {n} is out of range"),
+    );
+    expect_err(
+        ndx_error_frame(e, 0, std::ptr::null_mut()),
+        ndx_error_kind_t::NDX_ERROR_VALUE,
+        "argument 'out' is NULL",
+    );
+    ndx_error_free(e);
+}
+
+#[test]
+fn format_truncates_like_snprintf() {
+    let e = ndx_error_new(
+        ndx_error_kind_t::NDX_ERROR_VALUE as i32,
+        c"0123456789".as_ptr(),
+        std::ptr::null_mut(),
+    );
+    let full = format(e);
+    let mut buf = [0x7f as std::ffi::c_char; 8];
+    assert_eq!(ndx_error_format(e, buf.as_mut_ptr(), buf.len()), full.len());
+    assert_eq!(cstr(buf.as_ptr()), full[..7]);
+    ndx_error_free(e);
+}
+
+#[test]
+fn related_errors_are_reachable_and_formatted() {
+    let group = Error::new(ErrorKind::Check, "2 checks failed")
+        .with_related([Error::value("first"), Error::index("second")]);
+    let raw = Box::into_raw(Box::new(group)).cast::<ndx_error_t>();
+    assert_eq!(ndx_error_related_count(raw), 2);
+    assert_eq!(cstr(ndx_error_message(ndx_error_related(raw, 1))), "second");
+    assert!(ndx_error_related(raw, 2).is_null());
+    assert!(format(raw).contains("| IndexError: second"));
+    ndx_error_free(raw);
+}
