@@ -161,7 +161,11 @@ impl Site {
                     return true;
                 }
                 inside = false;
-                ips.push(frame.ip() as usize);
+                let ip = frame.ip() as usize;
+                if ip == 0 {
+                    return false; // the end of the stack
+                }
+                ips.push(ip);
                 ips.len() < limit
             });
         }
@@ -235,16 +239,24 @@ fn is_internal(frame: &Frame, trim_by_name: bool) -> bool {
         || is_runtime(frame)
 }
 
-/// Frames of the Rust runtime and standard library: never the user's code.
+/// Frames of the Rust runtime and standard library, and the C runtime's process and
+/// thread start-up: never the user's code, and noise in a traceback.
 fn is_runtime(frame: &Frame) -> bool {
     let Some(name) = frame.function() else {
         return false;
     };
-    [
+    const PREFIXES: [&str; 8] = [
         "std::", "<std::", "core::", "<core::", "alloc::", "<alloc::", "__rust", "rust_",
-    ]
-    .iter()
-    .any(|p| name.starts_with(p))
+    ];
+    const START_UP: [&str; 6] = [
+        "_start",
+        "__libc_start_main",
+        "__libc_start_main_impl",
+        "__libc_start_call_main",
+        "start_thread",
+        "clone3",
+    ];
+    PREFIXES.iter().any(|p| name.starts_with(p)) || START_UP.contains(&name)
 }
 
 impl std::fmt::Debug for Site {

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Runs every test of ndx: formatting, lints, Rust tests, the C/C++ tests and examples
+# (ctest, valgrind included), and checks that the committed header is in sync.
+# Needs: a Rust toolchain with rustfmt and clippy, cmake, a C/C++ compiler, valgrind,
+# pkg-config, python3 with pip (for the official dlpack.h used by one compatibility test).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${NDX_BUILD_DIR:-build}
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "cargo fmt --check"
+cargo fmt --check
+
+step "cargo clippy (default features and test-hooks)"
+cargo clippy --all-targets -- -D warnings
+cargo clippy --all-targets --features test-hooks -- -D warnings
+
+step "cargo test"
+cargo test
+
+# An official dlpack.h (from the apache-tvm-ffi wheel) for the include-order tests.
+dlpack_dir=${NDX_OFFICIAL_DLPACK_INCLUDE_DIR:-}
+if [ -z "$dlpack_dir" ]; then
+  third="$build/third_party"
+  if [ ! -f "$third/include/dlpack/dlpack.h" ]; then
+    mkdir -p "$third"
+    if python3 -m pip download -q --no-deps apache-tvm-ffi==0.1.15.post2 -d "$third/wheel" 2>/dev/null; then
+      python3 - "$third" <<'PY'
+import glob, os, sys, zipfile
+third = sys.argv[1]
+wheel = glob.glob(os.path.join(third, "wheel", "*.whl"))[0]
+os.makedirs(os.path.join(third, "include", "dlpack"), exist_ok=True)
+with zipfile.ZipFile(wheel) as z:
+    data = z.read("tvm_ffi/include/dlpack/dlpack.h")
+open(os.path.join(third, "include", "dlpack", "dlpack.h"), "wb").write(data)
+PY
+    fi
+  fi
+  if [ -f "$third/include/dlpack/dlpack.h" ]; then
+    dlpack_dir="$(cd "$third/include" && pwd)"
+  elif [ "${NDX_REQUIRE_OFFICIAL_DLPACK:-0}" = 1 ]; then
+    echo "could not fetch an official dlpack.h (apache-tvm-ffi wheel)" >&2
+    exit 1
+  else
+    echo "note: no official dlpack.h available; the dlpack_order_* tests are skipped"
+  fi
+fi
+
+step "cmake configure and build ($build)"
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DNDX_OFFICIAL_DLPACK_INCLUDE_DIR="$dlpack_dir"
+cmake --build "$build" -j"$(nproc)"
+
+step "generated header in sync with git"
+if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+  if ! git diff --exit-code -- include/; then
+    echo "include/ndx.h changed during the build: regenerate it (cargo build) and commit it" >&2
+    exit 1
+  fi
+else
+  echo "not a git checkout: header sync check skipped"
+fi
+
+step "ctest (C and C++ tests, examples under valgrind, install consumers)"
+ctest --test-dir "$build" --output-on-failure -j"$(nproc)"
