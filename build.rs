@@ -14,6 +14,21 @@ fn main() {
     println!("cargo:rerun-if-changed=cbindgen.toml");
     println!("cargo:rerun-if-changed=build.rs");
 
+    // Frame pointers let an entry point read its caller's return address in one load
+    // (src/ffi/mod.rs); without them ndx unwinds one frame instead.
+    println!("cargo:rustc-check-cfg=cfg(ndx_frame_pointers)");
+    println!("cargo:rerun-if-env-changed=CARGO_ENCODED_RUSTFLAGS");
+    let flags = std::env::var("CARGO_ENCODED_RUSTFLAGS").unwrap_or_default();
+    let flags: Vec<&str> = flags.split('\x1f').collect();
+    let forced = flags.iter().enumerate().any(|(i, f)| {
+        let value = f.strip_prefix("-C").map(str::trim_start).filter(|v| !v.is_empty());
+        let value = value.or_else(|| (*f == "-C").then(|| flags.get(i + 1).copied()).flatten());
+        matches!(value, Some("force-frame-pointers=yes" | "force-frame-pointers=on" | "force-frame-pointers=true" | "force-frame-pointers"))
+    });
+    if forced {
+        println!("cargo:rustc-cfg=ndx_frame_pointers");
+    }
+
     let target_os = std::env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
     if target_os == "linux" {
         println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libndx.so.{major}");
@@ -21,6 +36,9 @@ fn main() {
 
     let mut config =
         cbindgen::Config::from_file(root.join("cbindgen.toml")).expect("cbindgen.toml parses");
+    config.trailer = Some(
+        "\n/** The caller's source location, for `ndx_invoke_options_t.location`:\n *  `ndx_invoke_options_t o = {sizeof o, NDX_HERE, 0};` */\n#ifdef __cplusplus\n#define NDX_HERE (ndx_location_t{__FILE__, (uint32_t)__LINE__, __func__})\n#else\n#define NDX_HERE ((ndx_location_t){__FILE__, (uint32_t)__LINE__, __func__})\n#endif\n".to_string(),
+    );
     config.after_includes = Some(format!(
         "\n#define NDX_VERSION_MAJOR {major}\n#define NDX_VERSION_MINOR {minor}\n#define NDX_VERSION_PATCH {patch}\n#define NDX_VERSION_STRING \"{major}.{minor}.{patch}\"\n"
     ));

@@ -175,10 +175,176 @@ typedef int32_t ndx_dtype_t;
 #endif // __cplusplus
 
 /**
+ * Eval modes: when an invocation runs. Values are never renumbered.
+ */
+enum ndx_eval_mode_t
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : int32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * In `ndx_invoke_options_t.mode`: use the context's mode.
+   */
+  NDX_EVAL_CONTEXT_DEFAULT = 0,
+  /**
+   * Runs on the calling thread before `ndx_invoke` returns; the future is already
+   * READY or FAILED. (Device work, once ndx has any, may still be queued.)
+   */
+  NDX_EVAL_SYNC_CPU = 1,
+  /**
+   * Like SYNC_CPU, and all device work is finished before return. Identical to
+   * SYNC_CPU for host work.
+   */
+  NDX_EVAL_SYNC_FULL = 2,
+  /**
+   * Nothing runs at invoke: the invocation is recorded with its site, and runs when
+   * a result is needed (a wait, reading data, an export), on
+   * `ndx_context_evaluate`, or — without blocking — on the first poll.
+   */
+  NDX_EVAL_DEFERRED = 3,
+  /**
+   * Submitted to the worker threads at once; `ndx_invoke` returns immediately. The
+   * work never runs on the calling thread. The default.
+   */
+  NDX_EVAL_EAGER = 4,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum ndx_eval_mode_t ndx_eval_mode_t;
+#else
+typedef int32_t ndx_eval_mode_t;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * Which frames an invocation records. The caller frame (the line that called
+ * `ndx_invoke`, or the explicit location) is always recorded, nearly for free.
+ */
+enum ndx_capture_policy_t
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : int32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * Only the caller frame.
+   */
+  NDX_CAPTURE_OFF = 1,
+  /**
+   * The explicit location and the frame provider's host frames (the native caller
+   * frame only when there are neither).
+   */
+  NDX_CAPTURE_HOST = 2,
+  /**
+   * Native frames up to the depth limit (deferred and eager invocations; SYNC ones
+   * record the caller frame). The default, with depth 16.
+   */
+  NDX_CAPTURE_NATIVE = 3,
+  /**
+   * Explicit location, then host frames, then native frames.
+   */
+  NDX_CAPTURE_ALL = 4,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum ndx_capture_policy_t ndx_capture_policy_t;
+#else
+typedef int32_t ndx_capture_policy_t;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * Future status.
+ */
+enum ndx_future_status_t
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : int32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * Not complete.
+   */
+  NDX_FUTURE_PENDING = 0,
+  /**
+   * Complete; outputs available.
+   */
+  NDX_FUTURE_READY = 1,
+  /**
+   * Complete; failed (`ndx_future_error`).
+   */
+  NDX_FUTURE_FAILED = 2,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum ndx_future_status_t ndx_future_status_t;
+#else
+typedef int32_t ndx_future_status_t;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * Argument types of host operator schemas.
+ */
+enum ndx_arg_type_t
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : int32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * `ndx_args_set_int`.
+   */
+  NDX_ARG_INT = 1,
+  /**
+   * `ndx_args_set_float` (an int is accepted).
+   */
+  NDX_ARG_FLOAT = 2,
+  /**
+   * `ndx_args_set_bool`.
+   */
+  NDX_ARG_BOOL = 3,
+  /**
+   * `ndx_args_set_string`.
+   */
+  NDX_ARG_STRING = 4,
+  /**
+   * `ndx_args_set_int_array` (a single int is accepted).
+   */
+  NDX_ARG_INT_ARRAY = 5,
+  /**
+   * `ndx_args_set_float_array`.
+   */
+  NDX_ARG_FLOAT_ARRAY = 6,
+  /**
+   * `ndx_args_set_dtype`.
+   */
+  NDX_ARG_DTYPE = 7,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum ndx_arg_type_t ndx_arg_type_t;
+#else
+typedef int32_t ndx_arg_type_t;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * Named arguments for `ndx_invoke`: an owned builder (`ndx_args_new`,
+ * `ndx_args_free`). Not thread-safe while being changed; `ndx_invoke` copies it.
+ */
+typedef struct ndx_args_t ndx_args_t;
+
+/**
  * A batch: an ordered list of samples sharing dtype, ndim and device (shapes may
- * differ). Reference counted, immutable, thread-safe.
+ * differ), or the pending output of an invocation. Reference counted, immutable,
+ * thread-safe.
  */
 typedef struct ndx_batch_t ndx_batch_t;
+
+/**
+ * A context: defaults for invocations (eval mode, capture policy, backend), host
+ * operators, and the bookkeeping of its work. Reference counted, thread-safe: one
+ * context may be used from many threads at once.
+ */
+typedef struct ndx_context_t ndx_context_t;
 
 /**
  * An error: kind, original message, capture-site frames, cause chain and related
@@ -189,7 +355,15 @@ typedef struct ndx_batch_t ndx_batch_t;
 typedef struct ndx_error_t ndx_error_t;
 
 /**
- * A tensor: one n-dimensional array. Reference counted, immutable, thread-safe.
+ * The future of one invocation: poll it, wait on it, get a callback, read its
+ * outputs. Reference counted, thread-safe.
+ */
+typedef struct ndx_future_t ndx_future_t;
+
+/**
+ * A tensor: one n-dimensional array, or the pending output of an invocation (usable
+ * as an input at once; reading its data waits for it). Reference counted, immutable,
+ * thread-safe.
  */
 typedef struct ndx_tensor_t ndx_tensor_t;
 
@@ -229,6 +403,177 @@ typedef struct {
    */
   ndx_frame_origin_t origin;
 } ndx_frame_t;
+
+/**
+ * Options for `ndx_context_new`. Set `struct_size = sizeof(ndx_context_options_t)`
+ * and zero what you do not set: every zero/NULL field means its default.
+ */
+typedef struct {
+  /**
+   * Set by the caller to `sizeof(ndx_context_options_t)`.
+   */
+  size_t struct_size;
+  /**
+   * An `ndx_eval_mode_t` (0: NDX_EVAL_EAGER).
+   */
+  int32_t eval_mode;
+  /**
+   * An `ndx_capture_policy_t` (0: NDX_CAPTURE_NATIVE).
+   */
+  int32_t capture_policy;
+  /**
+   * Deepest native capture (0: 16).
+   */
+  uint32_t capture_depth;
+  /**
+   * Worker threads of the process-wide pool, used only by the first context that
+   * starts it (0: `NDX_NUM_THREADS`, else the number of cores).
+   */
+  uint32_t num_threads;
+  /**
+   * Backend name (NULL: "default"); see `ndx_context_set_backend`.
+   */
+  const char *backend;
+  /**
+   * When true, callbacks and host operators run only inside
+   * `ndx_context_process_events` or a wait on this context's futures, on that
+   * thread — for runtimes with a global lock (Python's GIL, Lua).
+   */
+  bool process_events_callbacks;
+} ndx_context_options_t;
+
+/**
+ * One host-language frame, as a frame provider reports it. Strings need only live
+ * until the provider returns (ndx copies them).
+ */
+typedef struct {
+  /**
+   * Function name, or NULL.
+   */
+  const char *function;
+  /**
+   * File, or NULL.
+   */
+  const char *file;
+  /**
+   * 1-based line, 0 when unknown.
+   */
+  uint32_t line;
+} ndx_host_frame_t;
+
+/**
+ * A frame provider: writes up to `capacity` frames of the host language's current
+ * stack into `frames`, innermost first, and returns how many it wrote. Called on
+ * the invoking thread during `ndx_invoke`.
+ */
+typedef size_t (*ndx_frame_provider_t)(void *user, ndx_host_frame_t *frames, size_t capacity);
+
+/**
+ * Frees a `user` pointer given with a callback, when ndx no longer needs it.
+ */
+typedef void (*ndx_user_free_t)(void *user);
+
+/**
+ * One input of an invocation: exactly one of `tensor` and `batch` is non-NULL.
+ * Either may be the pending output of another invocation.
+ */
+typedef struct {
+  /**
+   * A tensor, or NULL.
+   */
+  const ndx_tensor_t *tensor;
+  /**
+   * A batch, or NULL.
+   */
+  const ndx_batch_t *batch;
+} ndx_input_t;
+
+/**
+ * A source location, for `ndx_invoke_options_t.location`; `NDX_HERE` fills it.
+ * `file == NULL` means none. Strings are copied.
+ */
+typedef struct {
+  /**
+   * Source file, or NULL for no location.
+   */
+  const char *file;
+  /**
+   * 1-based line.
+   */
+  uint32_t line;
+  /**
+   * Function name, or NULL.
+   */
+  const char *function;
+} ndx_location_t;
+
+/**
+ * Per-invocation options. Set `struct_size = sizeof(ndx_invoke_options_t)`.
+ */
+typedef struct {
+  /**
+   * Set by the caller to `sizeof(ndx_invoke_options_t)`.
+   */
+  size_t struct_size;
+  /**
+   * The caller's location (`NDX_HERE`); when given, it is frame 0 of the site and
+   * replaces the native caller frame.
+   */
+  ndx_location_t location;
+  /**
+   * An `ndx_eval_mode_t` overriding the context's (0: the context's).
+   */
+  int32_t mode;
+} ndx_invoke_options_t;
+
+/**
+ * Called once when a future completes, with the future borrowed for the call.
+ */
+typedef void (*ndx_future_callback_t)(void *user, const ndx_future_t *future);
+
+/**
+ * A host operator's schema. Set `struct_size = sizeof(ndx_op_schema_t)`. Arguments
+ * listed here are optional and checked by name and type at `ndx_invoke`.
+ */
+typedef struct {
+  /**
+   * Set by the caller to `sizeof(ndx_op_schema_t)`.
+   */
+  size_t struct_size;
+  /**
+   * Exact number of inputs.
+   */
+  size_t n_inputs;
+  /**
+   * Exact number of outputs (at least 1).
+   */
+  size_t n_outputs;
+  /**
+   * Number of named arguments.
+   */
+  size_t n_args;
+  /**
+   * `n_args` argument names (copied).
+   */
+  const char *const *arg_names;
+  /**
+   * `n_args` `ndx_arg_type_t` values.
+   */
+  const int32_t *arg_types;
+} ndx_op_schema_t;
+
+/**
+ * A host operator's kernel: reads `inputs` (borrowed for the call), fills every
+ * `outputs[i]` with a new tensor reference (e.g. from `ndx_tensor_from_host`), and
+ * returns NULL, or an error (e.g. from `ndx_error_new`, perhaps with its own cause)
+ * that surfaces like any failure, with the invocation's site.
+ */
+typedef ndx_error_t *(*ndx_kernel_fn_t)(void *user,
+                                        const ndx_tensor_t *const *inputs,
+                                        size_t n_inputs,
+                                        const ndx_args_t *args,
+                                        ndx_tensor_t **outputs,
+                                        size_t n_outputs);
 
 /**
  * Options for every import. Set `struct_size = sizeof(ndx_import_options_t)`;
@@ -394,6 +739,266 @@ ndx_error_t *ndx_error_clone(const ndx_error_t *error);
  * no-op. Never pass a borrowed error (from `ndx_error_cause`/`ndx_error_related`).
  */
 void ndx_error_free(ndx_error_t *error);
+
+/**
+ * A new context. `opts` may be NULL (all defaults: EAGER, NATIVE capture of 16
+ * frames, backend "default", callbacks on worker threads). Thread-safe.
+ */
+ndx_error_t *ndx_context_new(const ndx_context_options_t *opts, ndx_context_t **out);
+
+/**
+ * Adds a reference to `ctx`. NDX_ERROR_VALUE for NULL. Thread-safe.
+ */
+ndx_error_t *ndx_context_retain(const ndx_context_t *ctx);
+
+/**
+ * Drops a reference to `ctx`. The last one cancels work that has not started (its
+ * futures fail with NDX_ERROR_CANCELLED and their callbacks still fire once), waits
+ * for work that is running (unless called from a callback or host operator, where it
+ * does not wait), and runs callbacks still queued for process-events. Futures and
+ * tensors keep working after their context is gone. NULL is a no-op.
+ */
+void ndx_context_release(const ndx_context_t *ctx);
+
+/**
+ * Sets the default eval mode (an `ndx_eval_mode_t`, 1 to 4). Thread-safe.
+ */
+ndx_error_t *ndx_context_set_eval_mode(const ndx_context_t *ctx, int32_t mode);
+
+/**
+ * Sets the capture policy and the deepest native capture (`depth` 0 keeps the
+ * current depth). Thread-safe.
+ */
+ndx_error_t *ndx_context_set_capture_policy(const ndx_context_t *ctx,
+                                            int32_t policy,
+                                            uint32_t depth);
+
+/**
+ * Sets the backend for later invocations: "default"; "noexcept" (every execution
+ * failure becomes NDX_ERROR_BACKEND "unexpected error when running OP" with the
+ * original as cause); and fault injection for testing error handling:
+ * "inject_compile_error:OP" (invocations of OP fail at `ndx_invoke`),
+ * "inject_runtime_error:OP" (they fail during execution),
+ * "inject_accuracy_error:OP" (their outputs are silently increased by 1).
+ * Thread-safe.
+ */
+ndx_error_t *ndx_context_set_backend(const ndx_context_t *ctx, const char *name);
+
+/**
+ * Registers the host language's frame provider (NULL `provider` removes it). It is
+ * called on the invoking thread during `ndx_invoke` when the capture policy is HOST
+ * or ALL. `user_free(user)` (if not NULL) runs when the provider is replaced or the
+ * context is freed. Thread-safe.
+ */
+ndx_error_t *ndx_context_set_frame_provider(const ndx_context_t *ctx,
+                                            ndx_frame_provider_t provider,
+                                            void *user,
+                                            ndx_user_free_t user_free);
+
+/**
+ * Runs all deferred work of `ctx`, waits for all its in-flight work, and returns
+ * NULL, or one NDX_ERROR_RUNTIME error whose related errors are every failure no one
+ * has observed yet (through a poll, wait, `ndx_future_error` or reading data) — each
+ * reported once. Refused (NDX_ERROR_RUNTIME) from callbacks and host operators.
+ */
+ndx_error_t *ndx_context_evaluate(const ndx_context_t *ctx);
+
+/**
+ * Runs the callbacks and host operators queued for this context (process-events
+ * mode) on the calling thread and stores how many ran in `*n_run` (may be NULL).
+ */
+ndx_error_t *ndx_context_process_events(const ndx_context_t *ctx, size_t *n_run);
+
+/**
+ * A new, empty argument builder; free it with `ndx_args_free`.
+ */
+ndx_error_t *ndx_args_new(ndx_args_t **out);
+
+/**
+ * Frees an argument builder. NULL is a no-op.
+ */
+void ndx_args_free(ndx_args_t *args);
+
+/**
+ * Sets integer argument `name` (replacing a previous value).
+ */
+ndx_error_t *ndx_args_set_int(ndx_args_t *args, const char *name, int64_t value);
+
+/**
+ * Sets float argument `name`.
+ */
+ndx_error_t *ndx_args_set_float(ndx_args_t *args, const char *name, double value);
+
+/**
+ * Sets boolean argument `name`.
+ */
+ndx_error_t *ndx_args_set_bool(ndx_args_t *args, const char *name, bool value);
+
+/**
+ * Sets string argument `name` (copied).
+ */
+ndx_error_t *ndx_args_set_string(ndx_args_t *args, const char *name, const char *value);
+
+/**
+ * Sets integer-array argument `name` from `n` values (copied).
+ */
+ndx_error_t *ndx_args_set_int_array(ndx_args_t *args,
+                                    const char *name,
+                                    const int64_t *values,
+                                    size_t n);
+
+/**
+ * Sets float-array argument `name` from `n` values (copied).
+ */
+ndx_error_t *ndx_args_set_float_array(ndx_args_t *args,
+                                      const char *name,
+                                      const double *values,
+                                      size_t n);
+
+/**
+ * Sets dtype argument `name` (an `ndx_dtype_t`).
+ */
+ndx_error_t *ndx_args_set_dtype(ndx_args_t *args, const char *name, int32_t dtype);
+
+/**
+ * Reads integer argument `name` (NDX_ERROR_VALUE when absent, TYPE when not an int).
+ */
+ndx_error_t *ndx_args_get_int(const ndx_args_t *args, const char *name, int64_t *out);
+
+/**
+ * Reads float argument `name` (an int converts).
+ */
+ndx_error_t *ndx_args_get_float(const ndx_args_t *args, const char *name, double *out);
+
+/**
+ * Reads boolean argument `name`.
+ */
+ndx_error_t *ndx_args_get_bool(const ndx_args_t *args, const char *name, bool *out);
+
+/**
+ * Reads string argument `name`; the string is borrowed from `args`.
+ */
+ndx_error_t *ndx_args_get_string(const ndx_args_t *args, const char *name, const char **out);
+
+/**
+ * Reads dtype argument `name` (an `ndx_dtype_t`).
+ */
+ndx_error_t *ndx_args_get_dtype(const ndx_args_t *args, const char *name, int32_t *out);
+
+/**
+ * Reads integer-array argument `name`: `*values` (borrowed from `args`) and `*n`.
+ */
+ndx_error_t *ndx_args_get_int_array(const ndx_args_t *args,
+                                    const char *name,
+                                    const int64_t **values,
+                                    size_t *n);
+
+/**
+ * Invokes operator `op` on `n_inputs` inputs with named `args` (NULL: none) and
+ * options `opts` (NULL: the context's mode, no explicit location); `*out` receives
+ * the invocation's future.
+ *
+ * Returns an error only for call-time failures, in every mode: NULL or unknown
+ * arguments, an unknown operator or argument, a wrong argument type or input count,
+ * input metadata the operator rejects (dtype, shape), an injected compile error.
+ * Failures of the work itself (a kernel error, a failed input) are in the future —
+ * already FAILED on return in the SYNC modes. Every invocation records where it was
+ * called from (see `ndx_capture_policy_t`), and its errors carry those frames.
+ * Inputs are borrowed by pending work: do not write into imported buffers until the
+ * futures that read them have completed. Thread-safe.
+ */
+ndx_error_t *ndx_invoke(const ndx_context_t *ctx,
+                        const char *op,
+                        const ndx_input_t *inputs,
+                        size_t n_inputs,
+                        const ndx_args_t *args,
+                        const ndx_invoke_options_t *opts,
+                        ndx_future_t **out);
+
+/**
+ * The status of `future`, without blocking: NDX_FUTURE_PENDING, READY or FAILED
+ * (FAILED also for a NULL future). The first poll of a DEFERRED invocation hands its
+ * graph to the workers. Thread-safe.
+ */
+int32_t ndx_future_poll(const ndx_future_t *future);
+
+/**
+ * Waits until `future` completes or `timeout_ns` nanoseconds pass (negative: no
+ * limit). Returns NULL when it completed successfully, a new copy of its error when
+ * it failed, and NDX_ERROR_TIMEOUT when time ran out (the future stays valid).
+ * DEFERRED work is submitted first. Waiting from inside a callback or host operator
+ * returns NDX_ERROR_RUNTIME instead of deadlocking. Thread-safe.
+ */
+ndx_error_t *ndx_future_wait(const ndx_future_t *future, int64_t timeout_ns);
+
+/**
+ * A new copy of the future's error when it FAILED, else NULL (pending or ready).
+ * Thread-safe.
+ */
+ndx_error_t *ndx_future_error(const ndx_future_t *future);
+
+/**
+ * The number of outputs of the invocation.
+ */
+ndx_error_t *ndx_future_output_count(const ndx_future_t *future, size_t *out);
+
+/**
+ * Output `index` as a new tensor reference, usable at once as an input of further
+ * invocations even while pending; reading its data waits for it. Its dtype and shape
+ * are known without running it (except for host operators). NDX_ERROR_TYPE when
+ * the output is a batch, NDX_ERROR_INDEX when out of range.
+ */
+ndx_error_t *ndx_future_tensor(const ndx_future_t *future, size_t index, ndx_tensor_t **out);
+
+/**
+ * Output `index` as a new batch reference (see `ndx_future_tensor`).
+ */
+ndx_error_t *ndx_future_batch(const ndx_future_t *future, size_t index, ndx_batch_t **out);
+
+/**
+ * Calls `callback(user, future)` exactly once when the future completes: on the ndx
+ * worker thread that completes it, at once on this thread if it is already complete,
+ * or — with `process_events_callbacks` — inside `ndx_context_process_events` or a
+ * wait. Then `user_free(user)` if not NULL. The callback may call ndx (poll, read
+ * errors and outputs, invoke) but must not wait: waits there return
+ * NDX_ERROR_RUNTIME. It does not submit DEFERRED work; poll or wait for that.
+ */
+ndx_error_t *ndx_future_on_ready(const ndx_future_t *future,
+                                 ndx_future_callback_t callback,
+                                 void *user,
+                                 ndx_user_free_t user_free);
+
+/**
+ * Cancels the invocation if it has not started: it fails with NDX_ERROR_CANCELLED
+ * (and invocations that use its outputs fail with it as their cause).
+ * `*cancelled` says whether it was cancelled (false when running or done).
+ */
+ndx_error_t *ndx_future_cancel(const ndx_future_t *future, bool *cancelled);
+
+/**
+ * Adds a reference to `future`. NDX_ERROR_VALUE for NULL. Thread-safe.
+ */
+ndx_error_t *ndx_future_retain(const ndx_future_t *future);
+
+/**
+ * Drops a reference to `future`. Releasing a pending future never cancels its work;
+ * a failure nobody observed is reported by `ndx_context_evaluate`. NULL is a no-op.
+ */
+void ndx_future_release(const ndx_future_t *future);
+
+/**
+ * Registers host operator `name` on `ctx`: `kernel(user, ...)` computes it (see
+ * `ndx_kernel_fn_t`) on a worker thread, or inside process-events. Its outputs are
+ * tensors (batches when an input is a batch: the kernel runs once per sample), whose
+ * metadata is known only after it ran. `user_free(user)` runs when the context is
+ * freed. NDX_ERROR_VALUE when the name is taken or the schema is invalid.
+ */
+ndx_error_t *ndx_register_op(const ndx_context_t *ctx,
+                             const char *name,
+                             const ndx_op_schema_t *schema,
+                             ndx_kernel_fn_t kernel,
+                             void *user,
+                             ndx_user_free_t user_free);
 
 /**
  * Imports a versioned DLPack tensor (DLPack >= 1.0) without copying.
@@ -624,3 +1229,12 @@ ndx_error_t *ndx_batch_to_tensor(const ndx_batch_t *batch, ndx_tensor_t **out);
 #endif  // __cplusplus
 
 #endif  /* NDX_H */
+
+
+/** The caller's source location, for `ndx_invoke_options_t.location`:
+ *  `ndx_invoke_options_t o = {sizeof o, NDX_HERE, 0};` */
+#ifdef __cplusplus
+#define NDX_HERE (ndx_location_t{__FILE__, (uint32_t)__LINE__, __func__})
+#else
+#define NDX_HERE ((ndx_location_t){__FILE__, (uint32_t)__LINE__, __func__})
+#endif

@@ -4,7 +4,11 @@
 // The header comes from `ffi` alone: the core modules are not part of the C API.
 /// cbindgen:ignore
 pub mod error;
+/// cbindgen:ignore
+pub mod exec;
 pub mod ffi;
+/// cbindgen:ignore
+pub mod ops;
 /// cbindgen:ignore
 pub mod tensor;
 

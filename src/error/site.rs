@@ -127,9 +127,12 @@ impl Drop for EntryGuard {
     }
 }
 
-/// Where something was asked for: raw native instruction pointers (innermost first),
-/// resolved to [`Frame`]s on first use.
+/// Where something was asked for: an optional explicit location, host frames, and raw
+/// native instruction pointers (innermost first) resolved to [`Frame`]s on first use.
 pub struct Site {
+    location: Option<Frame>,
+    host: Vec<Frame>,
+    show_native: bool,
     ips: Box<[usize]>,
     /// Frames kept after resolution (only when trimming by name needed slack).
     depth: usize,
@@ -170,11 +173,39 @@ impl Site {
             });
         }
         Site {
+            location: None,
+            host: Vec::new(),
+            show_native: true,
             ips: ips.into_boxed_slice(),
             depth,
             trim_by_name,
             resolved: OnceLock::new(),
         }
+    }
+
+    /// A site from return addresses already known (innermost first), such as the one
+    /// an entry point reads from its own frame.
+    pub fn from_ips(ips: Vec<usize>) -> Site {
+        let depth = ips.len();
+        Site {
+            location: None,
+            host: Vec::new(),
+            show_native: true,
+            ips: ips.into_boxed_slice(),
+            depth,
+            trim_by_name: false,
+            resolved: OnceLock::new(),
+        }
+    }
+
+    /// Adds an explicit location (it replaces the innermost native frame: the native
+    /// caller frame it describes better) and host frames, innermost first; native
+    /// frames follow them only when `show_native`.
+    pub fn with_frames(mut self, location: Option<Frame>, host: Vec<Frame>, show_native: bool) -> Site {
+        self.location = location;
+        self.host = host;
+        self.show_native = show_native;
+        self
     }
 
     /// The raw instruction pointers, innermost first.
@@ -188,9 +219,18 @@ impl Site {
     }
 
     fn resolve(&self) -> Vec<Frame> {
+        let mut frames: Vec<Frame> = self.location.iter().chain(&self.host).cloned().collect();
+        if self.show_native {
+            let skip = usize::from(self.location.is_some());
+            frames.extend(self.resolve_native(skip));
+        }
+        frames
+    }
+
+    fn resolve_native(&self, skip: usize) -> Vec<Frame> {
         let mut frames = Vec::with_capacity(self.ips.len());
         let mut leading = true;
-        for &ip in self.ips.iter() {
+        for &ip in self.ips.iter().skip(skip) {
             let mut symbols = Vec::new();
             backtrace::resolve(ip as *mut std::ffi::c_void, |sym| {
                 let function = sym.name().map(|n| format!("{n:#}"));

@@ -6,16 +6,32 @@
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::tensor::{Batch, Tensor};
+use crate::exec::{BatchRef, ContextInner, Node, TensorRef};
 
-/// A tensor: one n-dimensional array. Reference counted, immutable, thread-safe.
+/// A tensor: one n-dimensional array, or the pending output of an invocation (usable
+/// as an input at once; reading its data waits for it). Reference counted, immutable,
+/// thread-safe.
 pub struct ndx_tensor_t {
     _private: [u8; 0],
 }
 
 /// A batch: an ordered list of samples sharing dtype, ndim and device (shapes may
-/// differ). Reference counted, immutable, thread-safe.
+/// differ), or the pending output of an invocation. Reference counted, immutable,
+/// thread-safe.
 pub struct ndx_batch_t {
+    _private: [u8; 0],
+}
+
+/// A context: defaults for invocations (eval mode, capture policy, backend), host
+/// operators, and the bookkeeping of its work. Reference counted, thread-safe: one
+/// context may be used from many threads at once.
+pub struct ndx_context_t {
+    _private: [u8; 0],
+}
+
+/// The future of one invocation: poll it, wait on it, get a callback, read its
+/// outputs. Reference counted, thread-safe.
+pub struct ndx_future_t {
     _private: [u8; 0],
 }
 
@@ -25,11 +41,19 @@ pub(crate) trait ArcHandle {
 }
 
 impl ArcHandle for ndx_tensor_t {
-    type Target = Tensor;
+    type Target = TensorRef;
 }
 
 impl ArcHandle for ndx_batch_t {
-    type Target = Batch;
+    type Target = BatchRef;
+}
+
+impl ArcHandle for ndx_context_t {
+    type Target = ContextInner;
+}
+
+impl ArcHandle for ndx_future_t {
+    type Target = Node;
 }
 
 /// Hands a new reference to C.

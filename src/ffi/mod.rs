@@ -13,11 +13,13 @@
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
 
 mod error;
+mod exec;
 mod handle;
 mod tensor;
 
 pub use error::*;
-pub use handle::{ndx_batch_t, ndx_tensor_t};
+pub use exec::*;
+pub use handle::{ndx_batch_t, ndx_context_t, ndx_future_t, ndx_tensor_t};
 pub use tensor::*;
 
 use std::ffi::{CStr, c_char};
@@ -97,6 +99,40 @@ pub(crate) fn boundary_out<T>(
         unsafe { out.write(value) };
         Ok(())
     })
+}
+
+/// The return address of the entry point this is inlined into: the instruction after
+/// the caller's call, i.e. the caller's line. One load from the entry point's own
+/// frame record — available when the crate is built with frame pointers (the
+/// repository's `.cargo/config.toml` forces them; `build.rs` sets `ndx_frame_pointers`
+/// only then). `None` elsewhere: callers then unwind one frame instead.
+#[inline(always)]
+pub(crate) fn caller_return_address() -> Option<usize> {
+    #[cfg(all(ndx_frame_pointers, target_arch = "x86_64"))]
+    {
+        let ra: usize;
+        // SAFETY: with frame pointers forced, every function sets rbp to its frame
+        // record in the prologue: [rbp] holds the caller's rbp, [rbp + 8] the return
+        // address. Inlined into the entry point, this reads the entry point's record.
+        unsafe {
+            std::arch::asm!("mov {ra}, qword ptr [rbp + 8]", ra = out(reg) ra, options(nostack, readonly, preserves_flags));
+        }
+        Some(ra)
+    }
+    #[cfg(all(ndx_frame_pointers, target_arch = "aarch64"))]
+    {
+        let ra: usize;
+        // SAFETY: with frame pointers, x29 points at the frame record {fp, lr}; the
+        // saved lr at [x29 + 8] is the entry point's return address.
+        unsafe {
+            std::arch::asm!("ldr {ra}, [x29, #8]", ra = out(reg) ra, options(nostack, readonly, preserves_flags));
+        }
+        Some(ra)
+    }
+    #[cfg(not(all(ndx_frame_pointers, any(target_arch = "x86_64", target_arch = "aarch64"))))]
+    {
+        None
+    }
 }
 
 /// Copies a host string (NULL allowed when `optional`) into an owned `String`;

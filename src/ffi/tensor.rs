@@ -15,6 +15,7 @@ use super::{
     boundary, boundary_out, boundary_value, host_str, ndx_batch_t, ndx_error_t, ndx_tensor_t,
 };
 use crate::error::{Error, Result};
+use crate::exec::{BatchRef, TensorRef};
 use crate::tensor::{
     DType, Geometry, ImportOptions, MAX_NDIM, Storage, Tensor, dlpack, validate_geometry,
     validate_layout,
@@ -167,7 +168,7 @@ pub extern "C" fn ndx_tensor_from_dlpack_versioned(
             let opts = import_options(opts)?;
             // SAFETY: the caller passes NULL or a valid producer tensor it owns.
             let t = unsafe { dlpack::import_versioned(tensor, &opts) }?;
-            Ok(into_handle(Arc::new(t)))
+            Ok(into_handle(Arc::new(TensorRef::ready(Arc::new(t)))))
         },
     )
 }
@@ -185,7 +186,7 @@ pub extern "C" fn ndx_tensor_from_dlpack(
         let opts = import_options(opts)?;
         // SAFETY: the caller passes NULL or a valid producer tensor it owns.
         let t = unsafe { dlpack::import_legacy(tensor, &opts) }?;
-        Ok(into_handle(Arc::new(t)))
+        Ok(into_handle(Arc::new(TensorRef::ready(Arc::new(t)))))
     })
 }
 
@@ -213,7 +214,7 @@ pub extern "C" fn ndx_batch_from_dlpack_versioned(
             let opts = import_options(opts)?;
             // SAFETY: the caller passes `n` entries, each NULL or a producer tensor it owns.
             let b = unsafe { dlpack::import_batch_versioned(tensors, n, &opts) }?;
-            Ok(into_handle(Arc::new(b)))
+            Ok(into_handle(Arc::new(BatchRef::ready(Arc::new(b)))))
         },
     )
 }
@@ -232,7 +233,7 @@ pub extern "C" fn ndx_batch_from_dlpack(
         let opts = import_options(opts)?;
         // SAFETY: the caller passes `n` entries, each NULL or a producer tensor it owns.
         let b = unsafe { dlpack::import_batch_legacy(tensors, n, &opts) }?;
-        Ok(into_handle(Arc::new(b)))
+        Ok(into_handle(Arc::new(BatchRef::ready(Arc::new(b)))))
     })
 }
 
@@ -281,7 +282,7 @@ pub extern "C" fn ndx_tensor_from_host(
         } else {
             copy
         };
-        Ok(into_handle(Arc::new(copy)))
+        Ok(into_handle(Arc::new(TensorRef::ready(Arc::new(copy)))))
     })
 }
 
@@ -326,7 +327,7 @@ pub extern "C" fn ndx_tensor_wrap_host(
             layout,
             opts.read_only,
         );
-        Ok(into_handle(Arc::new(t)))
+        Ok(into_handle(Arc::new(TensorRef::ready(Arc::new(t)))))
     })
 }
 
@@ -341,7 +342,7 @@ pub extern "C" fn ndx_tensor_copy_to(
     cap: usize,
 ) -> *mut ndx_error_t {
     boundary("ndx_tensor_copy_to", || {
-        let t = borrow(tensor, "tensor")?;
+        let t = borrow(tensor, "tensor")?.resolve()?;
         if buf.is_null() && t.nbytes() > 0 {
             return Err(Error::value("argument 'buf' is NULL"));
         }
@@ -368,7 +369,7 @@ pub extern "C" fn ndx_tensor_to_dlpack_versioned(
         "ndx_tensor_to_dlpack_versioned",
         out,
         std::ptr::null_mut(),
-        || Ok(dlpack::export_versioned(clone_arc(tensor, "tensor")?)),
+        || Ok(dlpack::export_versioned(borrow(tensor, "tensor")?.resolve()?.clone())),
     )
 }
 
@@ -382,7 +383,7 @@ pub extern "C" fn ndx_tensor_to_dlpack(
     out: *mut *mut DLManagedTensor,
 ) -> *mut ndx_error_t {
     boundary_out("ndx_tensor_to_dlpack", out, std::ptr::null_mut(), || {
-        dlpack::export_legacy(clone_arc(tensor, "tensor")?)
+        dlpack::export_legacy(borrow(tensor, "tensor")?.resolve()?.clone())
     })
 }
 
@@ -406,7 +407,7 @@ pub extern "C" fn ndx_tensor_release(tensor: *const ndx_tensor_t) {
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_tensor_dtype(tensor: *const ndx_tensor_t, out: *mut i32) -> *mut ndx_error_t {
     boundary_out("ndx_tensor_dtype", out, 0, || {
-        Ok(borrow(tensor, "tensor")?.dtype() as i32)
+        Ok(borrow(tensor, "tensor")?.dtype()? as i32)
     })
 }
 
@@ -414,7 +415,7 @@ pub extern "C" fn ndx_tensor_dtype(tensor: *const ndx_tensor_t, out: *mut i32) -
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_tensor_ndim(tensor: *const ndx_tensor_t, out: *mut i32) -> *mut ndx_error_t {
     boundary_out("ndx_tensor_ndim", out, 0, || {
-        Ok(borrow(tensor, "tensor")?.ndim() as i32)
+        Ok(borrow(tensor, "tensor")?.shape()?.len() as i32)
     })
 }
 
@@ -425,7 +426,7 @@ pub extern "C" fn ndx_tensor_shape(
     out: *mut *const i64,
 ) -> *mut ndx_error_t {
     boundary_out("ndx_tensor_shape", out, std::ptr::null(), || {
-        Ok(borrow(tensor, "tensor")?.shape().as_ptr())
+        Ok(borrow(tensor, "tensor")?.shape()?.as_ptr())
     })
 }
 
@@ -436,7 +437,7 @@ pub extern "C" fn ndx_tensor_strides(
     out: *mut *const i64,
 ) -> *mut ndx_error_t {
     boundary_out("ndx_tensor_strides", out, std::ptr::null(), || {
-        Ok(borrow(tensor, "tensor")?.strides().as_ptr())
+        Ok(borrow(tensor, "tensor")?.strides()?.as_ptr())
     })
 }
 
@@ -447,7 +448,7 @@ pub extern "C" fn ndx_tensor_numel(
     out: *mut usize,
 ) -> *mut ndx_error_t {
     boundary_out("ndx_tensor_numel", out, 0, || {
-        Ok(borrow(tensor, "tensor")?.numel())
+        borrow(tensor, "tensor")?.numel()
     })
 }
 
@@ -459,7 +460,7 @@ pub extern "C" fn ndx_tensor_nbytes(
     out: *mut usize,
 ) -> *mut ndx_error_t {
     boundary_out("ndx_tensor_nbytes", out, 0, || {
-        Ok(borrow(tensor, "tensor")?.nbytes())
+        borrow(tensor, "tensor")?.nbytes()
     })
 }
 
@@ -473,7 +474,7 @@ pub extern "C" fn ndx_tensor_device(
         "ndx_tensor_device",
         out,
         crate::tensor::Device::CPU.to_dl(),
-        || Ok(borrow(tensor, "tensor")?.device().to_dl()),
+        || Ok(borrow(tensor, "tensor")?.device()?.to_dl()),
     )
 }
 
@@ -484,7 +485,7 @@ pub extern "C" fn ndx_tensor_layout(
     out: *mut *const c_char,
 ) -> *mut ndx_error_t {
     boundary_out("ndx_tensor_layout", out, std::ptr::null(), || {
-        Ok(borrow(tensor, "tensor")?.c_layout().as_ptr())
+        Ok(borrow(tensor, "tensor")?.c_layout()?.as_ptr())
     })
 }
 
@@ -495,7 +496,7 @@ pub extern "C" fn ndx_tensor_is_read_only(
     out: *mut bool,
 ) -> *mut ndx_error_t {
     boundary_out("ndx_tensor_is_read_only", out, false, || {
-        Ok(borrow(tensor, "tensor")?.read_only())
+        borrow(tensor, "tensor")?.read_only()
     })
 }
 
@@ -530,7 +531,7 @@ pub extern "C" fn ndx_batch_release(batch: *const ndx_batch_t) {
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_batch_size(batch: *const ndx_batch_t, out: *mut usize) -> *mut ndx_error_t {
     boundary_out("ndx_batch_size", out, 0, || {
-        Ok(borrow(batch, "batch")?.len())
+        borrow(batch, "batch")?.len()
     })
 }
 
@@ -543,7 +544,8 @@ pub extern "C" fn ndx_batch_sample(
     out: *mut *mut ndx_tensor_t,
 ) -> *mut ndx_error_t {
     boundary_out("ndx_batch_sample", out, std::ptr::null_mut(), || {
-        Ok(into_handle(borrow(batch, "batch")?.sample(index)?.clone()))
+        let sample = borrow(batch, "batch")?.resolve()?.sample(index)?.clone();
+        Ok(into_handle(Arc::new(TensorRef::ready(sample))))
     })
 }
 
@@ -554,7 +556,7 @@ pub extern "C" fn ndx_batch_is_uniform(
     out: *mut bool,
 ) -> *mut ndx_error_t {
     boundary_out("ndx_batch_is_uniform", out, false, || {
-        Ok(borrow(batch, "batch")?.is_uniform())
+        Ok(borrow(batch, "batch")?.is_uniform()?)
     })
 }
 
@@ -562,7 +564,7 @@ pub extern "C" fn ndx_batch_is_uniform(
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_batch_dtype(batch: *const ndx_batch_t, out: *mut i32) -> *mut ndx_error_t {
     boundary_out("ndx_batch_dtype", out, 0, || {
-        Ok(borrow(batch, "batch")?.dtype() as i32)
+        Ok(borrow(batch, "batch")?.dtype()? as i32)
     })
 }
 
@@ -570,7 +572,7 @@ pub extern "C" fn ndx_batch_dtype(batch: *const ndx_batch_t, out: *mut i32) -> *
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_batch_ndim(batch: *const ndx_batch_t, out: *mut i32) -> *mut ndx_error_t {
     boundary_out("ndx_batch_ndim", out, 0, || {
-        Ok(borrow(batch, "batch")?.ndim() as i32)
+        Ok(borrow(batch, "batch")?.ndim()? as i32)
     })
 }
 
@@ -584,7 +586,7 @@ pub extern "C" fn ndx_batch_device(
         "ndx_batch_device",
         out,
         crate::tensor::Device::CPU.to_dl(),
-        || Ok(borrow(batch, "batch")?.device().to_dl()),
+        || Ok(borrow(batch, "batch")?.device()?.to_dl()),
     )
 }
 
@@ -595,7 +597,7 @@ pub extern "C" fn ndx_batch_layout(
     out: *mut *const c_char,
 ) -> *mut ndx_error_t {
     boundary_out("ndx_batch_layout", out, std::ptr::null(), || {
-        Ok(borrow(batch, "batch")?.c_layout().as_ptr())
+        Ok(borrow(batch, "batch")?.c_layout()?.as_ptr())
     })
 }
 
@@ -609,6 +611,7 @@ pub extern "C" fn ndx_batch_to_tensor(
     out: *mut *mut ndx_tensor_t,
 ) -> *mut ndx_error_t {
     boundary_out("ndx_batch_to_tensor", out, std::ptr::null_mut(), || {
-        Ok(into_handle(Arc::new(borrow(batch, "batch")?.to_tensor()?)))
+        let stacked = borrow(batch, "batch")?.resolve()?.to_tensor()?;
+        Ok(into_handle(Arc::new(TensorRef::ready(Arc::new(stacked)))))
     })
 }

@@ -359,6 +359,26 @@ impl Tensor {
         }
     }
 
+    /// The elements as compact bytes: borrowed when the view is compact and host
+    /// memory, copied otherwise.
+    pub fn compact_bytes(&self) -> Result<std::borrow::Cow<'_, [u8]>> {
+        if self.is_compact() && self.nbytes() > 0 {
+            if let Some(span) = self.storage.host_bytes() {
+                let start = (self.byte_offset as isize - self.storage.span_start()) as usize;
+                return Ok(std::borrow::Cow::Borrowed(&span[start..start + self.nbytes()]));
+            }
+        }
+        self.to_bytes().map(std::borrow::Cow::Owned)
+    }
+
+    /// The same view with another dtype of the same item size (a kernel that wrote
+    /// bools as bytes, say).
+    pub fn with_dtype_of_same_size(mut self, dtype: DType) -> Tensor {
+        debug_assert_eq!(dtype.itemsize(), self.dtype.itemsize());
+        self.dtype = dtype;
+        self
+    }
+
     /// The same view, read-only.
     pub fn into_read_only(mut self) -> Tensor {
         self.read_only = true;

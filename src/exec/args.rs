@@ -1,0 +1,165 @@
+//! Named arguments of an invocation.
+
+use std::ffi::CString;
+
+use crate::error::{Error, Result};
+use crate::tensor::DType;
+
+/// One argument value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ArgValue {
+    /// A 64-bit integer.
+    Int(i64),
+    /// A 64-bit float.
+    Float(f64),
+    /// A boolean.
+    Bool(bool),
+    /// A string.
+    Str(CString),
+    /// An array of integers.
+    Ints(Vec<i64>),
+    /// An array of floats.
+    Floats(Vec<f64>),
+    /// A dtype.
+    DType(DType),
+}
+
+/// The kinds of argument values, as schemas name them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(i32)]
+pub enum ArgType {
+    /// `ArgValue::Int`.
+    Int = 1,
+    /// `ArgValue::Float` (an integer is accepted and converted).
+    Float = 2,
+    /// `ArgValue::Bool`.
+    Bool = 3,
+    /// `ArgValue::Str`.
+    Str = 4,
+    /// `ArgValue::Ints`.
+    Ints = 5,
+    /// `ArgValue::Floats`.
+    Floats = 6,
+    /// `ArgValue::DType`.
+    DType = 7,
+}
+
+impl ArgType {
+    /// The type with ABI value `raw`.
+    pub fn from_raw(raw: i32) -> Option<ArgType> {
+        use ArgType::*;
+        [Int, Float, Bool, Str, Ints, Floats, DType]
+            .into_iter()
+            .find(|t| *t as i32 == raw)
+    }
+
+    /// A name for messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            ArgType::Int => "int",
+            ArgType::Float => "float",
+            ArgType::Bool => "bool",
+            ArgType::Str => "string",
+            ArgType::Ints => "int array",
+            ArgType::Floats => "float array",
+            ArgType::DType => "dtype",
+        }
+    }
+}
+
+impl ArgValue {
+    /// The value's type.
+    pub fn arg_type(&self) -> ArgType {
+        match self {
+            ArgValue::Int(_) => ArgType::Int,
+            ArgValue::Float(_) => ArgType::Float,
+            ArgValue::Bool(_) => ArgType::Bool,
+            ArgValue::Str(_) => ArgType::Str,
+            ArgValue::Ints(_) => ArgType::Ints,
+            ArgValue::Floats(_) => ArgType::Floats,
+            ArgValue::DType(_) => ArgType::DType,
+        }
+    }
+}
+
+/// Named arguments, in the order they were set (a later set replaces an earlier one).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Args {
+    entries: Vec<(String, ArgValue)>,
+}
+
+impl Args {
+    /// No arguments.
+    pub fn new() -> Args {
+        Args::default()
+    }
+
+    /// Sets `name` to `value`.
+    pub fn set(&mut self, name: &str, value: ArgValue) {
+        match self.entries.iter_mut().find(|(n, _)| n == name) {
+            Some(entry) => entry.1 = value,
+            None => self.entries.push((name.to_string(), value)),
+        }
+    }
+
+    /// Builder form of [`Args::set`].
+    pub fn with(mut self, name: &str, value: ArgValue) -> Args {
+        self.set(name, value);
+        self
+    }
+
+    /// The value of `name`.
+    pub fn get(&self, name: &str) -> Option<&ArgValue> {
+        self.entries.iter().find(|(n, _)| n == name).map(|(_, v)| v)
+    }
+
+    /// All entries.
+    pub fn entries(&self) -> &[(String, ArgValue)] {
+        &self.entries
+    }
+
+    fn wrong(name: &str, want: ArgType, got: &ArgValue) -> Error {
+        Error::type_error(format!(
+            "argument '{name}' is a {}, expected a {}",
+            got.arg_type().name(),
+            want.name()
+        ))
+    }
+
+    /// `name` as an integer, `default` when absent.
+    pub fn int_or(&self, name: &str, default: i64) -> Result<i64> {
+        match self.get(name) {
+            None => Ok(default),
+            Some(ArgValue::Int(v)) => Ok(*v),
+            Some(v) => Err(Args::wrong(name, ArgType::Int, v)),
+        }
+    }
+
+    /// `name` as a bool, `default` when absent.
+    pub fn bool_or(&self, name: &str, default: bool) -> Result<bool> {
+        match self.get(name) {
+            None => Ok(default),
+            Some(ArgValue::Bool(v)) => Ok(*v),
+            Some(v) => Err(Args::wrong(name, ArgType::Bool, v)),
+        }
+    }
+
+    /// `name` as a dtype, if present.
+    pub fn dtype(&self, name: &str) -> Result<Option<DType>> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(ArgValue::DType(d)) => Ok(Some(*d)),
+            Some(v) => Err(Args::wrong(name, ArgType::DType, v)),
+        }
+    }
+
+    /// `name` as an integer array, if present (a single integer counts as one).
+    pub fn ints(&self, name: &str) -> Result<Option<Vec<i64>>> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(ArgValue::Ints(v)) => Ok(Some(v.clone())),
+            Some(ArgValue::Int(v)) => Ok(Some(vec![*v])),
+            Some(v) => Err(Args::wrong(name, ArgType::Ints, v)),
+        }
+    }
+}

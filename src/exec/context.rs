@@ -1,0 +1,505 @@
+//! Contexts: the defaults of invocations (eval mode, capture policy, backend,
+//! callbacks), the operator registry, and the bookkeeping that lets
+//! `ndx_context_evaluate` run everything and report every unobserved failure.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::{Condvar, Mutex};
+
+use super::args::Args;
+use super::node::{Input, Node, NodeSpec, OutMeta, as_callback, must_not_block};
+use super::pool;
+use super::value::{BatchRef, TensorRef};
+use crate::error::{Error, ErrorKind, Frame, Result, Site};
+use crate::ops::{OpDef, Registry, TMeta};
+use crate::tensor::DeviceKind;
+
+/// When an invocation runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(i32)]
+pub enum EvalMode {
+    /// On the calling thread before `invoke` returns (device work may still be queued).
+    SyncCpu = 1,
+    /// Like `SyncCpu`, and all device work finished before return.
+    SyncFull = 2,
+    /// Recorded; runs when a result is needed, on `evaluate`, or on the first poll.
+    Deferred = 3,
+    /// Submitted to the workers at once; `invoke` returns immediately.
+    Eager = 4,
+}
+
+impl EvalMode {
+    /// The mode with ABI value `raw`.
+    pub fn from_raw(raw: i32) -> Option<EvalMode> {
+        use EvalMode::*;
+        [SyncCpu, SyncFull, Deferred, Eager].into_iter().find(|m| *m as i32 == raw)
+    }
+    /// Whether the work runs before `invoke` returns.
+    pub fn is_sync(self) -> bool {
+        matches!(self, EvalMode::SyncCpu | EvalMode::SyncFull)
+    }
+}
+
+/// Which frames an invocation records beyond its caller's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(i32)]
+pub enum CapturePolicy {
+    /// Only the caller frame (or the explicit location).
+    Off = 1,
+    /// The explicit location and the frame provider's host frames.
+    Host = 2,
+    /// Native frames up to the depth limit.
+    Native = 3,
+    /// Explicit location, host frames, then native frames.
+    All = 4,
+}
+
+impl CapturePolicy {
+    /// The policy with ABI value `raw`.
+    pub fn from_raw(raw: i32) -> Option<CapturePolicy> {
+        use CapturePolicy::*;
+        [Off, Host, Native, All].into_iter().find(|m| *m as i32 == raw)
+    }
+}
+
+/// How execution is done and failures reported.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backend {
+    /// Plain execution.
+    Default,
+    /// Every execution failure becomes `NDX_ERROR_BACKEND` with the original as cause.
+    NoExcept,
+    /// The operator fails at enqueue.
+    InjectCompile(String),
+    /// The operator fails during execution.
+    InjectRuntime(String),
+    /// The operator's outputs are silently perturbed (+1).
+    InjectAccuracy(String),
+}
+
+impl Backend {
+    /// Parses a backend name.
+    pub fn parse(name: &str) -> Result<Backend> {
+        let fault = |prefix: &str| name.strip_prefix(prefix).filter(|op| !op.is_empty()).map(str::to_string);
+        Ok(match name {
+            "default" => Backend::Default,
+            "noexcept" => Backend::NoExcept,
+            _ => {
+                if let Some(op) = fault("inject_compile_error:") {
+                    Backend::InjectCompile(op)
+                } else if let Some(op) = fault("inject_runtime_error:") {
+                    Backend::InjectRuntime(op)
+                } else if let Some(op) = fault("inject_accuracy_error:") {
+                    Backend::InjectAccuracy(op)
+                } else {
+                    return Err(Error::value(format!(
+                        "unknown backend '{name}'; expected default, noexcept, inject_compile_error:OP, inject_runtime_error:OP or inject_accuracy_error:OP"
+                    )));
+                }
+            }
+        })
+    }
+}
+
+/// Supplies the host language's frames at enqueue, innermost first.
+pub type FrameProvider = Arc<dyn Fn() -> Vec<Frame> + Send + Sync>;
+
+/// Context settings (all changeable after creation).
+#[derive(Clone)]
+pub struct Settings {
+    /// Default eval mode.
+    pub mode: EvalMode,
+    /// Capture policy.
+    pub capture: CapturePolicy,
+    /// Deepest native capture.
+    pub depth: usize,
+    /// Backend.
+    pub backend: Backend,
+    /// Callbacks (and host operators) run only inside `process_events` or a wait.
+    pub events_mode: bool,
+    /// Host frame provider.
+    pub provider: Option<FrameProvider>,
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings {
+            mode: EvalMode::Eager,
+            capture: CapturePolicy::Native,
+            depth: crate::error::DEFAULT_DEPTH,
+            backend: Backend::Default,
+            events_mode: false,
+            provider: None,
+        }
+    }
+}
+
+/// Where the invoking call came from, as the entry point saw it.
+#[derive(Default)]
+pub struct CallSite {
+    /// An explicit location (`NDX_HERE`): replaces the native caller frame.
+    pub location: Option<Frame>,
+    /// The return address into the caller, when the entry point could read it.
+    pub caller_ip: Option<usize>,
+}
+
+#[derive(Default)]
+struct Tracker {
+    /// Every node not complete yet (recorded, waiting, queued, running).
+    pending: HashMap<u64, Arc<Node>>,
+    /// Deferred nodes not submitted yet, in enqueue order.
+    recorded: Vec<Arc<Node>>,
+    /// Failed nodes not yet reported by `evaluate`.
+    failed: Vec<Arc<Node>>,
+}
+
+/// A context's shared state.
+pub struct ContextInner {
+    settings: Mutex<Settings>,
+    registry: Registry,
+    seq: AtomicU64,
+    tracker: Mutex<Tracker>,
+    idle: Condvar,
+    events: Mutex<VecDeque<Box<dyn FnOnce() + Send>>>,
+}
+
+/// A context (`ndx_context_t`).
+pub type Context = Arc<ContextInner>;
+
+/// Creates a context; `threads` sizes the shared pool if it does not exist yet.
+pub fn new_context(settings: Settings, threads: usize) -> Context {
+    pool::init(threads);
+    Arc::new(ContextInner {
+        settings: Mutex::new(settings),
+        registry: Registry::new(),
+        seq: AtomicU64::new(0),
+        tracker: Mutex::new(Tracker::default()),
+        idle: Condvar::new(),
+        events: Mutex::new(VecDeque::new()),
+    })
+}
+
+impl ContextInner {
+    /// A copy of the settings.
+    pub fn settings(&self) -> Settings {
+        self.settings.lock().clone()
+    }
+    /// Changes the settings.
+    pub fn update(&self, f: impl FnOnce(&mut Settings)) {
+        f(&mut self.settings.lock());
+    }
+    /// The host operator registry.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// Records where an invocation was asked for, per the capture policy.
+    #[inline(always)]
+    fn capture(settings: &Settings, mode: EvalMode, call: CallSite) -> Site {
+        let host = match (settings.capture, &settings.provider) {
+            (CapturePolicy::Host | CapturePolicy::All, Some(p)) => p(),
+            _ => Vec::new(),
+        };
+        let deep = matches!(settings.capture, CapturePolicy::Native | CapturePolicy::All) && !mode.is_sync();
+        let show_native = match settings.capture {
+            CapturePolicy::Host => host.is_empty() && call.location.is_none(),
+            _ => true,
+        };
+        let native = if deep {
+            Site::capture_native(settings.depth)
+        } else {
+            match call.caller_ip {
+                Some(ip) => Site::from_ips(vec![ip]),
+                None => Site::capture_native(1),
+            }
+        };
+        native.with_frames(call.location, host, show_native)
+    }
+
+    /// Enqueues `op` on `inputs` per the mode: call-time errors (unknown op, arguments,
+    /// input metadata, injected compile errors) fail here; execution errors live in
+    /// the returned node.
+    #[inline(always)]
+    pub fn invoke(
+        self: &Arc<Self>,
+        op: &str,
+        inputs: Vec<Input>,
+        args: Args,
+        mode: Option<EvalMode>,
+        call: CallSite,
+    ) -> Result<Arc<Node>> {
+        let settings = self.settings();
+        let mode = mode.unwrap_or(settings.mode);
+        let site = Arc::new(Self::capture(&settings, mode, call));
+        let fail = |e: Error| e.with_site(site.clone());
+        let def = self.registry.get(op).ok_or_else(|| fail(Error::value(format!("unknown operator '{op}'"))))?;
+        if let crate::exec::Backend::InjectCompile(target) = &settings.backend {
+            if *target == def.name {
+                return Err(fail(Error::new(
+                    ErrorKind::Backend,
+                    format!("injected compile error in operator '{op}' (backend inject_compile_error:{op})"),
+                )));
+            }
+        }
+        let (out_meta, batch_len) = infer(&def, &inputs, &args).map_err(|e| {
+            fail(Error::new(e.kind(), format!("operator '{op}': {}", e.message())))
+        })?;
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
+        let node = Node::new(NodeSpec {
+            seq,
+            op: def,
+            args,
+            site,
+            mode,
+            backend: settings.backend.clone(),
+            events: settings.events_mode,
+            ctx: Arc::downgrade(self),
+            out_meta,
+            batch_len,
+            inputs,
+        });
+        match mode {
+            EvalMode::Deferred => self.tracker.lock().recorded.push(node.clone()),
+            EvalMode::Eager => node.submit(),
+            EvalMode::SyncCpu | EvalMode::SyncFull => {
+                node.wait_for_inputs()?;
+                node.run_inline();
+            }
+        }
+        Ok(node)
+    }
+
+    pub(crate) fn node_started(&self, node: &Arc<Node>) {
+        self.tracker.lock().pending.insert(node.seq(), node.clone());
+    }
+
+    pub(crate) fn node_done(&self, node: &Arc<Node>, failed: bool) {
+        let mut t = self.tracker.lock();
+        t.pending.remove(&node.seq());
+        if failed {
+            t.failed.push(node.clone());
+        }
+        if t.pending.is_empty() {
+            self.idle.notify_all();
+        }
+    }
+
+    pub(crate) fn push_event(&self, event: Box<dyn FnOnce() + Send>) {
+        self.events.lock().push_back(event);
+    }
+
+    /// Runs the queued callbacks and host operators (process-events mode); returns
+    /// how many ran.
+    pub fn run_events(&self) -> usize {
+        let mut n = 0;
+        loop {
+            let Some(event) = self.events.lock().pop_front() else {
+                return n;
+            };
+            as_callback(event);
+            n += 1;
+        }
+    }
+
+    /// Runs all deferred work, waits for all in-flight work, and returns every failure
+    /// nobody has observed as related errors of one error (NULL when none).
+    pub fn evaluate(&self) -> Result<()> {
+        if must_not_block() {
+            return Err(Error::new(
+                ErrorKind::Runtime,
+                "ndx_context_evaluate from inside an ndx callback or host operator would deadlock",
+            ));
+        }
+        let recorded = std::mem::take(&mut self.tracker.lock().recorded);
+        for node in &recorded {
+            node.submit();
+        }
+        let events = self.settings.lock().events_mode;
+        loop {
+            if events {
+                self.run_events();
+            }
+            let mut t = self.tracker.lock();
+            if t.pending.is_empty() {
+                break;
+            }
+            let slice = std::time::Duration::from_millis(if events { 1 } else { 50 });
+            self.idle.wait_for(&mut t, slice);
+        }
+        if events {
+            self.run_events();
+        }
+        let failed = std::mem::take(&mut self.tracker.lock().failed);
+        let unobserved: Vec<Error> = failed
+            .iter()
+            .filter(|n| !n.observed())
+            .filter_map(|n| {
+                n.mark_observed();
+                n.result().and_then(|r| r.as_ref().err().cloned())
+            })
+            .collect();
+        if unobserved.is_empty() {
+            return Ok(());
+        }
+        Err(Error::new(
+            ErrorKind::Runtime,
+            format!(
+                "{} invocation{} failed without being observed",
+                unobserved.len(),
+                if unobserved.len() == 1 { "" } else { "s" }
+            ),
+        )
+        .with_related(unobserved))
+    }
+}
+
+impl Drop for ContextInner {
+    /// Cancels what has not started and waits for what is running (unless dropped on
+    /// a worker or in a callback, where it does not wait). Queued callbacks still run.
+    fn drop(&mut self) {
+        let pending: Vec<Arc<Node>> = {
+            let mut t = self.tracker.lock();
+            t.recorded.clear();
+            t.pending.drain().map(|(_, n)| n).collect()
+        };
+        // Cancel in enqueue order so upstream failures come first.
+        let mut pending = pending;
+        pending.sort_by_key(|n| n.seq());
+        let mut running = Vec::new();
+        for node in pending {
+            if !node.cancel("its context was released") {
+                running.push(node);
+            }
+        }
+        if !must_not_block() {
+            for node in running {
+                let _ = node.wait(None);
+            }
+        }
+        let events: Vec<_> = self.events.lock().drain(..).collect();
+        for event in events {
+            as_callback(event);
+        }
+    }
+}
+
+/// Checks inputs against the schema and infers the outputs' metadata.
+fn infer(def: &OpDef, inputs: &[Input], args: &Args) -> Result<(Vec<OutMeta>, Option<usize>)> {
+    if inputs.len() != def.n_inputs {
+        return Err(Error::value(format!(
+            "expected {} input{}, got {}",
+            def.n_inputs,
+            if def.n_inputs == 1 { "" } else { "s" },
+            inputs.len()
+        )));
+    }
+    def.validate_args(args)?;
+    // Batch inputs make a per-sample invocation; they must agree in length.
+    let mut batch_len = None;
+    for (i, input) in inputs.iter().enumerate() {
+        if let Input::Batch(b) = input {
+            let n = b.len()?;
+            match batch_len {
+                None => batch_len = Some((i, n)),
+                Some((j, m)) if m != n => {
+                    return Err(Error::value(format!(
+                        "input {i} is a batch of {n} samples but input {j} has {m}"
+                    )));
+                }
+                _ => {}
+            }
+        }
+    }
+    for (i, input) in inputs.iter().enumerate() {
+        let device = match input {
+            Input::Tensor(t) => t.device()?,
+            Input::Batch(b) => match b.ready_data() {
+                Some(Ok(b)) => b.device(),
+                _ => crate::tensor::Device::CPU,
+            },
+        };
+        if device.kind == DeviceKind::Cuda {
+            return Err(Error::new(
+                ErrorKind::NotImplemented,
+                format!("input {i} lives in CUDA memory ({device}); this build computes on host memory only"),
+            ));
+        }
+    }
+    let Some(infer) = def.infer else {
+        let unknown = (0..def.n_outputs)
+            .map(|_| if batch_len.is_some() { OutMeta::Batch(None) } else { OutMeta::Tensor(None) })
+            .collect();
+        return Ok((unknown, batch_len.map(|(_, n)| n)));
+    };
+    match batch_len {
+        None => {
+            let metas = inputs
+                .iter()
+                .map(|i| match i {
+                    Input::Tensor(t) => t.meta(),
+                    Input::Batch(_) => unreachable!("no batch inputs here"),
+                })
+                .collect::<Result<Vec<TMeta>>>()?;
+            let refs: Vec<&TMeta> = metas.iter().collect();
+            let outs = infer(&refs, args)?;
+            Ok((outs.into_iter().map(|m| OutMeta::Tensor(Some(m))).collect(), None))
+        }
+        Some((_, n)) => {
+            let per_input = inputs
+                .iter()
+                .map(|i| match i {
+                    Input::Tensor(t) => t.meta().map(|m| vec![m; n]),
+                    Input::Batch(b) => b.sample_meta(),
+                })
+                .collect::<Result<Vec<Vec<TMeta>>>>()?;
+            let mut outs: Vec<Vec<TMeta>> = vec![Vec::with_capacity(n); def.n_outputs];
+            for s in 0..n {
+                let refs: Vec<&TMeta> = per_input.iter().map(|v| &v[s]).collect();
+                let o = infer(&refs, args).map_err(|e| {
+                    Error::new(e.kind(), format!("sample {s}: {}", e.message()))
+                })?;
+                for (k, m) in o.into_iter().enumerate() {
+                    outs[k].push(m);
+                }
+            }
+            Ok((outs.into_iter().map(|m| OutMeta::Batch(Some(m))).collect(), Some(n)))
+        }
+    }
+}
+
+/// The output handles of a node.
+pub fn output_tensor(node: &Arc<Node>, index: usize) -> Result<TensorRef> {
+    match node.out_meta().get(index) {
+        Some(OutMeta::Tensor(meta)) => Ok(TensorRef::pending(node.clone(), index, meta.clone())),
+        Some(OutMeta::Batch(_)) => Err(Error::type_error(format!(
+            "output {index} of '{}' (#{}) is a batch; use ndx_future_batch",
+            node.op_name(),
+            node.seq()
+        ))),
+        None => Err(Error::index(format!(
+            "output index {index} is out of range: '{}' has {} output{}",
+            node.op_name(),
+            node.out_meta().len(),
+            if node.out_meta().len() == 1 { "" } else { "s" }
+        ))),
+    }
+}
+
+/// Batch output `index` of a node.
+pub fn output_batch(node: &Arc<Node>, index: usize) -> Result<BatchRef> {
+    match node.out_meta().get(index) {
+        Some(OutMeta::Batch(meta)) => Ok(BatchRef::pending(node.clone(), index, meta.clone())),
+        Some(OutMeta::Tensor(_)) => Err(Error::type_error(format!(
+            "output {index} of '{}' (#{}) is a tensor; use ndx_future_tensor",
+            node.op_name(),
+            node.seq()
+        ))),
+        None => Err(Error::index(format!(
+            "output index {index} is out of range: '{}' has {} outputs",
+            node.op_name(),
+            node.out_meta().len()
+        ))),
+    }
+}

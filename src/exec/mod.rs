@@ -1,0 +1,16 @@
+//! Execution: contexts, invocations (nodes), futures and the worker pool.
+
+pub mod args;
+mod context;
+mod node;
+mod pool;
+mod value;
+
+pub use args::{ArgType, ArgValue, Args};
+pub use context::{
+    Backend, CallSite, CapturePolicy, Context, ContextInner, EvalMode, FrameProvider, Settings, new_context,
+    output_batch, output_tensor,
+};
+pub use node::{Callback, Data, Input, Node, OutMeta, Phase, Status};
+pub use pool::on_worker;
+pub use value::{BatchRef, TensorRef};

@@ -1,0 +1,609 @@
+//! An invocation: what to run, where it was asked for, and its future. A node runs
+//! once every input it depends on is complete; its result is set exactly once.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use super::args::Args;
+use super::context::{Backend, ContextInner, EvalMode};
+use super::pool;
+use super::value::{BatchRef, TensorRef};
+use crate::error::{Error, ErrorKind, Result, Site};
+use crate::ops::{Kernel, OpDef, TMeta, kernels};
+use crate::tensor::{Batch, Tensor};
+
+/// A computed output.
+#[derive(Clone)]
+pub enum Data {
+    /// A tensor.
+    Tensor(Arc<Tensor>),
+    /// A batch.
+    Batch(Arc<Batch>),
+}
+
+/// An input of an invocation.
+#[derive(Clone)]
+pub enum Input {
+    /// A tensor (maybe pending).
+    Tensor(Arc<TensorRef>),
+    /// A batch (maybe pending).
+    Batch(Arc<BatchRef>),
+}
+
+impl Input {
+    fn producer(&self) -> Option<&Arc<Node>> {
+        match self {
+            Input::Tensor(t) => t.producer(),
+            Input::Batch(b) => b.producer(),
+        }
+    }
+}
+
+/// What an output will be, as inferred at enqueue (`None`: known only after running).
+#[derive(Clone, Debug)]
+pub enum OutMeta {
+    /// A tensor.
+    Tensor(Option<TMeta>),
+    /// A batch, per sample.
+    Batch(Option<Vec<TMeta>>),
+}
+
+/// A callback run once when a node completes.
+pub type Callback = Box<dyn FnOnce(&Arc<Node>) + Send>;
+
+/// Where a node is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Deferred: recorded, not yet asked for.
+    Recorded,
+    /// Asked for; waiting for inputs.
+    Waiting,
+    /// Ready to run; queued.
+    Queued,
+    /// Running.
+    Running,
+    /// Complete (the result is set).
+    Done,
+}
+
+struct State {
+    phase: Phase,
+    deps_left: usize,
+    dependents: Vec<Arc<Node>>,
+    callbacks: Vec<Callback>,
+}
+
+/// Future status, as `ndx_future_poll` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// Not complete.
+    Pending,
+    /// Complete, outputs available.
+    Ready,
+    /// Complete, failed.
+    Failed,
+}
+
+thread_local! {
+    static IN_CALLBACK: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` marked as callback/host-operator code (where blocking waits are refused).
+pub(crate) fn as_callback<R>(f: impl FnOnce() -> R) -> R {
+    let previous = IN_CALLBACK.with(|c| c.replace(true));
+    let r = f();
+    IN_CALLBACK.with(|c| c.set(previous));
+    r
+}
+
+/// Whether a blocking wait here could deadlock the pool (a worker, a callback, a host
+/// operator).
+pub(crate) fn must_not_block() -> bool {
+    pool::on_worker() || IN_CALLBACK.with(Cell::get)
+}
+
+fn no_blocking_error(what: &str) -> Error {
+    Error::new(
+        ErrorKind::Runtime,
+        format!(
+            "{what} from inside an ndx callback or host operator would block an ndx worker and may deadlock; \
+             use ndx_future_on_ready or ndx_future_poll instead"
+        ),
+    )
+}
+
+/// An invocation and its future.
+pub struct Node {
+    seq: u64,
+    op: Arc<OpDef>,
+    args: Args,
+    site: Arc<Site>,
+    mode: EvalMode,
+    backend: Backend,
+    events: bool,
+    ctx: Weak<ContextInner>,
+    out_meta: Vec<OutMeta>,
+    batch_len: Option<usize>,
+    inputs: Mutex<Vec<Input>>,
+    state: Mutex<State>,
+    cond: Condvar,
+    result: OnceLock<Result<Vec<Data>>>,
+    observed: AtomicBool,
+    failed_inputs: Mutex<Vec<Arc<Node>>>,
+}
+
+/// What a node needs at creation.
+pub(crate) struct NodeSpec {
+    pub seq: u64,
+    pub op: Arc<OpDef>,
+    pub args: Args,
+    pub site: Arc<Site>,
+    pub mode: EvalMode,
+    pub backend: Backend,
+    pub events: bool,
+    pub ctx: Weak<ContextInner>,
+    pub out_meta: Vec<OutMeta>,
+    pub batch_len: Option<usize>,
+    pub inputs: Vec<Input>,
+}
+
+impl Node {
+    /// A recorded node, registered as a dependent of its pending inputs.
+    pub(crate) fn new(spec: NodeSpec) -> Arc<Node> {
+        let node = Arc::new(Node {
+            seq: spec.seq,
+            op: spec.op,
+            args: spec.args,
+            site: spec.site,
+            mode: spec.mode,
+            backend: spec.backend,
+            events: spec.events,
+            ctx: spec.ctx,
+            out_meta: spec.out_meta,
+            batch_len: spec.batch_len,
+            inputs: Mutex::new(Vec::new()),
+            state: Mutex::new(State {
+                phase: Phase::Recorded,
+                deps_left: 0,
+                dependents: Vec::new(),
+                callbacks: Vec::new(),
+            }),
+            cond: Condvar::new(),
+            result: OnceLock::new(),
+            observed: AtomicBool::new(false),
+            failed_inputs: Mutex::new(Vec::new()),
+        });
+        let mut deps = 0;
+        for input in &spec.inputs {
+            if let Some(up) = input.producer() {
+                let mut s = up.state.lock();
+                if s.phase != Phase::Done {
+                    s.dependents.push(node.clone());
+                    deps += 1;
+                }
+            }
+        }
+        node.state.lock().deps_left = deps;
+        *node.inputs.lock() = spec.inputs;
+        node
+    }
+
+    /// The invocation's sequence number in its context.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+    /// The operator name.
+    pub fn op_name(&self) -> &str {
+        &self.op.name
+    }
+    /// The eval mode it was enqueued with.
+    pub fn mode(&self) -> EvalMode {
+        self.mode
+    }
+    /// The enqueue site.
+    pub fn site(&self) -> &Arc<Site> {
+        &self.site
+    }
+    /// Inferred output metadata.
+    pub fn out_meta(&self) -> &[OutMeta] {
+        &self.out_meta
+    }
+    /// Whether the result is set.
+    pub fn is_done(&self) -> bool {
+        self.result.get().is_some()
+    }
+    /// The current phase.
+    pub fn phase(&self) -> Phase {
+        self.state.lock().phase
+    }
+
+    /// Marks this failure (and the failures it was caused by) as reported to the user.
+    pub fn mark_observed(&self) {
+        if !self.observed.swap(true, Ordering::AcqRel) {
+            for up in self.failed_inputs.lock().iter() {
+                up.mark_observed();
+            }
+        }
+    }
+    /// Whether the failure was reported to the user.
+    pub fn observed(&self) -> bool {
+        self.observed.load(Ordering::Acquire)
+    }
+
+    /// The result if complete (observing a failure).
+    pub fn result(&self) -> Option<&Result<Vec<Data>>> {
+        let r = self.result.get()?;
+        if r.is_err() {
+            self.mark_observed();
+        }
+        Some(r)
+    }
+
+    /// Non-blocking status; a deferred node is handed to the workers.
+    pub fn poll(self: &Arc<Self>) -> Status {
+        match self.result.get() {
+            Some(Ok(_)) => Status::Ready,
+            Some(Err(_)) => {
+                self.mark_observed();
+                Status::Failed
+            }
+            None => {
+                self.submit();
+                Status::Pending
+            }
+        }
+    }
+
+    /// Waits until complete or `timeout` passes (`None`: forever). Submits deferred
+    /// work. Refused from callbacks and host operators.
+    pub fn wait(self: &Arc<Self>, timeout: Option<Duration>) -> Result<()> {
+        if self.is_done() {
+            return Ok(());
+        }
+        if must_not_block() {
+            return Err(no_blocking_error(&format!(
+                "waiting on invocation #{} ('{}')",
+                self.seq, self.op.name
+            )));
+        }
+        self.submit();
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let ctx = if self.events { self.ctx.upgrade() } else { None };
+        let mut state = self.state.lock();
+        while state.phase != Phase::Done {
+            // In process-events mode the waiting thread runs the queued callbacks and
+            // host operators itself, so it wakes up regularly to look for them.
+            let slice = if ctx.is_some() { Some(Duration::from_millis(1)) } else { None };
+            let until = match (deadline, slice) {
+                (Some(d), Some(s)) => Some(d.min(Instant::now() + s)),
+                (Some(d), None) => Some(d),
+                (None, Some(s)) => Some(Instant::now() + s),
+                (None, None) => None,
+            };
+            match until {
+                Some(u) => {
+                    self.cond.wait_until(&mut state, u);
+                }
+                None => self.cond.wait(&mut state),
+            }
+            if state.phase == Phase::Done {
+                break;
+            }
+            if let Some(ctx) = &ctx {
+                drop(state);
+                ctx.run_events();
+                state = self.state.lock();
+            }
+            if let Some(d) = deadline {
+                if Instant::now() >= d && state.phase != Phase::Done {
+                    return Err(Error::new(
+                        ErrorKind::Timeout,
+                        format!(
+                            "invocation #{} ('{}') did not complete within {:?}; the future stays valid",
+                            self.seq,
+                            self.op.name,
+                            timeout.unwrap_or_default()
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The outputs, forcing evaluation and waiting; the error when it failed.
+    pub fn force(self: &Arc<Self>) -> Result<&Vec<Data>> {
+        self.wait(None)?;
+        match self.result() {
+            Some(Ok(outputs)) => Ok(outputs),
+            Some(Err(e)) => Err(e.clone()),
+            None => Err(Error::internal("a completed invocation has no result")),
+        }
+    }
+
+    /// Hands a recorded node (and the recorded nodes it depends on) to the workers.
+    pub fn submit(self: &Arc<Self>) {
+        let mut stack = vec![self.clone()];
+        while let Some(node) = stack.pop() {
+            let ready = {
+                let mut s = node.state.lock();
+                if s.phase != Phase::Recorded {
+                    continue;
+                }
+                s.phase = if s.deps_left == 0 { Phase::Queued } else { Phase::Waiting };
+                s.phase == Phase::Queued
+            };
+            if let Some(ctx) = node.ctx.upgrade() {
+                ctx.node_started(&node);
+            }
+            for input in node.inputs.lock().iter() {
+                if let Some(up) = input.producer() {
+                    stack.push(up.clone());
+                }
+            }
+            if ready {
+                node.dispatch();
+            }
+        }
+    }
+
+    /// Submits the node's producers and waits for them (SYNC modes).
+    pub(crate) fn wait_for_inputs(self: &Arc<Self>) -> Result<()> {
+        let producers: Vec<Arc<Node>> = self.inputs.lock().iter().filter_map(|i| i.producer().cloned()).collect();
+        for up in &producers {
+            if !up.is_done() {
+                if must_not_block() {
+                    return Err(no_blocking_error(&format!(
+                        "a SYNC invocation of '{}' waiting for its input from invocation #{}",
+                        self.op.name,
+                        up.seq()
+                    )));
+                }
+                up.submit();
+                up.wait(None)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the node on the calling thread (SYNC modes), once its inputs are complete.
+    pub(crate) fn run_inline(self: &Arc<Self>) {
+        {
+            let mut s = self.state.lock();
+            s.phase = Phase::Queued;
+            s.deps_left = 0;
+        }
+        if let Some(ctx) = self.ctx.upgrade() {
+            ctx.node_started(self);
+        }
+        self.execute();
+    }
+
+    fn dispatch(self: &Arc<Self>) {
+        let node = self.clone();
+        let host_op = matches!(self.op.kernel, Kernel::Host(_));
+        if self.events && host_op {
+            if let Some(ctx) = self.ctx.upgrade() {
+                ctx.push_event(Box::new(move || node.execute()));
+                return;
+            }
+        }
+        pool::submit(move || node.execute());
+    }
+
+    fn dependency_done(self: &Arc<Self>) {
+        let ready = {
+            let mut s = self.state.lock();
+            s.deps_left = s.deps_left.saturating_sub(1);
+            if s.deps_left == 0 && s.phase == Phase::Waiting {
+                s.phase = Phase::Queued;
+                true
+            } else {
+                false
+            }
+        };
+        if ready {
+            self.dispatch();
+        }
+    }
+
+    /// Runs a queued node (on a worker, inline, or in process-events) and completes it.
+    pub(crate) fn execute(self: &Arc<Self>) {
+        {
+            let mut s = self.state.lock();
+            if s.phase != Phase::Queued {
+                return; // cancelled meanwhile
+            }
+            s.phase = Phase::Running;
+        }
+        let inputs = std::mem::take(&mut *self.inputs.lock());
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.compute(&inputs)))
+            .unwrap_or_else(|p| {
+                let msg = p
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| p.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                Err(Error::internal(format!("panic while running '{}': {msg}", self.op.name)))
+            });
+        drop(inputs);
+        let outcome = outcome.map_err(|e| e.with_op(&self.op.name, self.seq).with_site(self.site.clone()));
+        self.complete(outcome);
+    }
+
+    /// The upstream failure of input `i`, as this node's own error.
+    fn dependency_error(&self, i: usize, up: &Arc<Node>, upstream: &Error) -> Error {
+        self.failed_inputs.lock().push(up.clone());
+        Error::new(
+            upstream.kind(),
+            format!(
+                "input {i} of '{}' (#{}) failed: it is the output of '{}' (#{}), which failed",
+                self.op.name,
+                self.seq,
+                up.op_name(),
+                up.seq()
+            ),
+        )
+        .with_cause(upstream.clone())
+    }
+
+    fn compute(&self, inputs: &[Input]) -> Result<Vec<Data>> {
+        // Inputs: every producer is complete now.
+        enum In<'a> {
+            T(&'a Arc<Tensor>),
+            B(&'a Arc<Batch>),
+        }
+        let mut ready = Vec::with_capacity(inputs.len());
+        for (i, input) in inputs.iter().enumerate() {
+            let data = match input {
+                Input::Tensor(t) => t.ready_data().map(|r| r.map(In::T)),
+                Input::Batch(b) => b.ready_data().map(|r| r.map(In::B)),
+            };
+            match data {
+                Some(Ok(d)) => ready.push(d),
+                Some(Err(upstream)) => {
+                    let up = input.producer().cloned().ok_or_else(|| upstream.clone())?;
+                    return Err(self.dependency_error(i, &up, &upstream));
+                }
+                None => return Err(Error::internal(format!("input {i} of '{}' is not complete", self.op.name))),
+            }
+        }
+        if let Backend::InjectRuntime(op) = &self.backend {
+            if *op == self.op.name {
+                return Err(self.backend_wrap(Error::new(
+                    ErrorKind::Runtime,
+                    format!("injected runtime error in operator '{op}' (backend inject_runtime_error:{op})"),
+                )));
+            }
+        }
+        let run = |tensors: Vec<Arc<Tensor>>| -> Result<Vec<Arc<Tensor>>> {
+            let mut outs = match &self.op.kernel {
+                Kernel::Builtin(f) => {
+                    let refs: Vec<&Tensor> = tensors.iter().map(|t| t.as_ref()).collect();
+                    f(&refs, &self.args)?.into_iter().map(Arc::new).collect::<Vec<_>>()
+                }
+                Kernel::Host(h) => as_callback(|| h.run(&tensors, &self.args, self.op.n_outputs))?,
+            };
+            if let Backend::InjectAccuracy(op) = &self.backend {
+                if *op == self.op.name {
+                    outs = outs.iter().map(|t| kernels::add_one(t).map(Arc::new)).collect::<Result<_>>()?;
+                }
+            }
+            Ok(outs)
+        };
+        let result = match self.batch_len {
+            None => {
+                let tensors = ready
+                    .iter()
+                    .map(|d| match d {
+                        In::T(t) => (*t).clone(),
+                        In::B(_) => unreachable!("batch inputs make a batch invocation"),
+                    })
+                    .collect();
+                run(tensors).map(|outs| outs.into_iter().map(Data::Tensor).collect())
+            }
+            Some(n) => {
+                let mut per_output: Vec<Vec<Arc<Tensor>>> = vec![Vec::with_capacity(n); self.op.n_outputs];
+                for s in 0..n {
+                    let tensors = ready
+                        .iter()
+                        .map(|d| match d {
+                            In::T(t) => Ok((*t).clone()),
+                            In::B(b) => b.sample(s).cloned(),
+                        })
+                        .collect::<Result<Vec<_>>>()?;
+                    let outs = run(tensors)?;
+                    for (k, t) in outs.into_iter().enumerate() {
+                        per_output[k].push(t);
+                    }
+                }
+                per_output
+                    .into_iter()
+                    .map(|samples| Batch::new(samples).map(|b| Data::Batch(Arc::new(b))))
+                    .collect()
+            }
+        };
+        result.map_err(|e| self.backend_wrap(e))
+    }
+
+    /// The `noexcept` backend turns every execution failure into a BACKEND error.
+    fn backend_wrap(&self, e: Error) -> Error {
+        match self.backend {
+            Backend::NoExcept => Error::new(
+                ErrorKind::Backend,
+                format!("unexpected error when running {}", self.op.name),
+            )
+            .with_cause(e.with_op(&self.op.name, self.seq).with_site(self.site.clone())),
+            _ => e,
+        }
+    }
+
+    /// Sets the result, wakes waiters, releases dependents and runs callbacks.
+    pub(crate) fn complete(self: &Arc<Self>, outcome: Result<Vec<Data>>) {
+        let failed = outcome.is_err();
+        if self.result.set(outcome).is_err() {
+            return; // completed already (cancelled)
+        }
+        let (dependents, callbacks) = {
+            let mut s = self.state.lock();
+            s.phase = Phase::Done;
+            (std::mem::take(&mut s.dependents), std::mem::take(&mut s.callbacks))
+        };
+        self.cond.notify_all();
+        for d in dependents {
+            d.dependency_done();
+        }
+        let ctx = self.ctx.upgrade();
+        for cb in callbacks {
+            self.fire(cb, ctx.as_ref());
+        }
+        if let Some(ctx) = ctx {
+            ctx.node_done(self, failed);
+        }
+    }
+
+    fn fire(self: &Arc<Self>, cb: Callback, ctx: Option<&Arc<ContextInner>>) {
+        let node = self.clone();
+        match ctx {
+            Some(ctx) if self.events => ctx.push_event(Box::new(move || cb(&node))),
+            _ => as_callback(|| cb(&node)),
+        }
+    }
+
+    /// Registers `cb` to run once on completion; at once (on this thread) when done.
+    pub fn on_ready(self: &Arc<Self>, cb: Callback) {
+        {
+            let mut s = self.state.lock();
+            if s.phase != Phase::Done {
+                s.callbacks.push(cb);
+                return;
+            }
+        }
+        let ctx = self.ctx.upgrade();
+        self.fire(cb, ctx.as_ref());
+    }
+
+    /// Cancels the node if it has not started: it fails with `NDX_ERROR_CANCELLED`.
+    pub fn cancel(self: &Arc<Self>, why: &str) -> bool {
+        {
+            let mut s = self.state.lock();
+            if !matches!(s.phase, Phase::Recorded | Phase::Waiting | Phase::Queued) {
+                return false;
+            }
+            s.phase = Phase::Running; // nobody else may start it now
+        }
+        let e = Error::new(
+            ErrorKind::Cancelled,
+            format!("invocation #{} ('{}') was cancelled before it ran: {why}", self.seq, self.op.name),
+        )
+        .with_op(&self.op.name, self.seq)
+        .with_site(self.site.clone());
+        self.inputs.lock().clear();
+        self.complete(Err(e));
+        true
+    }
+}

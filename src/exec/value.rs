@@ -1,0 +1,263 @@
+//! Tensor and batch handles that may still be pending: the outputs of invocations are
+//! usable as inputs at once, their metadata is answered without running them (when
+//! the operator infers it), and reading their data forces evaluation.
+
+use std::ffi::{CStr, CString};
+use std::sync::Arc;
+
+use super::node::{Data, Node};
+use crate::error::{Error, Result};
+use crate::ops::TMeta;
+use crate::tensor::{Batch, DType, Device, Tensor, compact_strides};
+
+/// Where a handle's data comes from.
+enum Source<T> {
+    /// Data that exists.
+    Ready(Arc<T>),
+    /// Output `index` of an invocation.
+    Pending(Arc<Node>, usize),
+}
+
+/// Metadata of a pending output, kept in the handle so accessors can lend it.
+struct PendingMeta {
+    meta: TMeta,
+    strides: Vec<i64>,
+    layout: CString,
+}
+
+impl PendingMeta {
+    fn new(meta: TMeta) -> PendingMeta {
+        PendingMeta {
+            strides: compact_strides(&meta.shape).unwrap_or_default(),
+            layout: CString::new(meta.layout.clone()).unwrap_or_default(),
+            meta,
+        }
+    }
+}
+
+/// A tensor handle (`ndx_tensor_t`): data, or a pending invocation's output.
+pub struct TensorRef {
+    source: Source<Tensor>,
+    meta: Option<PendingMeta>,
+}
+
+impl TensorRef {
+    /// A handle to existing data.
+    pub fn ready(t: Arc<Tensor>) -> TensorRef {
+        TensorRef {
+            source: Source::Ready(t),
+            meta: None,
+        }
+    }
+
+    /// A handle to output `index` of `node`, with its inferred metadata if known.
+    pub(crate) fn pending(node: Arc<Node>, index: usize, meta: Option<TMeta>) -> TensorRef {
+        TensorRef {
+            source: Source::Pending(node, index),
+            meta: meta.map(PendingMeta::new),
+        }
+    }
+
+    /// The producing invocation while the data may not exist yet.
+    pub(crate) fn producer(&self) -> Option<&Arc<Node>> {
+        match &self.source {
+            Source::Ready(_) => None,
+            Source::Pending(node, _) => Some(node),
+        }
+    }
+
+    /// The data, forcing (and waiting for) the producing invocation if needed. Fails
+    /// with the producer's error when it failed.
+    pub fn resolve(&self) -> Result<&Arc<Tensor>> {
+        match &self.source {
+            Source::Ready(t) => Ok(t),
+            Source::Pending(node, i) => match node.force()?.get(*i) {
+                Some(Data::Tensor(t)) => Ok(t),
+                _ => Err(Error::internal(format!("output {i} of '{}' is not a tensor", node.op_name()))),
+            },
+        }
+    }
+
+    /// The data if it exists now, without forcing anything.
+    pub(crate) fn ready_data(&self) -> Option<Result<&Arc<Tensor>>> {
+        match &self.source {
+            Source::Ready(t) => Some(Ok(t)),
+            Source::Pending(node, _) => node.is_done().then(|| self.resolve()),
+        }
+    }
+
+    /// Metadata; forces evaluation only when the producer could not infer it.
+    pub fn meta(&self) -> Result<TMeta> {
+        match &self.meta {
+            Some(m) => Ok(m.meta.clone()),
+            None => Ok(TMeta::of(self.resolve()?)),
+        }
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> Result<DType> {
+        match &self.meta {
+            Some(m) => Ok(m.meta.dtype),
+            None => Ok(self.resolve()?.dtype()),
+        }
+    }
+    /// The shape.
+    pub fn shape(&self) -> Result<&[i64]> {
+        match &self.meta {
+            Some(m) => Ok(&m.meta.shape),
+            None => Ok(self.resolve()?.shape()),
+        }
+    }
+    /// The strides in elements (outputs are compact).
+    pub fn strides(&self) -> Result<&[i64]> {
+        match &self.meta {
+            Some(m) => Ok(&m.strides),
+            None => Ok(self.resolve()?.strides()),
+        }
+    }
+    /// The layout.
+    pub fn c_layout(&self) -> Result<&CStr> {
+        match &self.meta {
+            Some(m) => Ok(&m.layout),
+            None => Ok(self.resolve()?.c_layout()),
+        }
+    }
+    /// Element count.
+    pub fn numel(&self) -> Result<usize> {
+        Ok(self.shape()?.iter().product::<i64>() as usize)
+    }
+    /// Compact byte size.
+    pub fn nbytes(&self) -> Result<usize> {
+        Ok(self.numel()? * self.dtype()?.itemsize())
+    }
+    /// The device (operator outputs live in host memory).
+    pub fn device(&self) -> Result<Device> {
+        match &self.meta {
+            Some(_) => Ok(Device::CPU),
+            None => Ok(self.resolve()?.device()),
+        }
+    }
+    /// Whether the data is read-only (operator outputs are not).
+    pub fn read_only(&self) -> Result<bool> {
+        match &self.meta {
+            Some(_) => Ok(false),
+            None => Ok(self.resolve()?.read_only()),
+        }
+    }
+}
+
+/// A batch handle (`ndx_batch_t`): data, or a pending invocation's output.
+pub struct BatchRef {
+    source: Source<Batch>,
+    meta: Option<Vec<TMeta>>,
+    layout: CString,
+}
+
+impl BatchRef {
+    /// A handle to existing data.
+    pub fn ready(b: Arc<Batch>) -> BatchRef {
+        BatchRef {
+            source: Source::Ready(b),
+            meta: None,
+            layout: CString::default(),
+        }
+    }
+
+    /// A handle to output `index` of `node`, with its per-sample metadata if known.
+    pub(crate) fn pending(node: Arc<Node>, index: usize, meta: Option<Vec<TMeta>>) -> BatchRef {
+        let layout = meta
+            .as_ref()
+            .and_then(|m| m.first())
+            .map(|m| CString::new(m.layout.clone()).unwrap_or_default())
+            .unwrap_or_default();
+        BatchRef {
+            source: Source::Pending(node, index),
+            meta,
+            layout,
+        }
+    }
+
+    /// The producing invocation while the data may not exist yet.
+    pub(crate) fn producer(&self) -> Option<&Arc<Node>> {
+        match &self.source {
+            Source::Ready(_) => None,
+            Source::Pending(node, _) => Some(node),
+        }
+    }
+
+    /// The data, forcing the producer if needed.
+    pub fn resolve(&self) -> Result<&Arc<Batch>> {
+        match &self.source {
+            Source::Ready(b) => Ok(b),
+            Source::Pending(node, i) => match node.force()?.get(*i) {
+                Some(Data::Batch(b)) => Ok(b),
+                _ => Err(Error::internal(format!("output {i} of '{}' is not a batch", node.op_name()))),
+            },
+        }
+    }
+
+    /// The data if it exists now, without forcing anything.
+    pub(crate) fn ready_data(&self) -> Option<Result<&Arc<Batch>>> {
+        match &self.source {
+            Source::Ready(b) => Some(Ok(b)),
+            Source::Pending(node, _) => node.is_done().then(|| self.resolve()),
+        }
+    }
+
+    /// Per-sample metadata; forces evaluation only when it could not be inferred.
+    pub fn sample_meta(&self) -> Result<Vec<TMeta>> {
+        match &self.meta {
+            Some(m) => Ok(m.clone()),
+            None => Ok(self.resolve()?.samples().iter().map(|s| TMeta::of(s)).collect()),
+        }
+    }
+    /// Number of samples.
+    pub fn len(&self) -> Result<usize> {
+        match &self.meta {
+            Some(m) => Ok(m.len()),
+            None => Ok(self.resolve()?.len()),
+        }
+    }
+    /// Always false: batches have at least one sample.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+    fn first_meta(&self) -> Option<&TMeta> {
+        self.meta.as_ref().and_then(|m| m.first())
+    }
+    /// The samples' dtype.
+    pub fn dtype(&self) -> Result<DType> {
+        match self.first_meta() {
+            Some(m) => Ok(m.dtype),
+            None => Ok(self.resolve()?.dtype()),
+        }
+    }
+    /// The samples' number of dimensions.
+    pub fn ndim(&self) -> Result<usize> {
+        match self.first_meta() {
+            Some(m) => Ok(m.shape.len()),
+            None => Ok(self.resolve()?.ndim()),
+        }
+    }
+    /// The samples' device (operator outputs live in host memory).
+    pub fn device(&self) -> Result<Device> {
+        match self.first_meta() {
+            Some(_) => Ok(Device::CPU),
+            None => Ok(self.resolve()?.device()),
+        }
+    }
+    /// The samples' layout.
+    pub fn c_layout(&self) -> Result<&CStr> {
+        match self.first_meta() {
+            Some(_) => Ok(&self.layout),
+            None => Ok(self.resolve()?.c_layout()),
+        }
+    }
+    /// Whether every sample has the same shape.
+    pub fn is_uniform(&self) -> Result<bool> {
+        match &self.meta {
+            Some(m) => Ok(m.iter().all(|s| s.shape == m[0].shape)),
+            None => Ok(self.resolve()?.is_uniform()),
+        }
+    }
+}

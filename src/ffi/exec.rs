@@ -1,0 +1,969 @@
+//! Contexts, named arguments, invocations, futures, host operators and frame
+//! providers.
+//!
+//! Threads: contexts and futures may be used from any thread. Callbacks (`on_ready`,
+//! host operator kernels, frame providers) must not throw C++ exceptions or
+//! `longjmp` across ndx. `fork()` with live contexts: the child must not use them.
+
+use std::ffi::{c_char, c_void};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::handle::{borrow, clone_arc, into_handle, release};
+use super::{
+    boundary, boundary_out, boundary_value, caller_return_address, error_into_raw, host_str, ndx_batch_t,
+    ndx_context_t, ndx_error_t, ndx_future_t, ndx_tensor_t,
+};
+use crate::error::{Error, Frame, FrameOrigin, Result};
+use crate::exec::{
+    ArgType, ArgValue, Args, Backend, CallSite, CapturePolicy, EvalMode, Input, Settings, Status, TensorRef,
+    new_context, output_batch, output_tensor,
+};
+use crate::ops::{HostKernel, Kernel, OpDef};
+use crate::tensor::{DType, Tensor};
+
+/// Eval modes: when an invocation runs. Values are never renumbered.
+#[repr(i32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ndx_eval_mode_t {
+    /// In `ndx_invoke_options_t.mode`: use the context's mode.
+    NDX_EVAL_CONTEXT_DEFAULT = 0,
+    /// Runs on the calling thread before `ndx_invoke` returns; the future is already
+    /// READY or FAILED. (Device work, once ndx has any, may still be queued.)
+    NDX_EVAL_SYNC_CPU = 1,
+    /// Like SYNC_CPU, and all device work is finished before return. Identical to
+    /// SYNC_CPU for host work.
+    NDX_EVAL_SYNC_FULL = 2,
+    /// Nothing runs at invoke: the invocation is recorded with its site, and runs when
+    /// a result is needed (a wait, reading data, an export), on
+    /// `ndx_context_evaluate`, or — without blocking — on the first poll.
+    NDX_EVAL_DEFERRED = 3,
+    /// Submitted to the worker threads at once; `ndx_invoke` returns immediately. The
+    /// work never runs on the calling thread. The default.
+    NDX_EVAL_EAGER = 4,
+}
+
+/// Which frames an invocation records. The caller frame (the line that called
+/// `ndx_invoke`, or the explicit location) is always recorded, nearly for free.
+#[repr(i32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ndx_capture_policy_t {
+    /// Only the caller frame.
+    NDX_CAPTURE_OFF = 1,
+    /// The explicit location and the frame provider's host frames (the native caller
+    /// frame only when there are neither).
+    NDX_CAPTURE_HOST = 2,
+    /// Native frames up to the depth limit (deferred and eager invocations; SYNC ones
+    /// record the caller frame). The default, with depth 16.
+    NDX_CAPTURE_NATIVE = 3,
+    /// Explicit location, then host frames, then native frames.
+    NDX_CAPTURE_ALL = 4,
+}
+
+/// Future status.
+#[repr(i32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ndx_future_status_t {
+    /// Not complete.
+    NDX_FUTURE_PENDING = 0,
+    /// Complete; outputs available.
+    NDX_FUTURE_READY = 1,
+    /// Complete; failed (`ndx_future_error`).
+    NDX_FUTURE_FAILED = 2,
+}
+
+/// Argument types of host operator schemas.
+#[repr(i32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ndx_arg_type_t {
+    /// `ndx_args_set_int`.
+    NDX_ARG_INT = 1,
+    /// `ndx_args_set_float` (an int is accepted).
+    NDX_ARG_FLOAT = 2,
+    /// `ndx_args_set_bool`.
+    NDX_ARG_BOOL = 3,
+    /// `ndx_args_set_string`.
+    NDX_ARG_STRING = 4,
+    /// `ndx_args_set_int_array` (a single int is accepted).
+    NDX_ARG_INT_ARRAY = 5,
+    /// `ndx_args_set_float_array`.
+    NDX_ARG_FLOAT_ARRAY = 6,
+    /// `ndx_args_set_dtype`.
+    NDX_ARG_DTYPE = 7,
+}
+
+/// Options for `ndx_context_new`. Set `struct_size = sizeof(ndx_context_options_t)`
+/// and zero what you do not set: every zero/NULL field means its default.
+#[repr(C)]
+pub struct ndx_context_options_t {
+    /// Set by the caller to `sizeof(ndx_context_options_t)`.
+    pub struct_size: usize,
+    /// An `ndx_eval_mode_t` (0: NDX_EVAL_EAGER).
+    pub eval_mode: i32,
+    /// An `ndx_capture_policy_t` (0: NDX_CAPTURE_NATIVE).
+    pub capture_policy: i32,
+    /// Deepest native capture (0: 16).
+    pub capture_depth: u32,
+    /// Worker threads of the process-wide pool, used only by the first context that
+    /// starts it (0: `NDX_NUM_THREADS`, else the number of cores).
+    pub num_threads: u32,
+    /// Backend name (NULL: "default"); see `ndx_context_set_backend`.
+    pub backend: *const c_char,
+    /// When true, callbacks and host operators run only inside
+    /// `ndx_context_process_events` or a wait on this context's futures, on that
+    /// thread — for runtimes with a global lock (Python's GIL, Lua).
+    pub process_events_callbacks: bool,
+}
+
+/// A source location, for `ndx_invoke_options_t.location`; `NDX_HERE` fills it.
+/// `file == NULL` means none. Strings are copied.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ndx_location_t {
+    /// Source file, or NULL for no location.
+    pub file: *const c_char,
+    /// 1-based line.
+    pub line: u32,
+    /// Function name, or NULL.
+    pub function: *const c_char,
+}
+
+/// Per-invocation options. Set `struct_size = sizeof(ndx_invoke_options_t)`.
+#[repr(C)]
+pub struct ndx_invoke_options_t {
+    /// Set by the caller to `sizeof(ndx_invoke_options_t)`.
+    pub struct_size: usize,
+    /// The caller's location (`NDX_HERE`); when given, it is frame 0 of the site and
+    /// replaces the native caller frame.
+    pub location: ndx_location_t,
+    /// An `ndx_eval_mode_t` overriding the context's (0: the context's).
+    pub mode: i32,
+}
+
+/// One input of an invocation: exactly one of `tensor` and `batch` is non-NULL.
+/// Either may be the pending output of another invocation.
+#[repr(C)]
+pub struct ndx_input_t {
+    /// A tensor, or NULL.
+    pub tensor: *const ndx_tensor_t,
+    /// A batch, or NULL.
+    pub batch: *const ndx_batch_t,
+}
+
+/// One host-language frame, as a frame provider reports it. Strings need only live
+/// until the provider returns (ndx copies them).
+#[repr(C)]
+pub struct ndx_host_frame_t {
+    /// Function name, or NULL.
+    pub function: *const c_char,
+    /// File, or NULL.
+    pub file: *const c_char,
+    /// 1-based line, 0 when unknown.
+    pub line: u32,
+}
+
+/// A frame provider: writes up to `capacity` frames of the host language's current
+/// stack into `frames`, innermost first, and returns how many it wrote. Called on
+/// the invoking thread during `ndx_invoke`.
+pub type ndx_frame_provider_t =
+    Option<unsafe extern "C" fn(user: *mut c_void, frames: *mut ndx_host_frame_t, capacity: usize) -> usize>;
+
+/// Frees a `user` pointer given with a callback, when ndx no longer needs it.
+pub type ndx_user_free_t = Option<unsafe extern "C" fn(user: *mut c_void)>;
+
+/// Called once when a future completes, with the future borrowed for the call.
+pub type ndx_future_callback_t = Option<unsafe extern "C" fn(user: *mut c_void, future: *const ndx_future_t)>;
+
+/// A host operator's kernel: reads `inputs` (borrowed for the call), fills every
+/// `outputs[i]` with a new tensor reference (e.g. from `ndx_tensor_from_host`), and
+/// returns NULL, or an error (e.g. from `ndx_error_new`, perhaps with its own cause)
+/// that surfaces like any failure, with the invocation's site.
+pub type ndx_kernel_fn_t = Option<
+    unsafe extern "C" fn(
+        user: *mut c_void,
+        inputs: *const *const ndx_tensor_t,
+        n_inputs: usize,
+        args: *const ndx_args_t,
+        outputs: *mut *mut ndx_tensor_t,
+        n_outputs: usize,
+    ) -> *mut ndx_error_t,
+>;
+
+/// A host operator's schema. Set `struct_size = sizeof(ndx_op_schema_t)`. Arguments
+/// listed here are optional and checked by name and type at `ndx_invoke`.
+#[repr(C)]
+pub struct ndx_op_schema_t {
+    /// Set by the caller to `sizeof(ndx_op_schema_t)`.
+    pub struct_size: usize,
+    /// Exact number of inputs.
+    pub n_inputs: usize,
+    /// Exact number of outputs (at least 1).
+    pub n_outputs: usize,
+    /// Number of named arguments.
+    pub n_args: usize,
+    /// `n_args` argument names (copied).
+    pub arg_names: *const *const c_char,
+    /// `n_args` `ndx_arg_type_t` values.
+    pub arg_types: *const i32,
+}
+
+/// Named arguments for `ndx_invoke`: an owned builder (`ndx_args_new`,
+/// `ndx_args_free`). Not thread-safe while being changed; `ndx_invoke` copies it.
+pub struct ndx_args_t {
+    _private: [u8; 0],
+}
+
+/// A user pointer and its optional free function, released once.
+struct UserData {
+    user: *mut c_void,
+    free: ndx_user_free_t,
+}
+
+// SAFETY: the C API documents that `user` pointers given with callbacks are used from
+// ndx worker threads; the embedder promises they may be.
+unsafe impl Send for UserData {}
+// SAFETY: as for Send.
+unsafe impl Sync for UserData {}
+
+impl Drop for UserData {
+    fn drop(&mut self) {
+        if let Some(free) = self.free {
+            // SAFETY: the embedder's free function, called once with its pointer.
+            unsafe { free(self.user) }
+        }
+    }
+}
+
+fn size_check(size: usize, ours: usize, what: &str) -> Result<()> {
+    if size < ours {
+        return Err(Error::value(format!(
+            "{what}->struct_size is {size}, expected at least {ours} (sizeof({what}_t))"
+        )));
+    }
+    Ok(())
+}
+
+fn eval_mode(raw: i32, arg: &str) -> Result<EvalMode> {
+    EvalMode::from_raw(raw)
+        .ok_or_else(|| Error::value(format!("{arg} is {raw}, not an ndx_eval_mode_t value (expected 1 to 4)")))
+}
+
+fn capture_policy(raw: i32, arg: &str) -> Result<CapturePolicy> {
+    CapturePolicy::from_raw(raw).ok_or_else(|| {
+        Error::value(format!("{arg} is {raw}, not an ndx_capture_policy_t value (expected 1 to 4)"))
+    })
+}
+
+/// A new context. `opts` may be NULL (all defaults: EAGER, NATIVE capture of 16
+/// frames, backend "default", callbacks on worker threads). Thread-safe.
+#[unsafe(no_mangle)]
+pub extern "C" fn ndx_context_new(opts: *const ndx_context_options_t, out: *mut *mut ndx_context_t) -> *mut ndx_error_t {
+    boundary_out("ndx_context_new", out, std::ptr::null_mut(), || {
+        let mut settings = Settings::default();
+        let mut threads = 0;
+        if !opts.is_null() {
+            // SAFETY: non-NULL; struct_size is read first.
+            size_check(unsafe { (*opts).struct_size }, std::mem::size_of::<ndx_context_options_t>(), "opts")?;
+            // SAFETY: at least as large as ours.
+            let o = unsafe { &*opts };
+            if o.eval_mode != 0 {
+                settings.mode = eval_mode(o.eval_mode, "opts->eval_mode")?;
+            }
+            if o.capture_policy != 0 {
+                settings.capture = capture_policy(o.capture_policy, "opts->capture_policy")?;
+            }
+            if o.capture_depth != 0 {
+                settings.depth = o.capture_depth as usize;
+            }
+            if !o.backend.is_null() {
+                settings.backend = Backend::parse(&host_str(o.backend, "opts->backend")?)?;
+            }
+            settings.events_mode = o.process_events_callbacks;
+            threads = o.num_threads as usize;
+        }
+        Ok(into_handle(new_context(settings, threads)))
+    })
+}
+
+/// Adds a reference to `ctx`. NDX_ERROR_VALUE for NULL. Thread-safe.
+#[unsafe(no_mangle)]
+pub extern "C" fn ndx_context_retain(ctx: *const ndx_context_t) -> *mut ndx_error_t {
+    boundary("ndx_context_retain", || {
+        std::mem::forget(clone_arc(ctx, "ctx")?);
+        Ok(())
+    })
+}
+
+/// Drops a reference to `ctx`. The last one cancels work that has not started (its
+/// futures fail with NDX_ERROR_CANCELLED and their callbacks still fire once), waits
+/// for work that is running (unless called from a callback or host operator, where it
+/// does not wait), and runs callbacks still queued for process-events. Futures and
+/// tensors keep working after their context is gone. NULL is a no-op.
+#[unsafe(no_mangle)]
+pub extern "C" fn ndx_context_release(ctx: *const ndx_context_t) {
+    boundary_value("ndx_context_release", |_| (), || release(ctx))
+}
+
+/// Sets the default eval mode (an `ndx_eval_mode_t`, 1 to 4). Thread-safe.
+#[unsafe(no_mangle)]
+pub extern "C" fn ndx_context_set_eval_mode(ctx: *const ndx_context_t, mode: i32) -> *mut ndx_error_t {
+    boundary("ndx_context_set_eval_mode", || {
+        let mode = eval_mode(mode, "argument 'mode'")?;
+        borrow(ctx, "ctx")?.update(|s| s.mode = mode);
+        Ok(())
+    })
+}
+
+/// Sets the capture policy and the deepest native capture (`depth` 0 keeps the
+/// current depth). Thread-safe.
+#[unsafe(no_mangle)]
+pub extern "C" fn ndx_context_set_capture_policy(ctx: *const ndx_context_t, policy: i32, depth: u32) -> *mut ndx_error_t {
+    boundary("ndx_context_set_capture_policy", || {
+        let policy = capture_policy(policy, "argument 'policy'")?;
+        borrow(ctx, "ctx")?.update(|s| {
+            s.capture = policy;
+            if depth > 0 {
+                s.depth = depth as usize;
+            }
+        });
+        Ok(())
+    })
+}
+
+/// Sets the backend for later invocations: "default"; "noexcept" (every execution
+/// failure becomes NDX_ERROR_BACKEND "unexpected error when running OP" with the
+/// original as cause); and fault injection for testing error handling:
+/// "inject_compile_error:OP" (invocations of OP fail at `ndx_invoke`),
+/// "inject_runtime_error:OP" (they fail during execution),
+/// "inject_accuracy_error:OP" (their outputs are silently increased by 1).
+/// Thread-safe.
+#[unsafe(no_mangle)]
+pub extern "C" fn ndx_context_set_backend(ctx: *const ndx_context_t, name: *const c_char) -> *mut ndx_error_t {
+    boundary("ndx_context_set_backend", || {
+        let backend = Backend::parse(&host_str(name, "name")?)?;
+        borrow(ctx, "ctx")?.update(|s| s.backend = backend);
+        Ok(())
+    })
+}
+
+/// Registers the host language's frame provider (NULL `provider` removes it). It is
+/// called on the invoking thread during `ndx_invoke` when the capture policy is HOST
+/// or ALL. `user_free(user)` (if not NULL) runs when the provider is replaced or the
+/// context is freed. Thread-safe.
+#[unsafe(no_mangle)]
+pub extern "C" fn ndx_context_set_frame_provider(
+    ctx: *const ndx_context_t,
+    provider: ndx_frame_provider_t,
+    user: *mut c_void,
+    user_free: ndx_user_free_t,
+) -> *mut ndx_error_t {
+    let data = UserData { user, free: user_free };
+    boundary("ndx_context_set_frame_provider", || {
+        let ctx = borrow(ctx, "ctx")?;
+        let depth = ctx.settings().depth.max(1);
+        let provider = provider.map(|f| {
+            let p: crate::exec::FrameProvider = Arc::new(move || host_frames(f, &data, depth));
+            p
+        });
+        ctx.update(|s| s.provider = provider);
+        Ok(())
+    })
+}
+
+fn host_frames(
+    f: unsafe extern "C" fn(*mut c_void, *mut ndx_host_frame_t, usize) -> usize,
+    data: &UserData,
+    capacity: usize,
+) -> Vec<Frame> {
+    let mut buf: Vec<ndx_host_frame_t> = (0..capacity)
+        .map(|_| ndx_host_frame_t {
+            function: std::ptr::null(),
+            file: std::ptr::null(),
+            line: 0,
+        })
+        .collect();
+    // SAFETY: the embedder's provider, given `capacity` writable frames.
+    let n = unsafe { f(data.user, buf.as_mut_ptr(), capacity) }.min(capacity);
+    let text = |p: *const c_char| {
+        // SAFETY: non-NULL strings the provider wrote, valid until it returned (now).
+        (!p.is_null()).then(|| unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy().into_owned())
+    };
+    buf[..n]
+        .iter()
+        .map(|h| Frame::new(text(h.function).as_deref(), text(h.file).as_deref(), h.line, 0, 0, FrameOrigin::Host))
+        .collect()
+}
+
+/// Runs all deferred work of `ctx`, waits for all its in-flight work, and returns
+/// NULL, or one NDX_ERROR_RUNTIME error whose related errors are every failure no one
+/// has observed yet (through a poll, wait, `ndx_future_error` or reading data) — each
+/// reported once. Refused (NDX_ERROR_RUNTIME) from callbacks and host operators.
+#[unsafe(no_mangle)]
+pub extern "C" fn ndx_context_evaluate(ctx: *const ndx_context_t) -> *mut ndx_error_t {
+    boundary("ndx_context_evaluate", || borrow(ctx, "ctx")?.evaluate())
+}
+
+/// Runs the callbacks and host operators queued for this context (process-events
+/// mode) on the calling thread and stores how many ran in `*n_run` (may be NULL).
+#[unsafe(no_mangle)]
+pub extern "C" fn ndx_context_process_events(ctx: *const ndx_context_t, n_run: *mut usize) -> *mut ndx_error_t {
+    boundary("ndx_context_process_events", || {
+        let n = borrow(ctx, "ctx")?.run_events();
+        if !n_run.is_null() {
+            // SAFETY: non-NULL out-param.
+            unsafe { n_run.write(n) };
+        }
+        Ok(())
+    })
+}
+
+/// A new, empty argument builder; free it with `ndx_args_free`.
+#[unsafe(no_mangle)]
+pub extern "C" fn ndx_args_new(out: *mut *mut ndx_args_t) -> *mut ndx_error_t {
+    boundary_out("ndx_args_new", out, std::ptr::null_mut(), || {
+        Ok(Box::into_raw(Box::new(Args::new())).cast())
+    })
+}
+
+/// Frees an argument builder. NULL is a no-op.
+#[unsafe(no_mangle)]
+pub extern "C" fn ndx_args_free(args: *mut ndx_args_t) {
+    boundary_value("ndx_args_free", |_| (), || {
+        if !args.is_null() {
+            // SAFETY: made by ndx_args_new and freed once by the caller.
+            drop(unsafe { Box::from_raw(args.cast::<Args>()) });
+        }
+    })
+}
+
+fn args_mut<'a>(args: *mut ndx_args_t) -> Result<&'a mut Args> {
+    // SAFETY: non-NULL builders come from ndx_args_new; the caller does not share them
+    // while changing them (documented).
+    unsafe { args.cast::<Args>().as_mut() }.ok_or_else(|| Error::value("argument 'args' is NULL"))
+}
+
+fn args_ref<'a>(args: *const ndx_args_t) -> Result<&'a Args> {
+    // SAFETY: as for args_mut, read-only.
+    unsafe { args.cast::<Args>().as_ref() }.ok_or_else(|| Error::value("argument 'args' is NULL"))
+}
+
+fn set_arg(args: *mut ndx_args_t, name: *const c_char, value: impl FnOnce() -> Result<ArgValue>) -> Result<()> {
+    let name = host_str(name, "name")?;
+    let value = value()?;
+    args_mut(args)?.set(&name, value);
+    Ok(())
+}
+
+fn slice_arg<'a, T>(data: *const T, n: usize) -> Result<&'a [T]> {
+    if n == 0 {
+        return Ok(&[]);
+    }
+    if data.is_null() {
+        return Err(Error::value(format!("argument 'values' is NULL but n is {n}")));
+    }
+    // SAFETY: non-NULL; the caller promises `n` values.
+    Ok(unsafe { std::slice::from_raw_parts(data, n) })
+}
+
+/// Sets integer argument `name` (replacing a previous value).
+#[unsafe(no_mangle)]
+pub extern "C" fn ndx_args_set_int(args: *mut ndx_args_t, name: *const c_char, value: i64) -> *mut ndx_error_t {
+    boundary("ndx_args_set_int", || set_arg(args, name, || Ok(ArgValue::Int(value))))
+}
+
+/// Sets float argument `name`.
+#[unsafe(no_mangle)]
+pub extern "C" fn ndx_args_set_float(args: *mut ndx_args_t, name: *const c_char, value: f64) -> *mut ndx_error_t {
+    boundary("ndx_args_set_float", || set_arg(args, name, || Ok(ArgValue::Float(value))))
+}
+
+/// Sets boolean argument `name`.
+#[unsafe(no_mangle)]
+pub extern "C" fn ndx_args_set_bool(args: *mut ndx_args_t, name: *const c_char, value: bool) -> *mut ndx_error_t {
+    boundary("ndx_args_set_bool", || set_arg(args, name, || Ok(ArgValue::Bool(value))))
+}
+
+/// Sets string argument `name` (copied).
+#[unsafe(no_mangle)]
+pub extern "C" fn ndx_args_set_string(args: *mut ndx_args_t, name: *const c_char, value: *const c_char) -> *mut ndx_error_t {
+    boundary("ndx_args_set_string", || {
+        set_arg(args, name, || Ok(ArgValue::Str(crate::error::to_cstring(host_str(value, "value")?))))
+    })
+}
+
+/// Sets integer-array argument `name` from `n` values (copied).
+#[unsafe(no_mangle)]
+pub extern "C" fn ndx_args_set_int_array(
+    args: *mut ndx_args_t,
+    name: *const c_char,
+    values: *const i64,
+    n: usize,
+) -> *mut ndx_error_t {
+    boundary("ndx_args_set_int_array", || {
+        set_arg(args, name, || Ok(ArgValue::Ints(slice_arg(values, n)?.to_vec())))
+    })
+}
+
+/// Sets float-array argument `name` from `n` values (copied).
+#[unsafe(no_mangle)]
+pub extern "C" fn ndx_args_set_float_array(
+    args: *mut ndx_args_t,
+    name: *const c_char,
+    values: *const f64,
+    n: usize,
+) -> *mut ndx_error_t {
+    boundary("ndx_args_set_float_array", || {
+        set_arg(args, name, || Ok(ArgValue::Floats(slice_arg(values, n)?.to_vec())))
+    })
+}
+
+/// Sets dtype argument `name` (an `ndx_dtype_t`).
+#[unsafe(no_mangle)]
+pub extern "C" fn ndx_args_set_dtype(args: *mut ndx_args_t, name: *const c_char, dtype: i32) -> *mut ndx_error_t {
+    boundary("ndx_args_set_dtype", || {
+        set_arg(args, name, || {
+            DType::from_raw(dtype).map(ArgValue::DType).ok_or_else(|| {
+                Error::value(format!("argument 'dtype' is {dtype}, not an ndx_dtype_t value (expected 1 to 13)"))
+            })
+        })
+    })
+}
+
+fn get_arg<'a>(args: *const ndx_args_t, name: *const c_char) -> Result<&'a ArgValue> {
+    let name = host_str(name, "name")?;
+    args_ref(args)?
+        .get(&name)
+        .ok_or_else(|| Error::value(format!("no argument '{name}' was given")))
+}
+
+fn wrong_type(name: *const c_char, want: ArgType, got: &ArgValue) -> Error {
+    let name = host_str(name, "name").unwrap_or_default();
+    Error::type_error(format!("argument '{name}' is a {}, not a {}", got.arg_type().name(), want.name()))
+}
+
+/// Reads integer argument `name` (NDX_ERROR_VALUE when absent, TYPE when not an int).
+#[unsafe(no_mangle)]
+pub extern "C" fn ndx_args_get_int(args: *const ndx_args_t, name: *const c_char, out: *mut i64) -> *mut ndx_error_t {
+    boundary_out("ndx_args_get_int", out, 0, || match get_arg(args, name)? {
+        ArgValue::Int(v) => Ok(*v),
+        v => Err(wrong_type(name, ArgType::Int, v)),
+    })
+}
+
+/// Reads float argument `name` (an int converts).
+#[unsafe(no_mangle)]
+pub extern "C" fn ndx_args_get_float(args: *const ndx_args_t, name: *const c_char, out: *mut f64) -> *mut ndx_error_t {
+    boundary_out("ndx_args_get_float", out, 0.0, || match get_arg(args, name)? {
+        ArgValue::Float(v) => Ok(*v),
+        ArgValue::Int(v) => Ok(*v as f64),
+        v => Err(wrong_type(name, ArgType::Float, v)),
+    })
+}
+
+/// Reads boolean argument `name`.
+#[unsafe(no_mangle)]
+pub extern "C" fn ndx_args_get_bool(args: *const ndx_args_t, name: *const c_char, out: *mut bool) -> *mut ndx_error_t {
+    boundary_out("ndx_args_get_bool", out, false, || match get_arg(args, name)? {
+        ArgValue::Bool(v) => Ok(*v),
+        v => Err(wrong_type(name, ArgType::Bool, v)),
+    })
+}
+
+/// Reads string argument `name`; the string is borrowed from `args`.
+#[unsafe(no_mangle)]
+pub extern "C" fn ndx_args_get_string(
+    args: *const ndx_args_t,
+    name: *const c_char,
+    out: *mut *const c_char,
+) -> *mut ndx_error_t {
+    boundary_out("ndx_args_get_string", out, std::ptr::null(), || match get_arg(args, name)? {
+        ArgValue::Str(s) => Ok(s.as_ptr()),
+        v => Err(wrong_type(name, ArgType::Str, v)),
+    })
+}
+
+/// Reads dtype argument `name` (an `ndx_dtype_t`).
+#[unsafe(no_mangle)]
+pub extern "C" fn ndx_args_get_dtype(args: *const ndx_args_t, name: *const c_char, out: *mut i32) -> *mut ndx_error_t {
+    boundary_out("ndx_args_get_dtype", out, 0, || match get_arg(args, name)? {
+        ArgValue::DType(d) => Ok(*d as i32),
+        v => Err(wrong_type(name, ArgType::DType, v)),
+    })
+}
+
+/// Reads integer-array argument `name`: `*values` (borrowed from `args`) and `*n`.
+#[unsafe(no_mangle)]
+pub extern "C" fn ndx_args_get_int_array(
+    args: *const ndx_args_t,
+    name: *const c_char,
+    values: *mut *const i64,
+    n: *mut usize,
+) -> *mut ndx_error_t {
+    boundary("ndx_args_get_int_array", || {
+        if values.is_null() || n.is_null() {
+            return Err(Error::value("arguments 'values' and 'n' must not be NULL"));
+        }
+        // SAFETY: non-NULL out-params, cleared first so they are never half-filled.
+        unsafe {
+            values.write(std::ptr::null());
+            n.write(0);
+        }
+        let got = get_arg(args, name)?;
+        let ArgValue::Ints(v) = got else {
+            return Err(wrong_type(name, ArgType::Ints, got));
+        };
+        // SAFETY: as above.
+        unsafe {
+            values.write(v.as_ptr());
+            n.write(v.len());
+        }
+        Ok(())
+    })
+}
+
+fn input_list(inputs: *const ndx_input_t, n: usize) -> Result<Vec<Input>> {
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    if inputs.is_null() {
+        return Err(Error::value(format!("argument 'inputs' is NULL but n_inputs is {n}")));
+    }
+    // SAFETY: non-NULL; the caller promises `n` entries.
+    let entries = unsafe { std::slice::from_raw_parts(inputs, n) };
+    entries
+        .iter()
+        .enumerate()
+        .map(|(i, e)| match (e.tensor.is_null(), e.batch.is_null()) {
+            (false, true) => Ok(Input::Tensor(clone_arc(e.tensor, "inputs[].tensor")?)),
+            (true, false) => Ok(Input::Batch(clone_arc(e.batch, "inputs[].batch")?)),
+            (true, true) => Err(Error::value(format!("inputs[{i}] has neither a tensor nor a batch"))),
+            (false, false) => Err(Error::value(format!(
+                "inputs[{i}] has both a tensor and a batch; set exactly one"
+            ))),
+        })
+        .collect()
+}
+
+fn location(loc: &ndx_location_t) -> Option<Frame> {
+    if loc.file.is_null() {
+        return None;
+    }
+    let text = |p: *const c_char| {
+        // SAFETY: non-NULL C strings from the caller, copied now.
+        (!p.is_null()).then(|| unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy().into_owned())
+    };
+    Some(Frame::new(
+        text(loc.function).as_deref(),
+        text(loc.file).as_deref(),
+        loc.line,
+        0,
+        0,
+        FrameOrigin::Host,
+    ))
+}
+
+/// Invokes operator `op` on `n_inputs` inputs with named `args` (NULL: none) and
+/// options `opts` (NULL: the context's mode, no explicit location); `*out` receives
+/// the invocation's future.
+///
+/// Returns an error only for call-time failures, in every mode: NULL or unknown
+/// arguments, an unknown operator or argument, a wrong argument type or input count,
+/// input metadata the operator rejects (dtype, shape), an injected compile error.
+/// Failures of the work itself (a kernel error, a failed input) are in the future —
+/// already FAILED on return in the SYNC modes. Every invocation records where it was
+/// called from (see `ndx_capture_policy_t`), and its errors carry those frames.
+/// Inputs are borrowed by pending work: do not write into imported buffers until the
+/// futures that read them have completed. Thread-safe.
+#[unsafe(no_mangle)]
+pub extern "C" fn ndx_invoke(
+    ctx: *const ndx_context_t,
+    op: *const c_char,
+    inputs: *const ndx_input_t,
+    n_inputs: usize,
+    args: *const ndx_args_t,
+    opts: *const ndx_invoke_options_t,
+    out: *mut *mut ndx_future_t,
+) -> *mut ndx_error_t {
+    let caller_ip = caller_return_address();
+    boundary_out("ndx_invoke", out, std::ptr::null_mut(), || {
+        let ctx = clone_arc(ctx, "ctx")?;
+        let op = host_str(op, "op")?;
+        let inputs = input_list(inputs, n_inputs)?;
+        let args = if args.is_null() { Args::new() } else { args_ref(args)?.clone() };
+        let mut call = CallSite {
+            location: None,
+            caller_ip,
+        };
+        let mut mode = None;
+        if !opts.is_null() {
+            // SAFETY: non-NULL; struct_size is read first.
+            size_check(unsafe { (*opts).struct_size }, std::mem::size_of::<ndx_invoke_options_t>(), "opts")?;
+            // SAFETY: at least as large as ours.
+            let o = unsafe { &*opts };
+            call.location = location(&o.location);
+            if o.mode != 0 {
+                mode = Some(eval_mode(o.mode, "opts->mode")?);
+            }
+        }
+        let node = ctx.invoke(&op, inputs, args, mode, call)?;
+        Ok(into_handle(node))
+    })
+}
+
+/// The status of `future`, without blocking: NDX_FUTURE_PENDING, READY or FAILED
+/// (FAILED also for a NULL future). The first poll of a DEFERRED invocation hands its
+/// graph to the workers. Thread-safe.
+#[unsafe(no_mangle)]
+pub extern "C" fn ndx_future_poll(future: *const ndx_future_t) -> i32 {
+    boundary_value(
+        "ndx_future_poll",
+        |_| ndx_future_status_t::NDX_FUTURE_FAILED as i32,
+        || {
+            let Ok(node) = clone_arc(future, "future") else {
+                return ndx_future_status_t::NDX_FUTURE_FAILED as i32;
+            };
+            (match node.poll() {
+                Status::Pending => ndx_future_status_t::NDX_FUTURE_PENDING,
+                Status::Ready => ndx_future_status_t::NDX_FUTURE_READY,
+                Status::Failed => ndx_future_status_t::NDX_FUTURE_FAILED,
+            }) as i32
+        },
+    )
+}
+
+/// Waits until `future` completes or `timeout_ns` nanoseconds pass (negative: no
+/// limit). Returns NULL when it completed successfully, a new copy of its error when
+/// it failed, and NDX_ERROR_TIMEOUT when time ran out (the future stays valid).
+/// DEFERRED work is submitted first. Waiting from inside a callback or host operator
+/// returns NDX_ERROR_RUNTIME instead of deadlocking. Thread-safe.
+#[unsafe(no_mangle)]
+pub extern "C" fn ndx_future_wait(future: *const ndx_future_t, timeout_ns: i64) -> *mut ndx_error_t {
+    boundary("ndx_future_wait", || {
+        let node = clone_arc(future, "future")?;
+        let timeout = (timeout_ns >= 0).then(|| Duration::from_nanos(timeout_ns as u64));
+        node.wait(timeout)?;
+        match node.result() {
+            Some(Err(e)) => Err(e.clone()),
+            _ => Ok(()),
+        }
+    })
+}
+
+/// A new copy of the future's error when it FAILED, else NULL (pending or ready).
+/// Thread-safe.
+#[unsafe(no_mangle)]
+pub extern "C" fn ndx_future_error(future: *const ndx_future_t) -> *mut ndx_error_t {
+    boundary_value("ndx_future_error", |e| error_into_raw(e), || {
+        match borrow(future, "future") {
+            Ok(node) => match node.result() {
+                Some(Err(e)) => error_into_raw(e.clone()),
+                _ => std::ptr::null_mut(),
+            },
+            Err(e) => error_into_raw(e),
+        }
+    })
+}
+
+/// The number of outputs of the invocation.
+#[unsafe(no_mangle)]
+pub extern "C" fn ndx_future_output_count(future: *const ndx_future_t, out: *mut usize) -> *mut ndx_error_t {
+    boundary_out("ndx_future_output_count", out, 0, || Ok(borrow(future, "future")?.out_meta().len()))
+}
+
+/// Output `index` as a new tensor reference, usable at once as an input of further
+/// invocations even while pending; reading its data waits for it. Its dtype and shape
+/// are known without running it (except for host operators). NDX_ERROR_TYPE when
+/// the output is a batch, NDX_ERROR_INDEX when out of range.
+#[unsafe(no_mangle)]
+pub extern "C" fn ndx_future_tensor(
+    future: *const ndx_future_t,
+    index: usize,
+    out: *mut *mut ndx_tensor_t,
+) -> *mut ndx_error_t {
+    boundary_out("ndx_future_tensor", out, std::ptr::null_mut(), || {
+        let node = clone_arc(future, "future")?;
+        Ok(into_handle(Arc::new(output_tensor(&node, index)?)))
+    })
+}
+
+/// Output `index` as a new batch reference (see `ndx_future_tensor`).
+#[unsafe(no_mangle)]
+pub extern "C" fn ndx_future_batch(
+    future: *const ndx_future_t,
+    index: usize,
+    out: *mut *mut ndx_batch_t,
+) -> *mut ndx_error_t {
+    boundary_out("ndx_future_batch", out, std::ptr::null_mut(), || {
+        let node = clone_arc(future, "future")?;
+        Ok(into_handle(Arc::new(output_batch(&node, index)?)))
+    })
+}
+
+/// Calls `callback(user, future)` exactly once when the future completes: on the ndx
+/// worker thread that completes it, at once on this thread if it is already complete,
+/// or — with `process_events_callbacks` — inside `ndx_context_process_events` or a
+/// wait. Then `user_free(user)` if not NULL. The callback may call ndx (poll, read
+/// errors and outputs, invoke) but must not wait: waits there return
+/// NDX_ERROR_RUNTIME. It does not submit DEFERRED work; poll or wait for that.
+#[unsafe(no_mangle)]
+pub extern "C" fn ndx_future_on_ready(
+    future: *const ndx_future_t,
+    callback: ndx_future_callback_t,
+    user: *mut c_void,
+    user_free: ndx_user_free_t,
+) -> *mut ndx_error_t {
+    let data = UserData { user, free: user_free };
+    boundary("ndx_future_on_ready", || {
+        let node = clone_arc(future, "future")?;
+        let cb = callback.ok_or_else(|| Error::value("argument 'callback' is NULL"))?;
+        node.on_ready(Box::new(move |n| {
+            let raw = Arc::as_ptr(n).cast::<ndx_future_t>();
+            // SAFETY: the embedder's callback, with the future borrowed for the call.
+            unsafe { cb(data.user, raw) };
+            drop(data);
+        }));
+        Ok(())
+    })
+}
+
+/// Cancels the invocation if it has not started: it fails with NDX_ERROR_CANCELLED
+/// (and invocations that use its outputs fail with it as their cause).
+/// `*cancelled` says whether it was cancelled (false when running or done).
+#[unsafe(no_mangle)]
+pub extern "C" fn ndx_future_cancel(future: *const ndx_future_t, cancelled: *mut bool) -> *mut ndx_error_t {
+    boundary_out("ndx_future_cancel", cancelled, false, || {
+        Ok(clone_arc(future, "future")?.cancel("ndx_future_cancel was called"))
+    })
+}
+
+/// Adds a reference to `future`. NDX_ERROR_VALUE for NULL. Thread-safe.
+#[unsafe(no_mangle)]
+pub extern "C" fn ndx_future_retain(future: *const ndx_future_t) -> *mut ndx_error_t {
+    boundary("ndx_future_retain", || {
+        std::mem::forget(clone_arc(future, "future")?);
+        Ok(())
+    })
+}
+
+/// Drops a reference to `future`. Releasing a pending future never cancels its work;
+/// a failure nobody observed is reported by `ndx_context_evaluate`. NULL is a no-op.
+#[unsafe(no_mangle)]
+pub extern "C" fn ndx_future_release(future: *const ndx_future_t) {
+    boundary_value("ndx_future_release", |_| (), || release(future))
+}
+
+struct CKernel {
+    f: unsafe extern "C" fn(
+        *mut c_void,
+        *const *const ndx_tensor_t,
+        usize,
+        *const ndx_args_t,
+        *mut *mut ndx_tensor_t,
+        usize,
+    ) -> *mut ndx_error_t,
+    data: UserData,
+    name: String,
+}
+
+impl HostKernel for CKernel {
+    fn run(&self, inputs: &[Arc<Tensor>], args: &Args, n_outputs: usize) -> Result<Vec<Arc<Tensor>>> {
+        let handles: Vec<*mut ndx_tensor_t> =
+            inputs.iter().map(|t| into_handle(Arc::new(TensorRef::ready(t.clone())))).collect();
+        let mut outputs: Vec<*mut ndx_tensor_t> = vec![std::ptr::null_mut(); n_outputs];
+        let args_ptr = (args as *const Args).cast::<ndx_args_t>();
+        // SAFETY: the embedder's kernel with borrowed inputs and writable output slots.
+        let err = unsafe {
+            (self.f)(
+                self.data.user,
+                handles.as_ptr().cast(),
+                handles.len(),
+                args_ptr,
+                outputs.as_mut_ptr(),
+                n_outputs,
+            )
+        };
+        for h in handles {
+            release(h.cast_const());
+        }
+        let taken: Vec<Option<Arc<TensorRef>>> = outputs
+            .iter()
+            .map(|&p| (!p.is_null()).then(|| {
+                // SAFETY: a new reference the kernel handed over.
+                unsafe { Arc::from_raw(p.cast_const().cast::<TensorRef>()) }
+            }))
+            .collect();
+        if !err.is_null() {
+            // SAFETY: an owned error the kernel returned.
+            return Err(*unsafe { Box::from_raw(err.cast::<Error>()) });
+        }
+        taken
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let t = t.ok_or_else(|| {
+                    Error::new(
+                        crate::error::ErrorKind::Backend,
+                        format!("host operator '{}' returned no error but left outputs[{i}] NULL", self.name),
+                    )
+                })?;
+                t.resolve().cloned()
+            })
+            .collect()
+    }
+}
+
+/// Registers host operator `name` on `ctx`: `kernel(user, ...)` computes it (see
+/// `ndx_kernel_fn_t`) on a worker thread, or inside process-events. Its outputs are
+/// tensors (batches when an input is a batch: the kernel runs once per sample), whose
+/// metadata is known only after it ran. `user_free(user)` runs when the context is
+/// freed. NDX_ERROR_VALUE when the name is taken or the schema is invalid.
+#[unsafe(no_mangle)]
+pub extern "C" fn ndx_register_op(
+    ctx: *const ndx_context_t,
+    name: *const c_char,
+    schema: *const ndx_op_schema_t,
+    kernel: ndx_kernel_fn_t,
+    user: *mut c_void,
+    user_free: ndx_user_free_t,
+) -> *mut ndx_error_t {
+    let data = UserData { user, free: user_free };
+    boundary("ndx_register_op", || {
+        let ctx = borrow(ctx, "ctx")?;
+        let name = host_str(name, "name")?;
+        let f = kernel.ok_or_else(|| Error::value("argument 'kernel' is NULL"))?;
+        if schema.is_null() {
+            return Err(Error::value("argument 'schema' is NULL"));
+        }
+        // SAFETY: non-NULL; struct_size is read first.
+        size_check(unsafe { (*schema).struct_size }, std::mem::size_of::<ndx_op_schema_t>(), "schema")?;
+        // SAFETY: at least as large as ours.
+        let s = unsafe { &*schema };
+        if s.n_outputs == 0 {
+            return Err(Error::value("schema->n_outputs is 0: an operator needs at least one output"));
+        }
+        let names = slice_arg(s.arg_names, s.n_args)?;
+        let types = slice_arg(s.arg_types, s.n_args)?;
+        let args = names
+            .iter()
+            .zip(types)
+            .enumerate()
+            .map(|(i, (&n, &t))| {
+                Ok(crate::ops::ArgSpec {
+                    name: host_str(n, "schema->arg_names[]")?,
+                    ty: ArgType::from_raw(t).ok_or_else(|| {
+                        Error::value(format!("schema->arg_types[{i}] is {t}, not an ndx_arg_type_t value"))
+                    })?,
+                    required: false,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        ctx.registry().register(OpDef {
+            name: name.clone(),
+            n_inputs: s.n_inputs,
+            n_outputs: s.n_outputs,
+            args,
+            infer: None,
+            kernel: Kernel::Host(Arc::new(CKernel { f, data, name })),
+        })
+    })
+}

@@ -1,0 +1,499 @@
+//! CPU kernels of the built-in operators: simple loops over compact, typed slices.
+//!
+//! Inputs are read in place when compact and aligned (zero-copy), else compacted once.
+//! Outputs are new compact host tensors. Integer arithmetic wraps like NumPy's.
+
+use std::borrow::Cow;
+
+use bytemuck::Pod;
+use half::{bf16, f16};
+
+use crate::error::{Error, Result};
+use crate::tensor::{DType, Tensor, dims};
+
+/// Element types the kernels compute on.
+pub trait Elem: Pod + Copy + Send + Sync + PartialEq + 'static {
+    /// The dtype of this element type.
+    const DTYPE: DType;
+    /// Whether this is an integer type.
+    const INT: bool;
+    /// The value as f64 (exact for floats and integers up to 2^53).
+    fn to_f64(self) -> f64;
+    /// The value as i128 (integers only; floats truncate).
+    fn to_i128(self) -> i128;
+    /// From f64: rounds for floats; for integers saturates (NaN gives 0), like Rust `as`.
+    fn from_f64(v: f64) -> Self;
+    /// From i128: wraps to the type's width for integers; rounds for floats.
+    fn from_i128(v: i128) -> Self;
+    /// Wrapping/IEEE addition.
+    fn add(self, o: Self) -> Self;
+    /// Wrapping/IEEE multiplication.
+    fn mul(self, o: Self) -> Self;
+    /// Floor division for integers (None on division by zero); IEEE division for floats.
+    fn div(self, o: Self) -> Option<Self>;
+}
+
+macro_rules! int_elem {
+    ($t:ty, $d:expr) => {
+        impl Elem for $t {
+            const DTYPE: DType = $d;
+            const INT: bool = true;
+            fn to_f64(self) -> f64 {
+                self as f64
+            }
+            fn to_i128(self) -> i128 {
+                self as i128
+            }
+            fn from_f64(v: f64) -> Self {
+                v as $t
+            }
+            fn from_i128(v: i128) -> Self {
+                v as $t
+            }
+            fn add(self, o: Self) -> Self {
+                self.wrapping_add(o)
+            }
+            fn mul(self, o: Self) -> Self {
+                self.wrapping_mul(o)
+            }
+            fn div(self, o: Self) -> Option<Self> {
+                if o == 0 {
+                    return None;
+                }
+                // Floor division (NumPy's //); MIN / -1 wraps like NumPy.
+                let q = self.wrapping_div(o);
+                let r = self.wrapping_rem(o);
+                #[allow(unused_comparisons)]
+                let adjust = r != 0 && ((r < 0) != (o < 0));
+                Some(if adjust { q.wrapping_sub(1) } else { q })
+            }
+        }
+    };
+}
+
+int_elem!(i8, DType::I8);
+int_elem!(i16, DType::I16);
+int_elem!(i32, DType::I32);
+int_elem!(i64, DType::I64);
+int_elem!(u8, DType::U8);
+int_elem!(u16, DType::U16);
+int_elem!(u32, DType::U32);
+int_elem!(u64, DType::U64);
+
+macro_rules! float_elem {
+    ($t:ty, $d:expr, $to:expr, $from:expr) => {
+        impl Elem for $t {
+            const DTYPE: DType = $d;
+            const INT: bool = false;
+            fn to_f64(self) -> f64 {
+                $to(self)
+            }
+            fn to_i128(self) -> i128 {
+                $to(self) as i128
+            }
+            fn from_f64(v: f64) -> Self {
+                $from(v)
+            }
+            fn from_i128(v: i128) -> Self {
+                $from(v as f64)
+            }
+            fn add(self, o: Self) -> Self {
+                self + o
+            }
+            fn mul(self, o: Self) -> Self {
+                self * o
+            }
+            fn div(self, o: Self) -> Option<Self> {
+                Some(self / o)
+            }
+        }
+    };
+}
+
+float_elem!(f32, DType::F32, |v: f32| v as f64, |v: f64| v as f32);
+float_elem!(f64, DType::F64, |v: f64| v, |v: f64| v);
+float_elem!(f16, DType::F16, f16::to_f64, f16::from_f64);
+float_elem!(bf16, DType::BF16, bf16::to_f64, bf16::from_f64);
+
+/// Runs `$body` with `$T` bound to the element type of `$dtype` (bool excluded: the
+/// caller decides what bool means for its operator).
+macro_rules! with_elem {
+    ($dtype:expr, $T:ident => $body:expr, bool => $bool_body:expr) => {
+        match $dtype {
+            DType::Bool => $bool_body,
+            DType::I8 => {
+                type $T = i8;
+                $body
+            }
+            DType::I16 => {
+                type $T = i16;
+                $body
+            }
+            DType::I32 => {
+                type $T = i32;
+                $body
+            }
+            DType::I64 => {
+                type $T = i64;
+                $body
+            }
+            DType::U8 => {
+                type $T = u8;
+                $body
+            }
+            DType::U16 => {
+                type $T = u16;
+                $body
+            }
+            DType::U32 => {
+                type $T = u32;
+                $body
+            }
+            DType::U64 => {
+                type $T = u64;
+                $body
+            }
+            DType::F16 => {
+                type $T = half::f16;
+                $body
+            }
+            DType::BF16 => {
+                type $T = half::bf16;
+                $body
+            }
+            DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            DType::F64 => {
+                type $T = f64;
+                $body
+            }
+        }
+    };
+}
+pub(crate) use with_elem;
+
+/// The elements of `t` as a compact slice of `T`: borrowed when possible.
+fn typed<T: Elem>(t: &Tensor) -> Result<Cow<'_, [T]>> {
+    let bytes = t.compact_bytes()?;
+    Ok(match bytes {
+        Cow::Borrowed(b) => match bytemuck::try_cast_slice::<u8, T>(b) {
+            Ok(s) => Cow::Borrowed(s),
+            Err(_) => Cow::Owned(bytemuck::pod_collect_to_vec(b)),
+        },
+        Cow::Owned(v) => Cow::Owned(bytemuck::pod_collect_to_vec(&v)),
+    })
+}
+
+/// A new compact tensor of `T` filled by `fill`.
+fn make<T: Elem>(shape: &[i64], layout: &str, fill: impl FnOnce(&mut [T]) -> Result<()>) -> Result<Tensor> {
+    let layout = std::ffi::CString::new(layout).unwrap_or_default();
+    Tensor::new_host(T::DTYPE, shape, layout, |bytes| fill(bytemuck::cast_slice_mut(bytes)))
+}
+
+/// NumPy broadcasting of two shapes.
+pub fn broadcast_shapes(a: &[i64], b: &[i64]) -> Result<Vec<i64>> {
+    let n = a.len().max(b.len());
+    let mut out = vec![0i64; n];
+    for i in 0..n {
+        let da = if i + a.len() >= n { a[i + a.len() - n] } else { 1 };
+        let db = if i + b.len() >= n { b[i + b.len() - n] } else { 1 };
+        out[i] = match (da, db) {
+            (x, y) if x == y => x,
+            (1, y) => y,
+            (x, 1) => x,
+            _ => {
+                return Err(Error::value(format!(
+                    "shapes {} and {} cannot be broadcast together (dimension {i}: {da} vs {db})",
+                    dims(a),
+                    dims(b)
+                )));
+            }
+        };
+    }
+    Ok(out)
+}
+
+/// Element strides of a compact `shape` broadcast to `out` (0 where broadcast).
+fn broadcast_strides(shape: &[i64], out: &[i64]) -> Vec<usize> {
+    let mut strides = vec![0usize; out.len()];
+    let mut acc = 1usize;
+    for i in (0..shape.len()).rev() {
+        let o = i + out.len() - shape.len();
+        if shape[i] != 1 {
+            strides[o] = acc;
+        }
+        acc *= shape[i].max(0) as usize;
+    }
+    strides
+}
+
+/// `out[i] = f(a[i], b[i])` with broadcasting; `f` may fail for one element.
+pub fn binary<T: Elem>(
+    a: &Tensor,
+    b: &Tensor,
+    layout: &str,
+    f: impl Fn(T, T) -> Option<T>,
+    on_fail: impl Fn(usize) -> Error,
+) -> Result<Tensor> {
+    let shape = broadcast_shapes(a.shape(), b.shape())?;
+    let (va, vb) = (typed::<T>(a)?, typed::<T>(b)?);
+    make::<T>(&shape, layout, |out| {
+        if a.shape() == b.shape() {
+            for (i, ((o, &x), &y)) in out.iter_mut().zip(va.iter()).zip(vb.iter()).enumerate() {
+                *o = f(x, y).ok_or_else(|| on_fail(i))?;
+            }
+            return Ok(());
+        }
+        let (sa, sb) = (broadcast_strides(a.shape(), &shape), broadcast_strides(b.shape(), &shape));
+        let mut index = vec![0i64; shape.len()];
+        let (mut ia, mut ib) = (0usize, 0usize);
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = f(va[ia], vb[ib]).ok_or_else(|| on_fail(i))?;
+            // Odometer step, keeping the input offsets in sync.
+            for d in (0..shape.len()).rev() {
+                index[d] += 1;
+                ia += sa[d];
+                ib += sb[d];
+                if index[d] < shape[d] {
+                    break;
+                }
+                ia -= sa[d] * shape[d] as usize;
+                ib -= sb[d] * shape[d] as usize;
+                index[d] = 0;
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Converts every element of `t` to `to`. Integers to integers wrap (two's
+/// complement, like NumPy); floats to integers truncate toward zero and saturate, NaN
+/// becomes 0; anything to bool is `value != 0`; bool is 0 or 1.
+pub fn cast(t: &Tensor, to: DType) -> Result<Tensor> {
+    if t.dtype() == to {
+        return t.to_compact();
+    }
+    with_elem!(t.dtype(), S => cast_from::<S>(t, to), bool => {
+        let src = t.compact_bytes()?;
+        let vals: Vec<u8> = src.iter().map(|&b| u8::from(b != 0)).collect();
+        with_elem!(to, D => make::<D>(t.shape(), t.layout(), |out| {
+            for (o, &v) in out.iter_mut().zip(&vals) {
+                *o = D::from_i128(v as i128);
+            }
+            Ok(())
+        }), bool => unreachable!("bool to bool is handled above"))
+    })
+}
+
+fn cast_from<S: Elem>(t: &Tensor, to: DType) -> Result<Tensor> {
+    let src = typed::<S>(t)?;
+    with_elem!(to, D => make::<D>(t.shape(), t.layout(), |out| {
+        for (o, &v) in out.iter_mut().zip(src.iter()) {
+            *o = if S::INT { D::from_i128(v.to_i128()) } else { D::from_f64(v.to_f64()) };
+        }
+        Ok(())
+    }), bool => make::<u8>(t.shape(), t.layout(), |out| {
+        for (o, &v) in out.iter_mut().zip(src.iter()) {
+            *o = u8::from(v.to_f64() != 0.0);
+        }
+        Ok(())
+    }).map(|t| t.with_dtype_of_same_size(DType::Bool)))
+}
+
+/// The dtype `sum` produces: int64 for signed integers and bool, uint64 for unsigned,
+/// the input dtype for floats (accumulated in f64).
+pub fn sum_dtype(d: DType) -> DType {
+    match d {
+        DType::Bool | DType::I8 | DType::I16 | DType::I32 | DType::I64 => DType::I64,
+        DType::U8 | DType::U16 | DType::U32 | DType::U64 => DType::U64,
+        f => f,
+    }
+}
+
+/// Validates reduction axes against `ndim`: unique, in range (negative counts from
+/// the end). `None` means every axis.
+pub fn normalize_axes(axes: Option<&[i64]>, ndim: usize) -> Result<Vec<usize>> {
+    let Some(axes) = axes else {
+        return Ok((0..ndim).collect());
+    };
+    let mut out = Vec::with_capacity(axes.len());
+    for &a in axes {
+        let n = ndim as i64;
+        if a < -n || a >= n {
+            return Err(Error::index(format!("axis {a} is out of range for a tensor of ndim {ndim}")));
+        }
+        let a = if a < 0 { a + n } else { a } as usize;
+        if out.contains(&a) {
+            return Err(Error::value(format!("axis {a} is repeated in axes {}", dims(axes))));
+        }
+        out.push(a);
+    }
+    out.sort_unstable();
+    Ok(out)
+}
+
+/// The shape of a reduction over `axes`.
+pub fn reduced_shape(shape: &[i64], axes: &[usize], keepdims: bool) -> Vec<i64> {
+    shape
+        .iter()
+        .enumerate()
+        .filter_map(|(i, &d)| match (axes.contains(&i), keepdims) {
+            (true, true) => Some(1),
+            (true, false) => None,
+            (false, _) => Some(d),
+        })
+        .collect()
+}
+
+/// Sums `t` over `axes`.
+pub fn sum(t: &Tensor, axes: &[usize], keepdims: bool) -> Result<Tensor> {
+    let out_shape = reduced_shape(t.shape(), axes, keepdims);
+    let src = cast(t, match t.dtype() {
+        DType::Bool => DType::I64,
+        d => d,
+    })?;
+    with_elem!(src.dtype(), S => sum_typed::<S>(&src, axes, &out_shape), bool => unreachable!("cast above"))
+}
+
+fn sum_typed<S: Elem>(t: &Tensor, axes: &[usize], out_shape: &[i64]) -> Result<Tensor> {
+    let src = typed::<S>(t)?;
+    let shape = t.shape();
+    // Output offset of every input element: the kept dimensions' compact strides.
+    let kept: Vec<usize> = (0..shape.len()).filter(|i| !axes.contains(i)).collect();
+    let mut out_strides = vec![0usize; shape.len()];
+    let mut acc = 1usize;
+    for &i in kept.iter().rev() {
+        out_strides[i] = acc;
+        acc *= shape[i] as usize;
+    }
+    let n_out = acc;
+    let dtype = sum_dtype(S::DTYPE);
+    let layout = if out_shape.len() == shape.len() { t.layout() } else { "" };
+    if S::INT {
+        let mut accs = vec![0i128; n_out];
+        for_each_offset(shape, &out_strides, src.len(), |i, o| accs[o] = accs[o].wrapping_add(src[i].to_i128()));
+        with_elem!(dtype, D => make::<D>(out_shape, layout, |out| {
+            for (o, a) in out.iter_mut().zip(accs) {
+                *o = D::from_i128(a);
+            }
+            Ok(())
+        }), bool => unreachable!("sum never yields bool"))
+    } else {
+        let mut accs = vec![0f64; n_out];
+        for_each_offset(shape, &out_strides, src.len(), |i, o| accs[o] += src[i].to_f64());
+        make::<S>(out_shape, layout, |out| {
+            for (o, a) in out.iter_mut().zip(accs) {
+                *o = S::from_f64(a);
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Calls `f(input_index, output_offset)` for every element of a compact `shape`.
+fn for_each_offset(shape: &[i64], out_strides: &[usize], n: usize, mut f: impl FnMut(usize, usize)) {
+    let mut index = vec![0i64; shape.len()];
+    let mut o = 0usize;
+    for i in 0..n {
+        f(i, o);
+        for d in (0..shape.len()).rev() {
+            index[d] += 1;
+            o += out_strides[d];
+            if index[d] < shape[d] {
+                break;
+            }
+            o -= out_strides[d] * shape[d] as usize;
+            index[d] = 0;
+        }
+    }
+}
+
+/// Adds one to every element (the `inject_accuracy_error` backend).
+pub fn add_one(t: &Tensor) -> Result<Tensor> {
+    with_elem!(t.dtype(), T => {
+        let src = typed::<T>(t)?;
+        make::<T>(t.shape(), t.layout(), |out| {
+            for (o, &v) in out.iter_mut().zip(src.iter()) {
+                *o = v.add(T::from_i128(1));
+            }
+            Ok(())
+        })
+    }, bool => {
+        let src = t.compact_bytes()?;
+        make::<u8>(t.shape(), t.layout(), |out| {
+            out.iter_mut().for_each(|o| *o = 1);
+            let _ = &src;
+            Ok(())
+        }).map(|o| o.with_dtype_of_same_size(DType::Bool))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t<T: Elem>(values: &[T], shape: &[i64]) -> Tensor {
+        make::<T>(shape, "", |o| {
+            o.copy_from_slice(values);
+            Ok(())
+        })
+        .unwrap()
+    }
+
+    fn vals<T: Elem>(t: &Tensor) -> Vec<T> {
+        typed::<T>(t).unwrap().into_owned()
+    }
+
+    #[test]
+    fn integer_division_floors_and_rejects_zero() {
+        assert_eq!(7i32.div(2), Some(3));
+        assert_eq!((-7i32).div(2), Some(-4));
+        assert_eq!(7i32.div(-2), Some(-4));
+        assert_eq!((-7i32).div(-2), Some(3));
+        assert_eq!(i32::MIN.div(-1), Some(i32::MIN));
+        assert_eq!(5u8.div(0), None);
+    }
+
+    #[test]
+    fn broadcasting_follows_numpy() {
+        assert_eq!(broadcast_shapes(&[2, 1, 3], &[4, 1]).unwrap(), [2, 4, 3]);
+        let e = broadcast_shapes(&[2, 3], &[4]).unwrap_err();
+        assert!(e.message().contains("shapes [2, 3] and [4] cannot be broadcast"), "{e}");
+        let a = t::<i32>(&[1, 2, 3, 4, 5, 6], &[2, 3]);
+        let b = t::<i32>(&[10, 20, 30], &[3]);
+        let c = binary::<i32>(&a, &b, "", |x, y| Some(x.add(y)), |_| unreachable!()).unwrap();
+        assert_eq!(vals::<i32>(&c), [11, 22, 33, 14, 25, 36]);
+        let col = t::<i32>(&[100, 200], &[2, 1]);
+        let c = binary::<i32>(&a, &col, "", |x, y| Some(x.add(y)), |_| unreachable!()).unwrap();
+        assert_eq!(vals::<i32>(&c), [101, 102, 103, 204, 205, 206]);
+    }
+
+    #[test]
+    fn casts_wrap_saturate_and_round() {
+        let f = t::<f32>(&[1.7, -1.7, f32::NAN, 1e10, -0.0], &[5]);
+        assert_eq!(vals::<i32>(&cast(&f, DType::I32).unwrap()), [1, -1, 0, i32::MAX, 0]);
+        let i = t::<i32>(&[300, -1], &[2]);
+        assert_eq!(vals::<u8>(&cast(&i, DType::U8).unwrap()), [44, 255]);
+        let b = cast(&i, DType::Bool).unwrap();
+        assert_eq!(b.dtype(), DType::Bool);
+        assert_eq!(b.to_bytes().unwrap(), [1, 1]);
+        let h = cast(&t::<f32>(&[0.1], &[1]), DType::F16).unwrap();
+        assert_eq!(vals::<f16>(&h), [f16::from_f32(0.1)]);
+    }
+
+    #[test]
+    fn sum_over_axes_with_keepdims() {
+        let a = t::<i32>(&[1, 2, 3, 4, 5, 6], &[2, 3]);
+        let all = sum(&a, &[0, 1], false).unwrap();
+        assert_eq!((all.dtype(), all.shape().to_vec(), vals::<i64>(&all)), (DType::I64, vec![], vec![21]));
+        let rows = sum(&a, &[1], true).unwrap();
+        assert_eq!((rows.shape().to_vec(), vals::<i64>(&rows)), (vec![2, 1], vec![6, 15]));
+        let cols = sum(&a, &[0], false).unwrap();
+        assert_eq!(vals::<i64>(&cols), [5, 7, 9]);
+        let f = sum(&t::<f32>(&[0.5, 0.25], &[2]), &[0], false).unwrap();
+        assert_eq!(vals::<f32>(&f), [0.75]);
+        assert!(normalize_axes(Some(&[2]), 2).unwrap_err().message().contains("axis 2 is out of range"));
+    }
+}

@@ -1,0 +1,294 @@
+//! Operators: schemas (inputs, outputs, named arguments), metadata inference at
+//! enqueue, and kernels; the registry of built-ins and host operators.
+
+pub mod kernels;
+
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::RwLock;
+
+use crate::error::{Error, Result};
+use crate::exec::args::{ArgType, ArgValue, Args};
+use crate::tensor::{DType, Tensor, dims};
+
+/// Metadata of one tensor (or one sample of a batch), known before the data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TMeta {
+    /// Element type.
+    pub dtype: DType,
+    /// Shape.
+    pub shape: Vec<i64>,
+    /// Layout string ("" when none).
+    pub layout: String,
+}
+
+impl TMeta {
+    /// The metadata of a tensor.
+    pub fn of(t: &Tensor) -> TMeta {
+        TMeta {
+            dtype: t.dtype(),
+            shape: t.shape().to_vec(),
+            layout: t.layout().to_string(),
+        }
+    }
+}
+
+/// Infers output metadata from input metadata at enqueue.
+pub type InferFn = fn(&[&TMeta], &Args) -> Result<Vec<TMeta>>;
+/// A built-in CPU kernel: inputs to outputs.
+pub type KernelFn = fn(&[&Tensor], &Args) -> Result<Vec<Tensor>>;
+
+/// A kernel implemented by the host (a C callback).
+pub trait HostKernel: Send + Sync {
+    /// Runs the callback on `inputs`; returns exactly `n_outputs` tensors.
+    fn run(&self, inputs: &[Arc<Tensor>], args: &Args, n_outputs: usize) -> Result<Vec<Arc<Tensor>>>;
+}
+
+/// How an operator computes.
+#[derive(Clone)]
+pub enum Kernel {
+    /// A built-in kernel.
+    Builtin(KernelFn),
+    /// A host callback.
+    Host(Arc<dyn HostKernel>),
+}
+
+/// One named argument of a schema.
+#[derive(Debug, Clone)]
+pub struct ArgSpec {
+    /// Its name.
+    pub name: String,
+    /// Its type.
+    pub ty: ArgType,
+    /// Whether it must be given.
+    pub required: bool,
+}
+
+/// An operator.
+#[derive(Clone)]
+pub struct OpDef {
+    /// Its name.
+    pub name: String,
+    /// Exact number of inputs.
+    pub n_inputs: usize,
+    /// Exact number of outputs.
+    pub n_outputs: usize,
+    /// Named arguments it takes.
+    pub args: Vec<ArgSpec>,
+    /// Metadata inference; `None` when outputs are known only after running.
+    pub infer: Option<InferFn>,
+    /// The kernel.
+    pub kernel: Kernel,
+}
+
+impl OpDef {
+    /// Checks `args` against the schema: no unknown names, right types, required ones
+    /// present.
+    pub fn validate_args(&self, args: &Args) -> Result<()> {
+        for (name, value) in args.entries() {
+            let Some(spec) = self.args.iter().find(|s| &s.name == name) else {
+                let known: Vec<&str> = self.args.iter().map(|s| s.name.as_str()).collect();
+                return Err(Error::value(format!(
+                    "operator '{}' has no argument '{name}' (it takes: {})",
+                    self.name,
+                    if known.is_empty() { "none".to_string() } else { known.join(", ") }
+                )));
+            };
+            let ok = value.arg_type() == spec.ty
+                || (spec.ty == ArgType::Float && matches!(value, ArgValue::Int(_)))
+                || (spec.ty == ArgType::Ints && matches!(value, ArgValue::Int(_)));
+            if !ok {
+                return Err(Error::type_error(format!(
+                    "operator '{}': argument '{name}' is a {}, expected a {}",
+                    self.name,
+                    value.arg_type().name(),
+                    spec.ty.name()
+                )));
+            }
+        }
+        for spec in &self.args {
+            if spec.required && args.get(&spec.name).is_none() {
+                return Err(Error::value(format!(
+                    "operator '{}' needs argument '{}' ({})",
+                    self.name,
+                    spec.name,
+                    spec.ty.name()
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Operators by name.
+#[derive(Default)]
+pub struct Registry {
+    ops: RwLock<HashMap<String, Arc<OpDef>>>,
+}
+
+impl Registry {
+    /// A registry holding only host operators (built-ins are found through
+    /// [`builtin`]).
+    pub fn new() -> Registry {
+        Registry::default()
+    }
+
+    /// The operator `name`: a host operator of this registry, else a built-in.
+    pub fn get(&self, name: &str) -> Option<Arc<OpDef>> {
+        self.ops.read().get(name).cloned().or_else(|| builtin(name))
+    }
+
+    /// Registers a host operator; its name must not be taken.
+    pub fn register(&self, op: OpDef) -> Result<()> {
+        if builtin(&op.name).is_some() {
+            return Err(Error::value(format!("operator '{}' is a built-in and cannot be replaced", op.name)));
+        }
+        let mut ops = self.ops.write();
+        if ops.contains_key(&op.name) {
+            return Err(Error::value(format!("operator '{}' is already registered in this context", op.name)));
+        }
+        ops.insert(op.name.clone(), Arc::new(op));
+        Ok(())
+    }
+}
+
+fn arg(name: &str, ty: ArgType, required: bool) -> ArgSpec {
+    ArgSpec {
+        name: name.to_string(),
+        ty,
+        required,
+    }
+}
+
+/// The built-in operator `name`.
+pub fn builtin(name: &str) -> Option<Arc<OpDef>> {
+    static BUILTINS: OnceLock<HashMap<String, Arc<OpDef>>> = OnceLock::new();
+    BUILTINS
+        .get_or_init(|| {
+            let binary = |name: &str, kernel: KernelFn| OpDef {
+                name: name.to_string(),
+                n_inputs: 2,
+                n_outputs: 1,
+                args: vec![],
+                infer: Some(infer_binary),
+                kernel: Kernel::Builtin(kernel),
+            };
+            let ops = vec![
+                binary("add", kernel_add),
+                binary("mul", kernel_mul),
+                binary("div", kernel_div),
+                OpDef {
+                    name: "cast".into(),
+                    n_inputs: 1,
+                    n_outputs: 1,
+                    args: vec![arg("dtype", ArgType::DType, true)],
+                    infer: Some(infer_cast),
+                    kernel: Kernel::Builtin(kernel_cast),
+                },
+                OpDef {
+                    name: "sum".into(),
+                    n_inputs: 1,
+                    n_outputs: 1,
+                    args: vec![arg("axes", ArgType::Ints, false), arg("keepdims", ArgType::Bool, false)],
+                    infer: Some(infer_sum),
+                    kernel: Kernel::Builtin(kernel_sum),
+                },
+            ];
+            ops.into_iter().map(|op| (op.name.clone(), Arc::new(op))).collect()
+        })
+        .get(name)
+        .cloned()
+}
+
+fn infer_binary(inputs: &[&TMeta], _args: &Args) -> Result<Vec<TMeta>> {
+    let (a, b) = (inputs[0], inputs[1]);
+    if a.dtype != b.dtype {
+        return Err(Error::type_error(format!(
+            "input dtypes differ: {} and {} (ndx does not promote types yet: cast one input first)",
+            a.dtype.name(),
+            b.dtype.name()
+        )));
+    }
+    if a.dtype == DType::Bool {
+        return Err(Error::type_error("bool inputs are not supported by arithmetic operators"));
+    }
+    let shape = kernels::broadcast_shapes(&a.shape, &b.shape)?;
+    let layout = [a, b]
+        .iter()
+        .find(|m| m.shape == shape && !m.layout.is_empty())
+        .map_or(String::new(), |m| m.layout.clone());
+    Ok(vec![TMeta {
+        dtype: a.dtype,
+        shape,
+        layout,
+    }])
+}
+
+fn binary_kernel(inputs: &[&Tensor], op: &'static str) -> Result<Vec<Tensor>> {
+    let (a, b) = (inputs[0], inputs[1]);
+    let layout = infer_binary(&[&TMeta::of(a), &TMeta::of(b)], &Args::new())?.remove(0).layout;
+    let out = kernels::with_elem!(a.dtype(), T => {
+        use kernels::Elem;
+        let f = match op {
+            "add" => |x: T, y: T| Some(x.add(y)),
+            "mul" => |x: T, y: T| Some(x.mul(y)),
+            _ => |x: T, y: T| x.div(y),
+        };
+        kernels::binary::<T>(a, b, &layout, f, |i| {
+            Error::value(format!("integer division by zero (output element {i})"))
+        })?
+    }, bool => return Err(Error::type_error("bool inputs are not supported by arithmetic operators")));
+    Ok(vec![out])
+}
+
+fn kernel_add(inputs: &[&Tensor], _args: &Args) -> Result<Vec<Tensor>> {
+    binary_kernel(inputs, "add")
+}
+fn kernel_mul(inputs: &[&Tensor], _args: &Args) -> Result<Vec<Tensor>> {
+    binary_kernel(inputs, "mul")
+}
+fn kernel_div(inputs: &[&Tensor], _args: &Args) -> Result<Vec<Tensor>> {
+    binary_kernel(inputs, "div")
+}
+
+fn infer_cast(inputs: &[&TMeta], args: &Args) -> Result<Vec<TMeta>> {
+    let dtype = args.dtype("dtype")?.ok_or_else(|| Error::value("cast needs argument 'dtype'"))?;
+    Ok(vec![TMeta {
+        dtype,
+        ..inputs[0].clone()
+    }])
+}
+
+fn kernel_cast(inputs: &[&Tensor], args: &Args) -> Result<Vec<Tensor>> {
+    let dtype = args.dtype("dtype")?.ok_or_else(|| Error::value("cast needs argument 'dtype'"))?;
+    Ok(vec![kernels::cast(inputs[0], dtype)?])
+}
+
+fn sum_axes(shape: &[i64], args: &Args) -> Result<(Vec<usize>, bool)> {
+    let axes = args.ints("axes")?;
+    let axes = kernels::normalize_axes(axes.as_deref(), shape.len())?;
+    Ok((axes, args.bool_or("keepdims", false)?))
+}
+
+fn infer_sum(inputs: &[&TMeta], args: &Args) -> Result<Vec<TMeta>> {
+    let m = inputs[0];
+    let (axes, keepdims) = sum_axes(&m.shape, args)?;
+    let shape = kernels::reduced_shape(&m.shape, &axes, keepdims);
+    let layout = if keepdims { m.layout.clone() } else { String::new() };
+    Ok(vec![TMeta {
+        dtype: kernels::sum_dtype(m.dtype),
+        shape,
+        layout,
+    }])
+}
+
+fn kernel_sum(inputs: &[&Tensor], args: &Args) -> Result<Vec<Tensor>> {
+    let (axes, keepdims) = sum_axes(inputs[0].shape(), args)?;
+    Ok(vec![kernels::sum(inputs[0], &axes, keepdims)?])
+}
+
+/// Describes a shape mismatch between a kernel's declared and actual output.
+pub fn describe_meta(m: &TMeta) -> String {
+    format!("{} {}", m.dtype.name(), dims(&m.shape))
+}
