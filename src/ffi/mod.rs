@@ -76,8 +76,7 @@ pub(crate) fn boundary(name: &'static str, f: impl FnOnce() -> Result<()>) -> *m
     })
 }
 
-/// Like [`boundary`] for an entry point with one out-param: checks `out`, sets it to
-/// `empty` first (so it is never half-filled on error), then to `f`'s value.
+/// Like [`boundary`] for an entry point with one out-param (see [`out_param`]).
 #[inline(always)]
 pub(crate) fn boundary_out<T>(
     name: &'static str,
@@ -85,18 +84,22 @@ pub(crate) fn boundary_out<T>(
     empty: T,
     f: impl FnOnce() -> Result<T>,
 ) -> *mut ndx_error_t {
-    boundary(name, || {
-        if out.is_null() {
-            return Err(Error::value("argument 'out' is NULL"));
-        }
-        // SAFETY: `out` is non-NULL and, per the API contract, points to writable
-        // storage for one value.
-        unsafe { out.write(empty) };
-        let value = f()?;
-        // SAFETY: as above.
-        unsafe { out.write(value) };
-        Ok(())
-    })
+    boundary(name, || out_param(out, empty, f))
+}
+
+/// Checks `out`, sets it to `empty` first (so it is never half-filled on error), then
+/// to `f`'s value.
+pub(crate) fn out_param<T>(out: *mut T, empty: T, f: impl FnOnce() -> Result<T>) -> Result<()> {
+    if out.is_null() {
+        return Err(Error::value("argument 'out' is NULL"));
+    }
+    // SAFETY: `out` is non-NULL and, per the API contract, points to writable storage
+    // for one value.
+    unsafe { out.write(empty) };
+    let value = f()?;
+    // SAFETY: as above.
+    unsafe { out.write(value) };
+    Ok(())
 }
 
 /// Copies a host string (NULL allowed when `optional`) into an owned `String`;
