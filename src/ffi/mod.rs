@@ -87,6 +87,15 @@ pub(crate) fn boundary_out<T>(
     boundary(name, || out_param(out, empty, f))
 }
 
+/// Sets a non-NULL out-param to `empty`, for entry points that may fail before
+/// [`out_param`] runs.
+pub(crate) fn clear_out<T>(out: *mut T, empty: T) {
+    if !out.is_null() {
+        // SAFETY: non-NULL out-params point to writable storage (API contract).
+        unsafe { out.write(empty) };
+    }
+}
+
 /// Checks `out`, sets it to `empty` first (so it is never half-filled on error), then
 /// to `f`'s value.
 pub(crate) fn out_param<T>(out: *mut T, empty: T, f: impl FnOnce() -> Result<T>) -> Result<()> {

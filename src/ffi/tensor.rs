@@ -12,8 +12,8 @@ use dlpark::ffi::{DLDevice, DLManagedTensor, DLManagedTensorVersioned};
 
 use super::handle::{borrow, clone_arc, into_handle, release};
 use super::{
-    boundary, boundary_out, boundary_value, host_str, ndx_batch_t, ndx_error_t, ndx_tensor_t,
-    out_param,
+    boundary, boundary_out, boundary_value, clear_out, host_str, ndx_batch_t, ndx_error_t,
+    ndx_tensor_t, out_param,
 };
 use crate::error::{Error, Result};
 use crate::tensor::{
@@ -161,6 +161,7 @@ pub extern "C" fn ndx_tensor_from_dlpack_versioned(
     out: *mut *mut ndx_tensor_t,
 ) -> *mut ndx_error_t {
     boundary("ndx_tensor_from_dlpack_versioned", || {
+        clear_out(out, std::ptr::null_mut());
         // SAFETY: the caller passes NULL or a valid producer tensor it owns; an
         // unknown major version is released before anything else is checked.
         unsafe { dlpack::release_if_unknown_version(tensor) }?;
@@ -207,6 +208,7 @@ pub extern "C" fn ndx_batch_from_dlpack_versioned(
     out: *mut *mut ndx_batch_t,
 ) -> *mut ndx_error_t {
     boundary("ndx_batch_from_dlpack_versioned", || {
+        clear_out(out, std::ptr::null_mut());
         // SAFETY: the caller passes `n` entries, each NULL or a producer tensor it
         // owns; unknown major versions are released before anything else is checked.
         unsafe { dlpack::release_unknown_versions(tensors, n) }?;
