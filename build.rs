@@ -21,9 +21,20 @@ fn main() {
     let flags = std::env::var("CARGO_ENCODED_RUSTFLAGS").unwrap_or_default();
     let flags: Vec<&str> = flags.split('\x1f').collect();
     let forced = flags.iter().enumerate().any(|(i, f)| {
-        let value = f.strip_prefix("-C").map(str::trim_start).filter(|v| !v.is_empty());
+        let value = f
+            .strip_prefix("-C")
+            .map(str::trim_start)
+            .filter(|v| !v.is_empty());
         let value = value.or_else(|| (*f == "-C").then(|| flags.get(i + 1).copied()).flatten());
-        matches!(value, Some("force-frame-pointers=yes" | "force-frame-pointers=on" | "force-frame-pointers=true" | "force-frame-pointers"))
+        matches!(
+            value,
+            Some(
+                "force-frame-pointers=yes"
+                    | "force-frame-pointers=on"
+                    | "force-frame-pointers=true"
+                    | "force-frame-pointers"
+            )
+        )
     });
     if forced {
         println!("cargo:rustc-cfg=ndx_frame_pointers");

@@ -206,6 +206,33 @@ fn unknown_major_version_is_released_as_the_spec_requires() {
 }
 
 #[test]
+fn unknown_versions_are_released_even_when_other_arguments_are_wrong() {
+    let mut spec = base();
+    spec.major = 2;
+    let (m, count) = spec.versioned();
+    expect_err(
+        ndx_tensor_from_dlpack_versioned(m, std::ptr::null(), std::ptr::null_mut()),
+        NDX_ERROR_VALUE,
+        "major version 2",
+    );
+    assert_eq!(calls(&count), 1);
+    let (ptrs, counts) = batch_v(&[base(), spec.clone()]);
+    let bad_opts = ndx_import_options_t {
+        struct_size: 1,
+        layout: std::ptr::null(),
+        read_only: false,
+    };
+    let mut b = std::ptr::null_mut();
+    expect_err(
+        ndx_batch_from_dlpack_versioned(ptrs.as_ptr(), 2, &bad_opts, &mut b),
+        NDX_ERROR_VALUE,
+        "tensors[1] (major 2)",
+    );
+    assert_eq!(counts.iter().map(calls).collect::<Vec<_>>(), [0, 1]);
+    drop_versioned(ptrs[0]);
+}
+
+#[test]
 fn layout_option_is_validated_and_kept() {
     let opts = ndx_import_options_t {
         struct_size: std::mem::size_of::<ndx_import_options_t>(),

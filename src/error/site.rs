@@ -201,7 +201,12 @@ impl Site {
     /// Adds an explicit location (it replaces the innermost native frame: the native
     /// caller frame it describes better) and host frames, innermost first; native
     /// frames follow them only when `show_native`.
-    pub fn with_frames(mut self, location: Option<Frame>, host: Vec<Frame>, show_native: bool) -> Site {
+    pub fn with_frames(
+        mut self,
+        location: Option<Frame>,
+        host: Vec<Frame>,
+        show_native: bool,
+    ) -> Site {
         self.location = location;
         self.host = host;
         self.show_native = show_native;
@@ -264,18 +269,17 @@ impl Site {
     }
 }
 
-/// Frames of ndx itself (and of the unwinder) at the inner end of a capture.
+/// Frames of ndx itself (and of the unwinder) at the inner end of a capture taken
+/// without an entry marker (a Rust caller of the core API). With a marker, ndx's
+/// frames were never recorded, so a user function named `ndx_...` is kept.
 fn is_internal(frame: &Frame, trim_by_name: bool) -> bool {
     let Some(name) = frame.function() else {
         return false;
     };
-    // An entry point that was not trimmed by the marker (it should always be).
-    let exported_entry = name.starts_with("ndx_") && !name.contains("::");
-    exported_entry
-        || (trim_by_name
-            && ["ndx::", "<ndx::", "backtrace::", "<backtrace::"]
-                .iter()
-                .any(|p| name.starts_with(p)))
+    (trim_by_name
+        && ["ndx::", "<ndx::", "backtrace::", "<backtrace::"]
+            .iter()
+            .any(|p| name.starts_with(p)))
         || is_runtime(frame)
 }
 

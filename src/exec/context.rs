@@ -3,8 +3,8 @@
 //! `ndx_context_evaluate` run everything and report every unobserved failure.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::{Condvar, Mutex};
 
@@ -34,7 +34,9 @@ impl EvalMode {
     /// The mode with ABI value `raw`.
     pub fn from_raw(raw: i32) -> Option<EvalMode> {
         use EvalMode::*;
-        [SyncCpu, SyncFull, Deferred, Eager].into_iter().find(|m| *m as i32 == raw)
+        [SyncCpu, SyncFull, Deferred, Eager]
+            .into_iter()
+            .find(|m| *m as i32 == raw)
     }
     /// Whether the work runs before `invoke` returns.
     pub fn is_sync(self) -> bool {
@@ -60,7 +62,9 @@ impl CapturePolicy {
     /// The policy with ABI value `raw`.
     pub fn from_raw(raw: i32) -> Option<CapturePolicy> {
         use CapturePolicy::*;
-        [Off, Host, Native, All].into_iter().find(|m| *m as i32 == raw)
+        [Off, Host, Native, All]
+            .into_iter()
+            .find(|m| *m as i32 == raw)
     }
 }
 
@@ -82,7 +86,11 @@ pub enum Backend {
 impl Backend {
     /// Parses a backend name.
     pub fn parse(name: &str) -> Result<Backend> {
-        let fault = |prefix: &str| name.strip_prefix(prefix).filter(|op| !op.is_empty()).map(str::to_string);
+        let fault = |prefix: &str| {
+            name.strip_prefix(prefix)
+                .filter(|op| !op.is_empty())
+                .map(str::to_string)
+        };
         Ok(match name {
             "default" => Backend::Default,
             "noexcept" => Backend::NoExcept,
@@ -202,7 +210,8 @@ impl ContextInner {
             (CapturePolicy::Host | CapturePolicy::All, Some(p)) => p(),
             _ => Vec::new(),
         };
-        let deep = matches!(settings.capture, CapturePolicy::Native | CapturePolicy::All) && !mode.is_sync();
+        let deep = matches!(settings.capture, CapturePolicy::Native | CapturePolicy::All)
+            && !mode.is_sync();
         let show_native = match settings.capture {
             CapturePolicy::Host => host.is_empty() && call.location.is_none(),
             _ => true,
@@ -234,17 +243,25 @@ impl ContextInner {
         let mode = mode.unwrap_or(settings.mode);
         let site = Arc::new(Self::capture(&settings, mode, call));
         let fail = |e: Error| e.with_site(site.clone());
-        let def = self.registry.get(op).ok_or_else(|| fail(Error::value(format!("unknown operator '{op}'"))))?;
+        let def = self
+            .registry
+            .get(op)
+            .ok_or_else(|| fail(Error::value(format!("unknown operator '{op}'"))))?;
         if let crate::exec::Backend::InjectCompile(target) = &settings.backend {
             if *target == def.name {
                 return Err(fail(Error::new(
                     ErrorKind::Backend,
-                    format!("injected compile error in operator '{op}' (backend inject_compile_error:{op})"),
+                    format!(
+                        "injected compile error in operator '{op}' (backend inject_compile_error:{op})"
+                    ),
                 )));
             }
         }
         let (out_meta, batch_len) = infer(&def, &inputs, &args).map_err(|e| {
-            fail(Error::new(e.kind(), format!("operator '{op}': {}", e.message())))
+            fail(Error::new(
+                e.kind(),
+                format!("operator '{op}': {}", e.message()),
+            ))
         })?;
         let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
         let node = Node::new(NodeSpec {
@@ -423,13 +440,21 @@ fn infer(def: &OpDef, inputs: &[Input], args: &Args) -> Result<(Vec<OutMeta>, Op
         if device.kind == DeviceKind::Cuda {
             return Err(Error::new(
                 ErrorKind::NotImplemented,
-                format!("input {i} lives in CUDA memory ({device}); this build computes on host memory only"),
+                format!(
+                    "input {i} lives in CUDA memory ({device}); this build computes on host memory only"
+                ),
             ));
         }
     }
     let Some(infer) = def.infer else {
         let unknown = (0..def.n_outputs)
-            .map(|_| if batch_len.is_some() { OutMeta::Batch(None) } else { OutMeta::Tensor(None) })
+            .map(|_| {
+                if batch_len.is_some() {
+                    OutMeta::Batch(None)
+                } else {
+                    OutMeta::Tensor(None)
+                }
+            })
             .collect();
         return Ok((unknown, batch_len.map(|(_, n)| n)));
     };
@@ -444,7 +469,10 @@ fn infer(def: &OpDef, inputs: &[Input], args: &Args) -> Result<(Vec<OutMeta>, Op
                 .collect::<Result<Vec<TMeta>>>()?;
             let refs: Vec<&TMeta> = metas.iter().collect();
             let outs = infer(&refs, args)?;
-            Ok((outs.into_iter().map(|m| OutMeta::Tensor(Some(m))).collect(), None))
+            Ok((
+                outs.into_iter().map(|m| OutMeta::Tensor(Some(m))).collect(),
+                None,
+            ))
         }
         Some((_, n)) => {
             let per_input = inputs
@@ -457,14 +485,16 @@ fn infer(def: &OpDef, inputs: &[Input], args: &Args) -> Result<(Vec<OutMeta>, Op
             let mut outs: Vec<Vec<TMeta>> = vec![Vec::with_capacity(n); def.n_outputs];
             for s in 0..n {
                 let refs: Vec<&TMeta> = per_input.iter().map(|v| &v[s]).collect();
-                let o = infer(&refs, args).map_err(|e| {
-                    Error::new(e.kind(), format!("sample {s}: {}", e.message()))
-                })?;
+                let o = infer(&refs, args)
+                    .map_err(|e| Error::new(e.kind(), format!("sample {s}: {}", e.message())))?;
                 for (k, m) in o.into_iter().enumerate() {
                     outs[k].push(m);
                 }
             }
-            Ok((outs.into_iter().map(|m| OutMeta::Batch(Some(m))).collect(), Some(n)))
+            Ok((
+                outs.into_iter().map(|m| OutMeta::Batch(Some(m))).collect(),
+                Some(n),
+            ))
         }
     }
 }

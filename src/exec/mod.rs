@@ -8,8 +8,8 @@ mod value;
 
 pub use args::{ArgType, ArgValue, Args};
 pub use context::{
-    Backend, CallSite, CapturePolicy, Context, ContextInner, EvalMode, FrameProvider, Settings, new_context,
-    output_batch, output_tensor,
+    Backend, CallSite, CapturePolicy, Context, ContextInner, EvalMode, FrameProvider, Settings,
+    new_context, output_batch, output_tensor,
 };
 pub use node::{Callback, Data, Input, Node, OutMeta, Phase, Status};
 pub use pool::on_worker;

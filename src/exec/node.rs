@@ -272,12 +272,20 @@ impl Node {
         }
         self.submit();
         let deadline = timeout.map(|t| Instant::now() + t);
-        let ctx = if self.events { self.ctx.upgrade() } else { None };
+        let ctx = if self.events {
+            self.ctx.upgrade()
+        } else {
+            None
+        };
         let mut state = self.state.lock();
         while state.phase != Phase::Done {
             // In process-events mode the waiting thread runs the queued callbacks and
             // host operators itself, so it wakes up regularly to look for them.
-            let slice = if ctx.is_some() { Some(Duration::from_millis(1)) } else { None };
+            let slice = if ctx.is_some() {
+                Some(Duration::from_millis(1))
+            } else {
+                None
+            };
             let until = match (deadline, slice) {
                 (Some(d), Some(s)) => Some(d.min(Instant::now() + s)),
                 (Some(d), None) => Some(d),
@@ -334,7 +342,11 @@ impl Node {
                 if s.phase != Phase::Recorded {
                     continue;
                 }
-                s.phase = if s.deps_left == 0 { Phase::Queued } else { Phase::Waiting };
+                s.phase = if s.deps_left == 0 {
+                    Phase::Queued
+                } else {
+                    Phase::Waiting
+                };
                 s.phase == Phase::Queued
             };
             if let Some(ctx) = node.ctx.upgrade() {
@@ -353,7 +365,12 @@ impl Node {
 
     /// Submits the node's producers and waits for them (SYNC modes).
     pub(crate) fn wait_for_inputs(self: &Arc<Self>) -> Result<()> {
-        let producers: Vec<Arc<Node>> = self.inputs.lock().iter().filter_map(|i| i.producer().cloned()).collect();
+        let producers: Vec<Arc<Node>> = self
+            .inputs
+            .lock()
+            .iter()
+            .filter_map(|i| i.producer().cloned())
+            .collect();
         for up in &producers {
             if !up.is_done() {
                 if must_not_block() {
@@ -421,17 +438,24 @@ impl Node {
             s.phase = Phase::Running;
         }
         let inputs = std::mem::take(&mut *self.inputs.lock());
-        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.compute(&inputs)))
-            .unwrap_or_else(|p| {
-                let msg = p
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| p.downcast_ref::<String>().cloned())
-                    .unwrap_or_default();
-                Err(Error::internal(format!("panic while running '{}': {msg}", self.op.name)))
-            });
+        let outcome =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.compute(&inputs)))
+                .unwrap_or_else(|p| {
+                    let msg = p
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| p.downcast_ref::<String>().cloned())
+                        .unwrap_or_default();
+                    Err(Error::internal(format!(
+                        "panic while running '{}': {msg}",
+                        self.op.name
+                    )))
+                });
         drop(inputs);
-        let outcome = outcome.map_err(|e| e.with_op(&self.op.name, self.seq).with_site(self.site.clone()));
+        let outcome = outcome.map_err(|e| {
+            e.with_op(&self.op.name, self.seq)
+                .with_site(self.site.clone())
+        });
         self.complete(outcome);
     }
 
@@ -469,7 +493,12 @@ impl Node {
                     let up = input.producer().cloned().ok_or_else(|| upstream.clone())?;
                     return Err(self.dependency_error(i, &up, &upstream));
                 }
-                None => return Err(Error::internal(format!("input {i} of '{}' is not complete", self.op.name))),
+                None => {
+                    return Err(Error::internal(format!(
+                        "input {i} of '{}' is not complete",
+                        self.op.name
+                    )));
+                }
             }
         }
         if let Backend::InjectRuntime(op) = &self.backend {
@@ -484,13 +513,19 @@ impl Node {
             let mut outs = match &self.op.kernel {
                 Kernel::Builtin(f) => {
                     let refs: Vec<&Tensor> = tensors.iter().map(|t| t.as_ref()).collect();
-                    f(&refs, &self.args)?.into_iter().map(Arc::new).collect::<Vec<_>>()
+                    f(&refs, &self.args)?
+                        .into_iter()
+                        .map(Arc::new)
+                        .collect::<Vec<_>>()
                 }
                 Kernel::Host(h) => as_callback(|| h.run(&tensors, &self.args, self.op.n_outputs))?,
             };
             if let Backend::InjectAccuracy(op) = &self.backend {
                 if *op == self.op.name {
-                    outs = outs.iter().map(|t| kernels::add_one(t).map(Arc::new)).collect::<Result<_>>()?;
+                    outs = outs
+                        .iter()
+                        .map(|t| kernels::add_one(t).map(Arc::new))
+                        .collect::<Result<_>>()?;
                 }
             }
             Ok(outs)
@@ -507,7 +542,8 @@ impl Node {
                 run(tensors).map(|outs| outs.into_iter().map(Data::Tensor).collect())
             }
             Some(n) => {
-                let mut per_output: Vec<Vec<Arc<Tensor>>> = vec![Vec::with_capacity(n); self.op.n_outputs];
+                let mut per_output: Vec<Vec<Arc<Tensor>>> =
+                    vec![Vec::with_capacity(n); self.op.n_outputs];
                 for s in 0..n {
                     let tensors = ready
                         .iter()
@@ -537,7 +573,10 @@ impl Node {
                 ErrorKind::Backend,
                 format!("unexpected error when running {}", self.op.name),
             )
-            .with_cause(e.with_op(&self.op.name, self.seq).with_site(self.site.clone())),
+            .with_cause(
+                e.with_op(&self.op.name, self.seq)
+                    .with_site(self.site.clone()),
+            ),
             _ => e,
         }
     }
@@ -551,7 +590,10 @@ impl Node {
         let (dependents, callbacks) = {
             let mut s = self.state.lock();
             s.phase = Phase::Done;
-            (std::mem::take(&mut s.dependents), std::mem::take(&mut s.callbacks))
+            (
+                std::mem::take(&mut s.dependents),
+                std::mem::take(&mut s.callbacks),
+            )
         };
         self.cond.notify_all();
         for d in dependents {
@@ -598,7 +640,10 @@ impl Node {
         }
         let e = Error::new(
             ErrorKind::Cancelled,
-            format!("invocation #{} ('{}') was cancelled before it ran: {why}", self.seq, self.op.name),
+            format!(
+                "invocation #{} ('{}') was cancelled before it ran: {why}",
+                self.seq, self.op.name
+            ),
         )
         .with_op(&self.op.name, self.seq)
         .with_site(self.site.clone());

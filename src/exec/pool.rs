@@ -38,7 +38,11 @@ fn default_threads() -> usize {
 
 fn pool(requested: usize) -> &'static Pool {
     POOL.get_or_init(|| {
-        let threads = if requested > 0 { requested } else { default_threads() };
+        let threads = if requested > 0 {
+            requested
+        } else {
+            default_threads()
+        };
         let (sender, receiver) = unbounded::<Job>();
         for i in 0..threads {
             let receiver = receiver.clone();

@@ -73,7 +73,10 @@ impl TensorRef {
             Source::Ready(t) => Ok(t),
             Source::Pending(node, i) => match node.force()?.get(*i) {
                 Some(Data::Tensor(t)) => Ok(t),
-                _ => Err(Error::internal(format!("output {i} of '{}' is not a tensor", node.op_name()))),
+                _ => Err(Error::internal(format!(
+                    "output {i} of '{}' is not a tensor",
+                    node.op_name()
+                ))),
             },
         }
     }
@@ -191,7 +194,10 @@ impl BatchRef {
             Source::Ready(b) => Ok(b),
             Source::Pending(node, i) => match node.force()?.get(*i) {
                 Some(Data::Batch(b)) => Ok(b),
-                _ => Err(Error::internal(format!("output {i} of '{}' is not a batch", node.op_name()))),
+                _ => Err(Error::internal(format!(
+                    "output {i} of '{}' is not a batch",
+                    node.op_name()
+                ))),
             },
         }
     }
@@ -208,7 +214,12 @@ impl BatchRef {
     pub fn sample_meta(&self) -> Result<Vec<TMeta>> {
         match &self.meta {
             Some(m) => Ok(m.clone()),
-            None => Ok(self.resolve()?.samples().iter().map(|s| TMeta::of(s)).collect()),
+            None => Ok(self
+                .resolve()?
+                .samples()
+                .iter()
+                .map(|s| TMeta::of(s))
+                .collect()),
         }
     }
     /// Number of samples.

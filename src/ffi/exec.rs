@@ -11,13 +11,13 @@ use std::time::Duration;
 
 use super::handle::{borrow, clone_arc, into_handle, release};
 use super::{
-    boundary, boundary_out, boundary_value, caller_return_address, error_into_raw, host_str, ndx_batch_t,
-    ndx_context_t, ndx_error_t, ndx_future_t, ndx_tensor_t,
+    boundary, boundary_out, boundary_value, caller_return_address, error_into_raw, host_str,
+    ndx_batch_t, ndx_context_t, ndx_error_t, ndx_future_t, ndx_tensor_t,
 };
 use crate::error::{Error, Frame, FrameOrigin, Result};
 use crate::exec::{
-    ArgType, ArgValue, Args, Backend, CallSite, CapturePolicy, EvalMode, Input, Settings, Status, TensorRef,
-    new_context, output_batch, output_tensor,
+    ArgType, ArgValue, Args, Backend, CallSite, CapturePolicy, EvalMode, Input, Settings, Status,
+    TensorRef, new_context, output_batch, output_tensor,
 };
 use crate::ops::{HostKernel, Kernel, OpDef};
 use crate::tensor::{DType, Tensor};
@@ -165,14 +165,20 @@ pub struct ndx_host_frame_t {
 /// A frame provider: writes up to `capacity` frames of the host language's current
 /// stack into `frames`, innermost first, and returns how many it wrote. Called on
 /// the invoking thread during `ndx_invoke`.
-pub type ndx_frame_provider_t =
-    Option<unsafe extern "C" fn(user: *mut c_void, frames: *mut ndx_host_frame_t, capacity: usize) -> usize>;
+pub type ndx_frame_provider_t = Option<
+    unsafe extern "C" fn(
+        user: *mut c_void,
+        frames: *mut ndx_host_frame_t,
+        capacity: usize,
+    ) -> usize,
+>;
 
 /// Frees a `user` pointer given with a callback, when ndx no longer needs it.
 pub type ndx_user_free_t = Option<unsafe extern "C" fn(user: *mut c_void)>;
 
 /// Called once when a future completes, with the future borrowed for the call.
-pub type ndx_future_callback_t = Option<unsafe extern "C" fn(user: *mut c_void, future: *const ndx_future_t)>;
+pub type ndx_future_callback_t =
+    Option<unsafe extern "C" fn(user: *mut c_void, future: *const ndx_future_t)>;
 
 /// A host operator's kernel: reads `inputs` (borrowed for the call), fills every
 /// `outputs[i]` with a new tensor reference (e.g. from `ndx_tensor_from_host`), and
@@ -244,26 +250,38 @@ fn size_check(size: usize, ours: usize, what: &str) -> Result<()> {
 }
 
 fn eval_mode(raw: i32, arg: &str) -> Result<EvalMode> {
-    EvalMode::from_raw(raw)
-        .ok_or_else(|| Error::value(format!("{arg} is {raw}, not an ndx_eval_mode_t value (expected 1 to 4)")))
+    EvalMode::from_raw(raw).ok_or_else(|| {
+        Error::value(format!(
+            "{arg} is {raw}, not an ndx_eval_mode_t value (expected 1 to 4)"
+        ))
+    })
 }
 
 fn capture_policy(raw: i32, arg: &str) -> Result<CapturePolicy> {
     CapturePolicy::from_raw(raw).ok_or_else(|| {
-        Error::value(format!("{arg} is {raw}, not an ndx_capture_policy_t value (expected 1 to 4)"))
+        Error::value(format!(
+            "{arg} is {raw}, not an ndx_capture_policy_t value (expected 1 to 4)"
+        ))
     })
 }
 
 /// A new context. `opts` may be NULL (all defaults: EAGER, NATIVE capture of 16
 /// frames, backend "default", callbacks on worker threads). Thread-safe.
 #[unsafe(no_mangle)]
-pub extern "C" fn ndx_context_new(opts: *const ndx_context_options_t, out: *mut *mut ndx_context_t) -> *mut ndx_error_t {
+pub extern "C" fn ndx_context_new(
+    opts: *const ndx_context_options_t,
+    out: *mut *mut ndx_context_t,
+) -> *mut ndx_error_t {
     boundary_out("ndx_context_new", out, std::ptr::null_mut(), || {
         let mut settings = Settings::default();
         let mut threads = 0;
         if !opts.is_null() {
             // SAFETY: non-NULL; struct_size is read first.
-            size_check(unsafe { (*opts).struct_size }, std::mem::size_of::<ndx_context_options_t>(), "opts")?;
+            size_check(
+                unsafe { (*opts).struct_size },
+                std::mem::size_of::<ndx_context_options_t>(),
+                "opts",
+            )?;
             // SAFETY: at least as large as ours.
             let o = unsafe { &*opts };
             if o.eval_mode != 0 {
@@ -306,7 +324,10 @@ pub extern "C" fn ndx_context_release(ctx: *const ndx_context_t) {
 
 /// Sets the default eval mode (an `ndx_eval_mode_t`, 1 to 4). Thread-safe.
 #[unsafe(no_mangle)]
-pub extern "C" fn ndx_context_set_eval_mode(ctx: *const ndx_context_t, mode: i32) -> *mut ndx_error_t {
+pub extern "C" fn ndx_context_set_eval_mode(
+    ctx: *const ndx_context_t,
+    mode: i32,
+) -> *mut ndx_error_t {
     boundary("ndx_context_set_eval_mode", || {
         let mode = eval_mode(mode, "argument 'mode'")?;
         borrow(ctx, "ctx")?.update(|s| s.mode = mode);
@@ -317,7 +338,11 @@ pub extern "C" fn ndx_context_set_eval_mode(ctx: *const ndx_context_t, mode: i32
 /// Sets the capture policy and the deepest native capture (`depth` 0 keeps the
 /// current depth). Thread-safe.
 #[unsafe(no_mangle)]
-pub extern "C" fn ndx_context_set_capture_policy(ctx: *const ndx_context_t, policy: i32, depth: u32) -> *mut ndx_error_t {
+pub extern "C" fn ndx_context_set_capture_policy(
+    ctx: *const ndx_context_t,
+    policy: i32,
+    depth: u32,
+) -> *mut ndx_error_t {
     boundary("ndx_context_set_capture_policy", || {
         let policy = capture_policy(policy, "argument 'policy'")?;
         borrow(ctx, "ctx")?.update(|s| {
@@ -338,7 +363,10 @@ pub extern "C" fn ndx_context_set_capture_policy(ctx: *const ndx_context_t, poli
 /// "inject_accuracy_error:OP" (their outputs are silently increased by 1).
 /// Thread-safe.
 #[unsafe(no_mangle)]
-pub extern "C" fn ndx_context_set_backend(ctx: *const ndx_context_t, name: *const c_char) -> *mut ndx_error_t {
+pub extern "C" fn ndx_context_set_backend(
+    ctx: *const ndx_context_t,
+    name: *const c_char,
+) -> *mut ndx_error_t {
     boundary("ndx_context_set_backend", || {
         let backend = Backend::parse(&host_str(name, "name")?)?;
         borrow(ctx, "ctx")?.update(|s| s.backend = backend);
@@ -357,7 +385,10 @@ pub extern "C" fn ndx_context_set_frame_provider(
     user: *mut c_void,
     user_free: ndx_user_free_t,
 ) -> *mut ndx_error_t {
-    let data = UserData { user, free: user_free };
+    let data = UserData {
+        user,
+        free: user_free,
+    };
     boundary("ndx_context_set_frame_provider", || {
         let ctx = borrow(ctx, "ctx")?;
         let depth = ctx.settings().depth.max(1);
@@ -386,11 +417,24 @@ fn host_frames(
     let n = unsafe { f(data.user, buf.as_mut_ptr(), capacity) }.min(capacity);
     let text = |p: *const c_char| {
         // SAFETY: non-NULL strings the provider wrote, valid until it returned (now).
-        (!p.is_null()).then(|| unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy().into_owned())
+        (!p.is_null()).then(|| {
+            unsafe { std::ffi::CStr::from_ptr(p) }
+                .to_string_lossy()
+                .into_owned()
+        })
     };
     buf[..n]
         .iter()
-        .map(|h| Frame::new(text(h.function).as_deref(), text(h.file).as_deref(), h.line, 0, 0, FrameOrigin::Host))
+        .map(|h| {
+            Frame::new(
+                text(h.function).as_deref(),
+                text(h.file).as_deref(),
+                h.line,
+                0,
+                0,
+                FrameOrigin::Host,
+            )
+        })
         .collect()
 }
 
@@ -406,7 +450,10 @@ pub extern "C" fn ndx_context_evaluate(ctx: *const ndx_context_t) -> *mut ndx_er
 /// Runs the callbacks and host operators queued for this context (process-events
 /// mode) on the calling thread and stores how many ran in `*n_run` (may be NULL).
 #[unsafe(no_mangle)]
-pub extern "C" fn ndx_context_process_events(ctx: *const ndx_context_t, n_run: *mut usize) -> *mut ndx_error_t {
+pub extern "C" fn ndx_context_process_events(
+    ctx: *const ndx_context_t,
+    n_run: *mut usize,
+) -> *mut ndx_error_t {
     boundary("ndx_context_process_events", || {
         let n = borrow(ctx, "ctx")?.run_events();
         if !n_run.is_null() {
@@ -428,12 +475,16 @@ pub extern "C" fn ndx_args_new(out: *mut *mut ndx_args_t) -> *mut ndx_error_t {
 /// Frees an argument builder. NULL is a no-op.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_args_free(args: *mut ndx_args_t) {
-    boundary_value("ndx_args_free", |_| (), || {
-        if !args.is_null() {
-            // SAFETY: made by ndx_args_new and freed once by the caller.
-            drop(unsafe { Box::from_raw(args.cast::<Args>()) });
-        }
-    })
+    boundary_value(
+        "ndx_args_free",
+        |_| (),
+        || {
+            if !args.is_null() {
+                // SAFETY: made by ndx_args_new and freed once by the caller.
+                drop(unsafe { Box::from_raw(args.cast::<Args>()) });
+            }
+        },
+    )
 }
 
 fn args_mut<'a>(args: *mut ndx_args_t) -> Result<&'a mut Args> {
@@ -447,7 +498,11 @@ fn args_ref<'a>(args: *const ndx_args_t) -> Result<&'a Args> {
     unsafe { args.cast::<Args>().as_ref() }.ok_or_else(|| Error::value("argument 'args' is NULL"))
 }
 
-fn set_arg(args: *mut ndx_args_t, name: *const c_char, value: impl FnOnce() -> Result<ArgValue>) -> Result<()> {
+fn set_arg(
+    args: *mut ndx_args_t,
+    name: *const c_char,
+    value: impl FnOnce() -> Result<ArgValue>,
+) -> Result<()> {
     let name = host_str(name, "name")?;
     let value = value()?;
     args_mut(args)?.set(&name, value);
@@ -459,7 +514,9 @@ fn slice_arg<'a, T>(data: *const T, n: usize) -> Result<&'a [T]> {
         return Ok(&[]);
     }
     if data.is_null() {
-        return Err(Error::value(format!("argument 'values' is NULL but n is {n}")));
+        return Err(Error::value(format!(
+            "argument 'values' is NULL but n is {n}"
+        )));
     }
     // SAFETY: non-NULL; the caller promises `n` values.
     Ok(unsafe { std::slice::from_raw_parts(data, n) })
@@ -467,27 +524,53 @@ fn slice_arg<'a, T>(data: *const T, n: usize) -> Result<&'a [T]> {
 
 /// Sets integer argument `name` (replacing a previous value).
 #[unsafe(no_mangle)]
-pub extern "C" fn ndx_args_set_int(args: *mut ndx_args_t, name: *const c_char, value: i64) -> *mut ndx_error_t {
-    boundary("ndx_args_set_int", || set_arg(args, name, || Ok(ArgValue::Int(value))))
+pub extern "C" fn ndx_args_set_int(
+    args: *mut ndx_args_t,
+    name: *const c_char,
+    value: i64,
+) -> *mut ndx_error_t {
+    boundary("ndx_args_set_int", || {
+        set_arg(args, name, || Ok(ArgValue::Int(value)))
+    })
 }
 
 /// Sets float argument `name`.
 #[unsafe(no_mangle)]
-pub extern "C" fn ndx_args_set_float(args: *mut ndx_args_t, name: *const c_char, value: f64) -> *mut ndx_error_t {
-    boundary("ndx_args_set_float", || set_arg(args, name, || Ok(ArgValue::Float(value))))
+pub extern "C" fn ndx_args_set_float(
+    args: *mut ndx_args_t,
+    name: *const c_char,
+    value: f64,
+) -> *mut ndx_error_t {
+    boundary("ndx_args_set_float", || {
+        set_arg(args, name, || Ok(ArgValue::Float(value)))
+    })
 }
 
 /// Sets boolean argument `name`.
 #[unsafe(no_mangle)]
-pub extern "C" fn ndx_args_set_bool(args: *mut ndx_args_t, name: *const c_char, value: bool) -> *mut ndx_error_t {
-    boundary("ndx_args_set_bool", || set_arg(args, name, || Ok(ArgValue::Bool(value))))
+pub extern "C" fn ndx_args_set_bool(
+    args: *mut ndx_args_t,
+    name: *const c_char,
+    value: bool,
+) -> *mut ndx_error_t {
+    boundary("ndx_args_set_bool", || {
+        set_arg(args, name, || Ok(ArgValue::Bool(value)))
+    })
 }
 
 /// Sets string argument `name` (copied).
 #[unsafe(no_mangle)]
-pub extern "C" fn ndx_args_set_string(args: *mut ndx_args_t, name: *const c_char, value: *const c_char) -> *mut ndx_error_t {
+pub extern "C" fn ndx_args_set_string(
+    args: *mut ndx_args_t,
+    name: *const c_char,
+    value: *const c_char,
+) -> *mut ndx_error_t {
     boundary("ndx_args_set_string", || {
-        set_arg(args, name, || Ok(ArgValue::Str(crate::error::to_cstring(host_str(value, "value")?))))
+        set_arg(args, name, || {
+            Ok(ArgValue::Str(crate::error::to_cstring(host_str(
+                value, "value",
+            )?)))
+        })
     })
 }
 
@@ -500,7 +583,9 @@ pub extern "C" fn ndx_args_set_int_array(
     n: usize,
 ) -> *mut ndx_error_t {
     boundary("ndx_args_set_int_array", || {
-        set_arg(args, name, || Ok(ArgValue::Ints(slice_arg(values, n)?.to_vec())))
+        set_arg(args, name, || {
+            Ok(ArgValue::Ints(slice_arg(values, n)?.to_vec()))
+        })
     })
 }
 
@@ -513,17 +598,25 @@ pub extern "C" fn ndx_args_set_float_array(
     n: usize,
 ) -> *mut ndx_error_t {
     boundary("ndx_args_set_float_array", || {
-        set_arg(args, name, || Ok(ArgValue::Floats(slice_arg(values, n)?.to_vec())))
+        set_arg(args, name, || {
+            Ok(ArgValue::Floats(slice_arg(values, n)?.to_vec()))
+        })
     })
 }
 
 /// Sets dtype argument `name` (an `ndx_dtype_t`).
 #[unsafe(no_mangle)]
-pub extern "C" fn ndx_args_set_dtype(args: *mut ndx_args_t, name: *const c_char, dtype: i32) -> *mut ndx_error_t {
+pub extern "C" fn ndx_args_set_dtype(
+    args: *mut ndx_args_t,
+    name: *const c_char,
+    dtype: i32,
+) -> *mut ndx_error_t {
     boundary("ndx_args_set_dtype", || {
         set_arg(args, name, || {
             DType::from_raw(dtype).map(ArgValue::DType).ok_or_else(|| {
-                Error::value(format!("argument 'dtype' is {dtype}, not an ndx_dtype_t value (expected 1 to 13)"))
+                Error::value(format!(
+                    "argument 'dtype' is {dtype}, not an ndx_dtype_t value (expected 1 to 13)"
+                ))
             })
         })
     })
@@ -538,12 +631,20 @@ fn get_arg<'a>(args: *const ndx_args_t, name: *const c_char) -> Result<&'a ArgVa
 
 fn wrong_type(name: *const c_char, want: ArgType, got: &ArgValue) -> Error {
     let name = host_str(name, "name").unwrap_or_default();
-    Error::type_error(format!("argument '{name}' is a {}, not a {}", got.arg_type().name(), want.name()))
+    Error::type_error(format!(
+        "argument '{name}' is a {}, not a {}",
+        got.arg_type().name(),
+        want.name()
+    ))
 }
 
 /// Reads integer argument `name` (NDX_ERROR_VALUE when absent, TYPE when not an int).
 #[unsafe(no_mangle)]
-pub extern "C" fn ndx_args_get_int(args: *const ndx_args_t, name: *const c_char, out: *mut i64) -> *mut ndx_error_t {
+pub extern "C" fn ndx_args_get_int(
+    args: *const ndx_args_t,
+    name: *const c_char,
+    out: *mut i64,
+) -> *mut ndx_error_t {
     boundary_out("ndx_args_get_int", out, 0, || match get_arg(args, name)? {
         ArgValue::Int(v) => Ok(*v),
         v => Err(wrong_type(name, ArgType::Int, v)),
@@ -552,20 +653,32 @@ pub extern "C" fn ndx_args_get_int(args: *const ndx_args_t, name: *const c_char,
 
 /// Reads float argument `name` (an int converts).
 #[unsafe(no_mangle)]
-pub extern "C" fn ndx_args_get_float(args: *const ndx_args_t, name: *const c_char, out: *mut f64) -> *mut ndx_error_t {
-    boundary_out("ndx_args_get_float", out, 0.0, || match get_arg(args, name)? {
-        ArgValue::Float(v) => Ok(*v),
-        ArgValue::Int(v) => Ok(*v as f64),
-        v => Err(wrong_type(name, ArgType::Float, v)),
+pub extern "C" fn ndx_args_get_float(
+    args: *const ndx_args_t,
+    name: *const c_char,
+    out: *mut f64,
+) -> *mut ndx_error_t {
+    boundary_out("ndx_args_get_float", out, 0.0, || {
+        match get_arg(args, name)? {
+            ArgValue::Float(v) => Ok(*v),
+            ArgValue::Int(v) => Ok(*v as f64),
+            v => Err(wrong_type(name, ArgType::Float, v)),
+        }
     })
 }
 
 /// Reads boolean argument `name`.
 #[unsafe(no_mangle)]
-pub extern "C" fn ndx_args_get_bool(args: *const ndx_args_t, name: *const c_char, out: *mut bool) -> *mut ndx_error_t {
-    boundary_out("ndx_args_get_bool", out, false, || match get_arg(args, name)? {
-        ArgValue::Bool(v) => Ok(*v),
-        v => Err(wrong_type(name, ArgType::Bool, v)),
+pub extern "C" fn ndx_args_get_bool(
+    args: *const ndx_args_t,
+    name: *const c_char,
+    out: *mut bool,
+) -> *mut ndx_error_t {
+    boundary_out("ndx_args_get_bool", out, false, || {
+        match get_arg(args, name)? {
+            ArgValue::Bool(v) => Ok(*v),
+            v => Err(wrong_type(name, ArgType::Bool, v)),
+        }
     })
 }
 
@@ -576,18 +689,29 @@ pub extern "C" fn ndx_args_get_string(
     name: *const c_char,
     out: *mut *const c_char,
 ) -> *mut ndx_error_t {
-    boundary_out("ndx_args_get_string", out, std::ptr::null(), || match get_arg(args, name)? {
-        ArgValue::Str(s) => Ok(s.as_ptr()),
-        v => Err(wrong_type(name, ArgType::Str, v)),
-    })
+    boundary_out(
+        "ndx_args_get_string",
+        out,
+        std::ptr::null(),
+        || match get_arg(args, name)? {
+            ArgValue::Str(s) => Ok(s.as_ptr()),
+            v => Err(wrong_type(name, ArgType::Str, v)),
+        },
+    )
 }
 
 /// Reads dtype argument `name` (an `ndx_dtype_t`).
 #[unsafe(no_mangle)]
-pub extern "C" fn ndx_args_get_dtype(args: *const ndx_args_t, name: *const c_char, out: *mut i32) -> *mut ndx_error_t {
-    boundary_out("ndx_args_get_dtype", out, 0, || match get_arg(args, name)? {
-        ArgValue::DType(d) => Ok(*d as i32),
-        v => Err(wrong_type(name, ArgType::DType, v)),
+pub extern "C" fn ndx_args_get_dtype(
+    args: *const ndx_args_t,
+    name: *const c_char,
+    out: *mut i32,
+) -> *mut ndx_error_t {
+    boundary_out("ndx_args_get_dtype", out, 0, || {
+        match get_arg(args, name)? {
+            ArgValue::DType(d) => Ok(*d as i32),
+            v => Err(wrong_type(name, ArgType::DType, v)),
+        }
     })
 }
 
@@ -626,7 +750,9 @@ fn input_list(inputs: *const ndx_input_t, n: usize) -> Result<Vec<Input>> {
         return Ok(Vec::new());
     }
     if inputs.is_null() {
-        return Err(Error::value(format!("argument 'inputs' is NULL but n_inputs is {n}")));
+        return Err(Error::value(format!(
+            "argument 'inputs' is NULL but n_inputs is {n}"
+        )));
     }
     // SAFETY: non-NULL; the caller promises `n` entries.
     let entries = unsafe { std::slice::from_raw_parts(inputs, n) };
@@ -636,7 +762,9 @@ fn input_list(inputs: *const ndx_input_t, n: usize) -> Result<Vec<Input>> {
         .map(|(i, e)| match (e.tensor.is_null(), e.batch.is_null()) {
             (false, true) => Ok(Input::Tensor(clone_arc(e.tensor, "inputs[].tensor")?)),
             (true, false) => Ok(Input::Batch(clone_arc(e.batch, "inputs[].batch")?)),
-            (true, true) => Err(Error::value(format!("inputs[{i}] has neither a tensor nor a batch"))),
+            (true, true) => Err(Error::value(format!(
+                "inputs[{i}] has neither a tensor nor a batch"
+            ))),
             (false, false) => Err(Error::value(format!(
                 "inputs[{i}] has both a tensor and a batch; set exactly one"
             ))),
@@ -650,7 +778,11 @@ fn location(loc: &ndx_location_t) -> Option<Frame> {
     }
     let text = |p: *const c_char| {
         // SAFETY: non-NULL C strings from the caller, copied now.
-        (!p.is_null()).then(|| unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy().into_owned())
+        (!p.is_null()).then(|| {
+            unsafe { std::ffi::CStr::from_ptr(p) }
+                .to_string_lossy()
+                .into_owned()
+        })
     };
     Some(Frame::new(
         text(loc.function).as_deref(),
@@ -689,7 +821,11 @@ pub extern "C" fn ndx_invoke(
         let ctx = clone_arc(ctx, "ctx")?;
         let op = host_str(op, "op")?;
         let inputs = input_list(inputs, n_inputs)?;
-        let args = if args.is_null() { Args::new() } else { args_ref(args)?.clone() };
+        let args = if args.is_null() {
+            Args::new()
+        } else {
+            args_ref(args)?.clone()
+        };
         let mut call = CallSite {
             location: None,
             caller_ip,
@@ -697,7 +833,11 @@ pub extern "C" fn ndx_invoke(
         let mut mode = None;
         if !opts.is_null() {
             // SAFETY: non-NULL; struct_size is read first.
-            size_check(unsafe { (*opts).struct_size }, std::mem::size_of::<ndx_invoke_options_t>(), "opts")?;
+            size_check(
+                unsafe { (*opts).struct_size },
+                std::mem::size_of::<ndx_invoke_options_t>(),
+                "opts",
+            )?;
             // SAFETY: at least as large as ours.
             let o = unsafe { &*opts };
             call.location = location(&o.location);
@@ -737,7 +877,10 @@ pub extern "C" fn ndx_future_poll(future: *const ndx_future_t) -> i32 {
 /// DEFERRED work is submitted first. Waiting from inside a callback or host operator
 /// returns NDX_ERROR_RUNTIME instead of deadlocking. Thread-safe.
 #[unsafe(no_mangle)]
-pub extern "C" fn ndx_future_wait(future: *const ndx_future_t, timeout_ns: i64) -> *mut ndx_error_t {
+pub extern "C" fn ndx_future_wait(
+    future: *const ndx_future_t,
+    timeout_ns: i64,
+) -> *mut ndx_error_t {
     boundary("ndx_future_wait", || {
         let node = clone_arc(future, "future")?;
         let timeout = (timeout_ns >= 0).then(|| Duration::from_nanos(timeout_ns as u64));
@@ -753,21 +896,28 @@ pub extern "C" fn ndx_future_wait(future: *const ndx_future_t, timeout_ns: i64) 
 /// Thread-safe.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_future_error(future: *const ndx_future_t) -> *mut ndx_error_t {
-    boundary_value("ndx_future_error", |e| error_into_raw(e), || {
-        match borrow(future, "future") {
+    boundary_value(
+        "ndx_future_error",
+        |e| error_into_raw(e),
+        || match borrow(future, "future") {
             Ok(node) => match node.result() {
                 Some(Err(e)) => error_into_raw(e.clone()),
                 _ => std::ptr::null_mut(),
             },
             Err(e) => error_into_raw(e),
-        }
-    })
+        },
+    )
 }
 
 /// The number of outputs of the invocation.
 #[unsafe(no_mangle)]
-pub extern "C" fn ndx_future_output_count(future: *const ndx_future_t, out: *mut usize) -> *mut ndx_error_t {
-    boundary_out("ndx_future_output_count", out, 0, || Ok(borrow(future, "future")?.out_meta().len()))
+pub extern "C" fn ndx_future_output_count(
+    future: *const ndx_future_t,
+    out: *mut usize,
+) -> *mut ndx_error_t {
+    boundary_out("ndx_future_output_count", out, 0, || {
+        Ok(borrow(future, "future")?.out_meta().len())
+    })
 }
 
 /// Output `index` as a new tensor reference, usable at once as an input of further
@@ -812,7 +962,10 @@ pub extern "C" fn ndx_future_on_ready(
     user: *mut c_void,
     user_free: ndx_user_free_t,
 ) -> *mut ndx_error_t {
-    let data = UserData { user, free: user_free };
+    let data = UserData {
+        user,
+        free: user_free,
+    };
     boundary("ndx_future_on_ready", || {
         let node = clone_arc(future, "future")?;
         let cb = callback.ok_or_else(|| Error::value("argument 'callback' is NULL"))?;
@@ -830,7 +983,10 @@ pub extern "C" fn ndx_future_on_ready(
 /// (and invocations that use its outputs fail with it as their cause).
 /// `*cancelled` says whether it was cancelled (false when running or done).
 #[unsafe(no_mangle)]
-pub extern "C" fn ndx_future_cancel(future: *const ndx_future_t, cancelled: *mut bool) -> *mut ndx_error_t {
+pub extern "C" fn ndx_future_cancel(
+    future: *const ndx_future_t,
+    cancelled: *mut bool,
+) -> *mut ndx_error_t {
     boundary_out("ndx_future_cancel", cancelled, false, || {
         Ok(clone_arc(future, "future")?.cancel("ndx_future_cancel was called"))
     })
@@ -866,9 +1022,16 @@ struct CKernel {
 }
 
 impl HostKernel for CKernel {
-    fn run(&self, inputs: &[Arc<Tensor>], args: &Args, n_outputs: usize) -> Result<Vec<Arc<Tensor>>> {
-        let handles: Vec<*mut ndx_tensor_t> =
-            inputs.iter().map(|t| into_handle(Arc::new(TensorRef::ready(t.clone())))).collect();
+    fn run(
+        &self,
+        inputs: &[Arc<Tensor>],
+        args: &Args,
+        n_outputs: usize,
+    ) -> Result<Vec<Arc<Tensor>>> {
+        let handles: Vec<*mut ndx_tensor_t> = inputs
+            .iter()
+            .map(|t| into_handle(Arc::new(TensorRef::ready(t.clone()))))
+            .collect();
         let mut outputs: Vec<*mut ndx_tensor_t> = vec![std::ptr::null_mut(); n_outputs];
         let args_ptr = (args as *const Args).cast::<ndx_args_t>();
         // SAFETY: the embedder's kernel with borrowed inputs and writable output slots.
@@ -887,10 +1050,12 @@ impl HostKernel for CKernel {
         }
         let taken: Vec<Option<Arc<TensorRef>>> = outputs
             .iter()
-            .map(|&p| (!p.is_null()).then(|| {
-                // SAFETY: a new reference the kernel handed over.
-                unsafe { Arc::from_raw(p.cast_const().cast::<TensorRef>()) }
-            }))
+            .map(|&p| {
+                (!p.is_null()).then(|| {
+                    // SAFETY: a new reference the kernel handed over.
+                    unsafe { Arc::from_raw(p.cast_const().cast::<TensorRef>()) }
+                })
+            })
             .collect();
         if !err.is_null() {
             // SAFETY: an owned error the kernel returned.
@@ -903,7 +1068,10 @@ impl HostKernel for CKernel {
                 let t = t.ok_or_else(|| {
                     Error::new(
                         crate::error::ErrorKind::Backend,
-                        format!("host operator '{}' returned no error but left outputs[{i}] NULL", self.name),
+                        format!(
+                            "host operator '{}' returned no error but left outputs[{i}] NULL",
+                            self.name
+                        ),
                     )
                 })?;
                 t.resolve().cloned()
@@ -926,7 +1094,10 @@ pub extern "C" fn ndx_register_op(
     user: *mut c_void,
     user_free: ndx_user_free_t,
 ) -> *mut ndx_error_t {
-    let data = UserData { user, free: user_free };
+    let data = UserData {
+        user,
+        free: user_free,
+    };
     boundary("ndx_register_op", || {
         let ctx = borrow(ctx, "ctx")?;
         let name = host_str(name, "name")?;
@@ -935,11 +1106,17 @@ pub extern "C" fn ndx_register_op(
             return Err(Error::value("argument 'schema' is NULL"));
         }
         // SAFETY: non-NULL; struct_size is read first.
-        size_check(unsafe { (*schema).struct_size }, std::mem::size_of::<ndx_op_schema_t>(), "schema")?;
+        size_check(
+            unsafe { (*schema).struct_size },
+            std::mem::size_of::<ndx_op_schema_t>(),
+            "schema",
+        )?;
         // SAFETY: at least as large as ours.
         let s = unsafe { &*schema };
         if s.n_outputs == 0 {
-            return Err(Error::value("schema->n_outputs is 0: an operator needs at least one output"));
+            return Err(Error::value(
+                "schema->n_outputs is 0: an operator needs at least one output",
+            ));
         }
         let names = slice_arg(s.arg_names, s.n_args)?;
         let types = slice_arg(s.arg_types, s.n_args)?;
@@ -951,7 +1128,9 @@ pub extern "C" fn ndx_register_op(
                 Ok(crate::ops::ArgSpec {
                     name: host_str(n, "schema->arg_names[]")?,
                     ty: ArgType::from_raw(t).ok_or_else(|| {
-                        Error::value(format!("schema->arg_types[{i}] is {t}, not an ndx_arg_type_t value"))
+                        Error::value(format!(
+                            "schema->arg_types[{i}] is {t}, not an ndx_arg_type_t value"
+                        ))
                     })?,
                     required: false,
                 })

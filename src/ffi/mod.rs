@@ -78,8 +78,7 @@ pub(crate) fn boundary(name: &'static str, f: impl FnOnce() -> Result<()>) -> *m
     })
 }
 
-/// Like [`boundary`] for an entry point with one out-param: checks `out`, sets it to
-/// `empty` first (so it is never half-filled on error), then to `f`'s value.
+/// Like [`boundary`] for an entry point with one out-param (see [`out_param`]).
 #[inline(always)]
 pub(crate) fn boundary_out<T>(
     name: &'static str,
@@ -87,18 +86,31 @@ pub(crate) fn boundary_out<T>(
     empty: T,
     f: impl FnOnce() -> Result<T>,
 ) -> *mut ndx_error_t {
-    boundary(name, || {
-        if out.is_null() {
-            return Err(Error::value("argument 'out' is NULL"));
-        }
-        // SAFETY: `out` is non-NULL and, per the API contract, points to writable
-        // storage for one value.
+    boundary(name, || out_param(out, empty, f))
+}
+
+/// Sets a non-NULL out-param to `empty`, for entry points that may fail before
+/// [`out_param`] runs.
+pub(crate) fn clear_out<T>(out: *mut T, empty: T) {
+    if !out.is_null() {
+        // SAFETY: non-NULL out-params point to writable storage (API contract).
         unsafe { out.write(empty) };
-        let value = f()?;
-        // SAFETY: as above.
-        unsafe { out.write(value) };
-        Ok(())
-    })
+    }
+}
+
+/// Checks `out`, sets it to `empty` first (so it is never half-filled on error), then
+/// to `f`'s value.
+pub(crate) fn out_param<T>(out: *mut T, empty: T, f: impl FnOnce() -> Result<T>) -> Result<()> {
+    if out.is_null() {
+        return Err(Error::value("argument 'out' is NULL"));
+    }
+    // SAFETY: `out` is non-NULL and, per the API contract, points to writable storage
+    // for one value.
+    unsafe { out.write(empty) };
+    let value = f()?;
+    // SAFETY: as above.
+    unsafe { out.write(value) };
+    Ok(())
 }
 
 /// The return address of the entry point this is inlined into: the instruction after
@@ -129,7 +141,10 @@ pub(crate) fn caller_return_address() -> Option<usize> {
         }
         Some(ra)
     }
-    #[cfg(not(all(ndx_frame_pointers, any(target_arch = "x86_64", target_arch = "aarch64"))))]
+    #[cfg(not(all(
+        ndx_frame_pointers,
+        any(target_arch = "x86_64", target_arch = "aarch64")
+    )))]
     {
         None
     }

@@ -12,7 +12,8 @@ use dlpark::ffi::{DLDevice, DLManagedTensor, DLManagedTensorVersioned};
 
 use super::handle::{borrow, clone_arc, into_handle, release};
 use super::{
-    boundary, boundary_out, boundary_value, host_str, ndx_batch_t, ndx_error_t, ndx_tensor_t,
+    boundary, boundary_out, boundary_value, clear_out, host_str, ndx_batch_t, ndx_error_t,
+    ndx_tensor_t, out_param,
 };
 use crate::error::{Error, Result};
 use crate::exec::{BatchRef, TensorRef};
@@ -160,17 +161,18 @@ pub extern "C" fn ndx_tensor_from_dlpack_versioned(
     opts: *const ndx_import_options_t,
     out: *mut *mut ndx_tensor_t,
 ) -> *mut ndx_error_t {
-    boundary_out(
-        "ndx_tensor_from_dlpack_versioned",
-        out,
-        std::ptr::null_mut(),
-        || {
+    boundary("ndx_tensor_from_dlpack_versioned", || {
+        clear_out(out, std::ptr::null_mut());
+        // SAFETY: the caller passes NULL or a valid producer tensor it owns; an
+        // unknown major version is released before anything else is checked.
+        unsafe { dlpack::release_if_unknown_version(tensor) }?;
+        out_param(out, std::ptr::null_mut(), || {
             let opts = import_options(opts)?;
             // SAFETY: the caller passes NULL or a valid producer tensor it owns.
             let t = unsafe { dlpack::import_versioned(tensor, &opts) }?;
             Ok(into_handle(Arc::new(TensorRef::ready(Arc::new(t)))))
-        },
-    )
+        })
+    })
 }
 
 /// Imports a legacy DLPack tensor without copying. On success ndx owns `tensor` and
@@ -206,17 +208,18 @@ pub extern "C" fn ndx_batch_from_dlpack_versioned(
     opts: *const ndx_import_options_t,
     out: *mut *mut ndx_batch_t,
 ) -> *mut ndx_error_t {
-    boundary_out(
-        "ndx_batch_from_dlpack_versioned",
-        out,
-        std::ptr::null_mut(),
-        || {
+    boundary("ndx_batch_from_dlpack_versioned", || {
+        clear_out(out, std::ptr::null_mut());
+        // SAFETY: the caller passes `n` entries, each NULL or a producer tensor it
+        // owns; unknown major versions are released before anything else is checked.
+        unsafe { dlpack::release_unknown_versions(tensors, n) }?;
+        out_param(out, std::ptr::null_mut(), || {
             let opts = import_options(opts)?;
             // SAFETY: the caller passes `n` entries, each NULL or a producer tensor it owns.
             let b = unsafe { dlpack::import_batch_versioned(tensors, n, &opts) }?;
             Ok(into_handle(Arc::new(BatchRef::ready(Arc::new(b)))))
-        },
-    )
+        })
+    })
 }
 
 /// Imports `n >= 1` legacy DLPack tensors as one batch, without copying. Validation
@@ -369,7 +372,11 @@ pub extern "C" fn ndx_tensor_to_dlpack_versioned(
         "ndx_tensor_to_dlpack_versioned",
         out,
         std::ptr::null_mut(),
-        || Ok(dlpack::export_versioned(borrow(tensor, "tensor")?.resolve()?.clone())),
+        || {
+            Ok(dlpack::export_versioned(
+                borrow(tensor, "tensor")?.resolve()?.clone(),
+            ))
+        },
     )
 }
 
@@ -530,9 +537,7 @@ pub extern "C" fn ndx_batch_release(batch: *const ndx_batch_t) {
 /// The number of samples (at least 1).
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_batch_size(batch: *const ndx_batch_t, out: *mut usize) -> *mut ndx_error_t {
-    boundary_out("ndx_batch_size", out, 0, || {
-        borrow(batch, "batch")?.len()
-    })
+    boundary_out("ndx_batch_size", out, 0, || borrow(batch, "batch")?.len())
 }
 
 /// Sample `index` as a new tensor reference (release it). NDX_ERROR_INDEX when

@@ -187,9 +187,15 @@ fn typed<T: Elem>(t: &Tensor) -> Result<Cow<'_, [T]>> {
 }
 
 /// A new compact tensor of `T` filled by `fill`.
-fn make<T: Elem>(shape: &[i64], layout: &str, fill: impl FnOnce(&mut [T]) -> Result<()>) -> Result<Tensor> {
+fn make<T: Elem>(
+    shape: &[i64],
+    layout: &str,
+    fill: impl FnOnce(&mut [T]) -> Result<()>,
+) -> Result<Tensor> {
     let layout = std::ffi::CString::new(layout).unwrap_or_default();
-    Tensor::new_host(T::DTYPE, shape, layout, |bytes| fill(bytemuck::cast_slice_mut(bytes)))
+    Tensor::new_host(T::DTYPE, shape, layout, |bytes| {
+        fill(bytemuck::cast_slice_mut(bytes))
+    })
 }
 
 /// NumPy broadcasting of two shapes.
@@ -197,8 +203,16 @@ pub fn broadcast_shapes(a: &[i64], b: &[i64]) -> Result<Vec<i64>> {
     let n = a.len().max(b.len());
     let mut out = vec![0i64; n];
     for i in 0..n {
-        let da = if i + a.len() >= n { a[i + a.len() - n] } else { 1 };
-        let db = if i + b.len() >= n { b[i + b.len() - n] } else { 1 };
+        let da = if i + a.len() >= n {
+            a[i + a.len() - n]
+        } else {
+            1
+        };
+        let db = if i + b.len() >= n {
+            b[i + b.len() - n]
+        } else {
+            1
+        };
         out[i] = match (da, db) {
             (x, y) if x == y => x,
             (1, y) => y,
@@ -246,7 +260,10 @@ pub fn binary<T: Elem>(
             }
             return Ok(());
         }
-        let (sa, sb) = (broadcast_strides(a.shape(), &shape), broadcast_strides(b.shape(), &shape));
+        let (sa, sb) = (
+            broadcast_strides(a.shape(), &shape),
+            broadcast_strides(b.shape(), &shape),
+        );
         let mut index = vec![0i64; shape.len()];
         let (mut ia, mut ib) = (0usize, 0usize);
         for (i, o) in out.iter_mut().enumerate() {
@@ -322,11 +339,16 @@ pub fn normalize_axes(axes: Option<&[i64]>, ndim: usize) -> Result<Vec<usize>> {
     for &a in axes {
         let n = ndim as i64;
         if a < -n || a >= n {
-            return Err(Error::index(format!("axis {a} is out of range for a tensor of ndim {ndim}")));
+            return Err(Error::index(format!(
+                "axis {a} is out of range for a tensor of ndim {ndim}"
+            )));
         }
         let a = if a < 0 { a + n } else { a } as usize;
         if out.contains(&a) {
-            return Err(Error::value(format!("axis {a} is repeated in axes {}", dims(axes))));
+            return Err(Error::value(format!(
+                "axis {a} is repeated in axes {}",
+                dims(axes)
+            )));
         }
         out.push(a);
     }
@@ -350,10 +372,13 @@ pub fn reduced_shape(shape: &[i64], axes: &[usize], keepdims: bool) -> Vec<i64> 
 /// Sums `t` over `axes`.
 pub fn sum(t: &Tensor, axes: &[usize], keepdims: bool) -> Result<Tensor> {
     let out_shape = reduced_shape(t.shape(), axes, keepdims);
-    let src = cast(t, match t.dtype() {
-        DType::Bool => DType::I64,
-        d => d,
-    })?;
+    let src = cast(
+        t,
+        match t.dtype() {
+            DType::Bool => DType::I64,
+            d => d,
+        },
+    )?;
     with_elem!(src.dtype(), S => sum_typed::<S>(&src, axes, &out_shape), bool => unreachable!("cast above"))
 }
 
@@ -370,10 +395,16 @@ fn sum_typed<S: Elem>(t: &Tensor, axes: &[usize], out_shape: &[i64]) -> Result<T
     }
     let n_out = acc;
     let dtype = sum_dtype(S::DTYPE);
-    let layout = if out_shape.len() == shape.len() { t.layout() } else { "" };
+    let layout = if out_shape.len() == shape.len() {
+        t.layout()
+    } else {
+        ""
+    };
     if S::INT {
         let mut accs = vec![0i128; n_out];
-        for_each_offset(shape, &out_strides, src.len(), |i, o| accs[o] = accs[o].wrapping_add(src[i].to_i128()));
+        for_each_offset(shape, &out_strides, src.len(), |i, o| {
+            accs[o] = accs[o].wrapping_add(src[i].to_i128())
+        });
         with_elem!(dtype, D => make::<D>(out_shape, layout, |out| {
             for (o, a) in out.iter_mut().zip(accs) {
                 *o = D::from_i128(a);
@@ -382,7 +413,9 @@ fn sum_typed<S: Elem>(t: &Tensor, axes: &[usize], out_shape: &[i64]) -> Result<T
         }), bool => unreachable!("sum never yields bool"))
     } else {
         let mut accs = vec![0f64; n_out];
-        for_each_offset(shape, &out_strides, src.len(), |i, o| accs[o] += src[i].to_f64());
+        for_each_offset(shape, &out_strides, src.len(), |i, o| {
+            accs[o] += src[i].to_f64()
+        });
         make::<S>(out_shape, layout, |out| {
             for (o, a) in out.iter_mut().zip(accs) {
                 *o = S::from_f64(a);
@@ -393,7 +426,12 @@ fn sum_typed<S: Elem>(t: &Tensor, axes: &[usize], out_shape: &[i64]) -> Result<T
 }
 
 /// Calls `f(input_index, output_offset)` for every element of a compact `shape`.
-fn for_each_offset(shape: &[i64], out_strides: &[usize], n: usize, mut f: impl FnMut(usize, usize)) {
+fn for_each_offset(
+    shape: &[i64],
+    out_strides: &[usize],
+    n: usize,
+    mut f: impl FnMut(usize, usize),
+) {
     let mut index = vec![0i64; shape.len()];
     let mut o = 0usize;
     for i in 0..n {
@@ -460,7 +498,11 @@ mod tests {
     fn broadcasting_follows_numpy() {
         assert_eq!(broadcast_shapes(&[2, 1, 3], &[4, 1]).unwrap(), [2, 4, 3]);
         let e = broadcast_shapes(&[2, 3], &[4]).unwrap_err();
-        assert!(e.message().contains("shapes [2, 3] and [4] cannot be broadcast"), "{e}");
+        assert!(
+            e.message()
+                .contains("shapes [2, 3] and [4] cannot be broadcast"),
+            "{e}"
+        );
         let a = t::<i32>(&[1, 2, 3, 4, 5, 6], &[2, 3]);
         let b = t::<i32>(&[10, 20, 30], &[3]);
         let c = binary::<i32>(&a, &b, "", |x, y| Some(x.add(y)), |_| unreachable!()).unwrap();
@@ -473,7 +515,10 @@ mod tests {
     #[test]
     fn casts_wrap_saturate_and_round() {
         let f = t::<f32>(&[1.7, -1.7, f32::NAN, 1e10, -0.0], &[5]);
-        assert_eq!(vals::<i32>(&cast(&f, DType::I32).unwrap()), [1, -1, 0, i32::MAX, 0]);
+        assert_eq!(
+            vals::<i32>(&cast(&f, DType::I32).unwrap()),
+            [1, -1, 0, i32::MAX, 0]
+        );
         let i = t::<i32>(&[300, -1], &[2]);
         assert_eq!(vals::<u8>(&cast(&i, DType::U8).unwrap()), [44, 255]);
         let b = cast(&i, DType::Bool).unwrap();
@@ -487,13 +532,24 @@ mod tests {
     fn sum_over_axes_with_keepdims() {
         let a = t::<i32>(&[1, 2, 3, 4, 5, 6], &[2, 3]);
         let all = sum(&a, &[0, 1], false).unwrap();
-        assert_eq!((all.dtype(), all.shape().to_vec(), vals::<i64>(&all)), (DType::I64, vec![], vec![21]));
+        assert_eq!(
+            (all.dtype(), all.shape().to_vec(), vals::<i64>(&all)),
+            (DType::I64, vec![], vec![21])
+        );
         let rows = sum(&a, &[1], true).unwrap();
-        assert_eq!((rows.shape().to_vec(), vals::<i64>(&rows)), (vec![2, 1], vec![6, 15]));
+        assert_eq!(
+            (rows.shape().to_vec(), vals::<i64>(&rows)),
+            (vec![2, 1], vec![6, 15])
+        );
         let cols = sum(&a, &[0], false).unwrap();
         assert_eq!(vals::<i64>(&cols), [5, 7, 9]);
         let f = sum(&t::<f32>(&[0.5, 0.25], &[2]), &[0], false).unwrap();
         assert_eq!(vals::<f32>(&f), [0.75]);
-        assert!(normalize_axes(Some(&[2]), 2).unwrap_err().message().contains("axis 2 is out of range"));
+        assert!(
+            normalize_axes(Some(&[2]), 2)
+                .unwrap_err()
+                .message()
+                .contains("axis 2 is out of range")
+        );
     }
 }

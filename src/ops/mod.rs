@@ -42,7 +42,12 @@ pub type KernelFn = fn(&[&Tensor], &Args) -> Result<Vec<Tensor>>;
 /// A kernel implemented by the host (a C callback).
 pub trait HostKernel: Send + Sync {
     /// Runs the callback on `inputs`; returns exactly `n_outputs` tensors.
-    fn run(&self, inputs: &[Arc<Tensor>], args: &Args, n_outputs: usize) -> Result<Vec<Arc<Tensor>>>;
+    fn run(
+        &self,
+        inputs: &[Arc<Tensor>],
+        args: &Args,
+        n_outputs: usize,
+    ) -> Result<Vec<Arc<Tensor>>>;
 }
 
 /// How an operator computes.
@@ -92,7 +97,11 @@ impl OpDef {
                 return Err(Error::value(format!(
                     "operator '{}' has no argument '{name}' (it takes: {})",
                     self.name,
-                    if known.is_empty() { "none".to_string() } else { known.join(", ") }
+                    if known.is_empty() {
+                        "none".to_string()
+                    } else {
+                        known.join(", ")
+                    }
                 )));
             };
             let ok = value.arg_type() == spec.ty
@@ -142,11 +151,17 @@ impl Registry {
     /// Registers a host operator; its name must not be taken.
     pub fn register(&self, op: OpDef) -> Result<()> {
         if builtin(&op.name).is_some() {
-            return Err(Error::value(format!("operator '{}' is a built-in and cannot be replaced", op.name)));
+            return Err(Error::value(format!(
+                "operator '{}' is a built-in and cannot be replaced",
+                op.name
+            )));
         }
         let mut ops = self.ops.write();
         if ops.contains_key(&op.name) {
-            return Err(Error::value(format!("operator '{}' is already registered in this context", op.name)));
+            return Err(Error::value(format!(
+                "operator '{}' is already registered in this context",
+                op.name
+            )));
         }
         ops.insert(op.name.clone(), Arc::new(op));
         Ok(())
@@ -190,12 +205,17 @@ pub fn builtin(name: &str) -> Option<Arc<OpDef>> {
                     name: "sum".into(),
                     n_inputs: 1,
                     n_outputs: 1,
-                    args: vec![arg("axes", ArgType::Ints, false), arg("keepdims", ArgType::Bool, false)],
+                    args: vec![
+                        arg("axes", ArgType::Ints, false),
+                        arg("keepdims", ArgType::Bool, false),
+                    ],
                     infer: Some(infer_sum),
                     kernel: Kernel::Builtin(kernel_sum),
                 },
             ];
-            ops.into_iter().map(|op| (op.name.clone(), Arc::new(op))).collect()
+            ops.into_iter()
+                .map(|op| (op.name.clone(), Arc::new(op)))
+                .collect()
         })
         .get(name)
         .cloned()
@@ -211,7 +231,9 @@ fn infer_binary(inputs: &[&TMeta], _args: &Args) -> Result<Vec<TMeta>> {
         )));
     }
     if a.dtype == DType::Bool {
-        return Err(Error::type_error("bool inputs are not supported by arithmetic operators"));
+        return Err(Error::type_error(
+            "bool inputs are not supported by arithmetic operators",
+        ));
     }
     let shape = kernels::broadcast_shapes(&a.shape, &b.shape)?;
     let layout = [a, b]
@@ -227,7 +249,9 @@ fn infer_binary(inputs: &[&TMeta], _args: &Args) -> Result<Vec<TMeta>> {
 
 fn binary_kernel(inputs: &[&Tensor], op: &'static str) -> Result<Vec<Tensor>> {
     let (a, b) = (inputs[0], inputs[1]);
-    let layout = infer_binary(&[&TMeta::of(a), &TMeta::of(b)], &Args::new())?.remove(0).layout;
+    let layout = infer_binary(&[&TMeta::of(a), &TMeta::of(b)], &Args::new())?
+        .remove(0)
+        .layout;
     let out = kernels::with_elem!(a.dtype(), T => {
         use kernels::Elem;
         let f = match op {
@@ -253,7 +277,9 @@ fn kernel_div(inputs: &[&Tensor], _args: &Args) -> Result<Vec<Tensor>> {
 }
 
 fn infer_cast(inputs: &[&TMeta], args: &Args) -> Result<Vec<TMeta>> {
-    let dtype = args.dtype("dtype")?.ok_or_else(|| Error::value("cast needs argument 'dtype'"))?;
+    let dtype = args
+        .dtype("dtype")?
+        .ok_or_else(|| Error::value("cast needs argument 'dtype'"))?;
     Ok(vec![TMeta {
         dtype,
         ..inputs[0].clone()
@@ -261,7 +287,9 @@ fn infer_cast(inputs: &[&TMeta], args: &Args) -> Result<Vec<TMeta>> {
 }
 
 fn kernel_cast(inputs: &[&Tensor], args: &Args) -> Result<Vec<Tensor>> {
-    let dtype = args.dtype("dtype")?.ok_or_else(|| Error::value("cast needs argument 'dtype'"))?;
+    let dtype = args
+        .dtype("dtype")?
+        .ok_or_else(|| Error::value("cast needs argument 'dtype'"))?;
     Ok(vec![kernels::cast(inputs[0], dtype)?])
 }
 
@@ -275,7 +303,11 @@ fn infer_sum(inputs: &[&TMeta], args: &Args) -> Result<Vec<TMeta>> {
     let m = inputs[0];
     let (axes, keepdims) = sum_axes(&m.shape, args)?;
     let shape = kernels::reduced_shape(&m.shape, &axes, keepdims);
-    let layout = if keepdims { m.layout.clone() } else { String::new() };
+    let layout = if keepdims {
+        m.layout.clone()
+    } else {
+        String::new()
+    };
     Ok(vec![TMeta {
         dtype: kernels::sum_dtype(m.dtype),
         shape,

@@ -104,16 +104,16 @@ fn unknown_major(version: DLPackVersion) -> bool {
     version.major != DLPACK_MAJOR_VERSION
 }
 
-/// Imports one versioned tensor.
+/// Releases `managed` through its deleter and fails when its DLPack major version is
+/// not one this build reads, as the DLPack specification requires. Entry points call
+/// this before checking anything else, so such a tensor is released whatever else is
+/// wrong with the call. NULL passes.
 ///
 /// # Safety
 /// `managed` must be NULL or a valid producer tensor the caller owns.
-pub unsafe fn import_versioned(
-    managed: *mut DLManagedTensorVersioned,
-    opts: &ImportOptions,
-) -> Result<Tensor> {
+pub unsafe fn release_if_unknown_version(managed: *mut DLManagedTensorVersioned) -> Result<()> {
     if managed.is_null() {
-        return Err(Error::value("argument 'tensor' is NULL"));
+        return Ok(());
     }
     // SAFETY: non-NULL and owned by the caller; the version field is readable in
     // every major version.
@@ -126,6 +126,22 @@ pub unsafe fn import_versioned(
             version.major
         )));
     }
+    Ok(())
+}
+
+/// Imports one versioned tensor.
+///
+/// # Safety
+/// `managed` must be NULL or a valid producer tensor the caller owns.
+pub unsafe fn import_versioned(
+    managed: *mut DLManagedTensorVersioned,
+    opts: &ImportOptions,
+) -> Result<Tensor> {
+    if managed.is_null() {
+        return Err(Error::value("argument 'tensor' is NULL"));
+    }
+    // SAFETY: as the caller promises.
+    unsafe { release_if_unknown_version(managed) }?;
     // SAFETY: a known version, so the layout is ours; the caller owns it.
     let m = unsafe { &*managed };
     // SAFETY: shape/strides per the producer's contract.
@@ -220,20 +236,23 @@ impl Error {
     }
 }
 
-/// Imports `n` versioned tensors as one batch.
+/// Releases every sample whose DLPack major version this build does not read (the
+/// specification requires it) and fails naming them; every other sample stays with
+/// the caller. Entry points call this before checking anything else. A NULL array or
+/// `n == 0` passes (the import reports those).
 ///
 /// # Safety
 /// `tensors` must be NULL or point to `n` entries, each NULL or a valid producer
 /// tensor the caller owns.
-pub unsafe fn import_batch_versioned(
+pub unsafe fn release_unknown_versions(
     tensors: *const *mut DLManagedTensorVersioned,
     n: usize,
-    opts: &ImportOptions,
-) -> Result<Batch> {
-    check_bulk_args(tensors, n)?;
+) -> Result<()> {
+    if tensors.is_null() || n == 0 {
+        return Ok(());
+    }
     // SAFETY: the caller promises `n` entries.
     let ptrs = unsafe { std::slice::from_raw_parts(tensors, n) };
-    // Pass 1: versions. Unknown major versions are released, as the spec requires.
     let mut unknown = Vec::new();
     for (i, &p) in ptrs.iter().enumerate() {
         // SAFETY: non-NULL entries are valid producer tensors; version is readable.
@@ -256,6 +275,24 @@ pub unsafe fn import_batch_versioned(
             list.join(", ")
         )));
     }
+    Ok(())
+}
+
+/// Imports `n` versioned tensors as one batch.
+///
+/// # Safety
+/// As for [`release_unknown_versions`].
+pub unsafe fn import_batch_versioned(
+    tensors: *const *mut DLManagedTensorVersioned,
+    n: usize,
+    opts: &ImportOptions,
+) -> Result<Batch> {
+    check_bulk_args(tensors, n)?;
+    // Pass 1: versions (released as the spec requires).
+    // SAFETY: as the caller promises.
+    unsafe { release_unknown_versions(tensors, n) }?;
+    // SAFETY: the caller promises `n` entries.
+    let ptrs = unsafe { std::slice::from_raw_parts(tensors, n) };
     // Pass 2: every sample's metadata, then their agreement.
     let mut metas = Vec::with_capacity(n);
     for (i, &p) in ptrs.iter().enumerate() {

@@ -365,7 +365,9 @@ impl Tensor {
         if self.is_compact() && self.nbytes() > 0 {
             if let Some(span) = self.storage.host_bytes() {
                 let start = (self.byte_offset as isize - self.storage.span_start()) as usize;
-                return Ok(std::borrow::Cow::Borrowed(&span[start..start + self.nbytes()]));
+                return Ok(std::borrow::Cow::Borrowed(
+                    &span[start..start + self.nbytes()],
+                ));
             }
         }
         self.to_bytes().map(std::borrow::Cow::Owned)

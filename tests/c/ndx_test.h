@@ -1,0 +1,357 @@
+/* ndx_test.h - a tiny shared harness for the C tests of ndx.
+ *
+ *   CHECK(cond, fmt, ...)       counts a pass or a failure; a failure prints file:line,
+ *                               the condition and the formatted message. Evaluates to
+ *                               1 when cond holds, so `if (CHECK(...))` guards follow-ups.
+ *   CHECK_OK(expr)              expr is an ndx call returning ndx_error_t*: passes when
+ *                               it is NULL, otherwise prints the traceback and frees it.
+ *   expect_error(e, kind, frag) passes when e is an error of `kind` whose message
+ *                               contains `frag` (frag may be NULL); always frees e.
+ *   CHECK_STR_EQ / CHECK_CONTAINS / CHECK_ENDS_WITH  string checks (NULL-safe).
+ *   NDX_TEST_SUMMARY(name)      prints "name: P passed, F failed", yields main's status.
+ *
+ * DLPack producer: ndx_test_versioned() / ndx_test_legacy() build a heap-allocated
+ * managed tensor that owns malloc'd shape, strides and data. Its deleter frees all of
+ * them (whatever the test has since pointed the DLTensor fields at) and increments the
+ * int counter stored in manager_ctx, so a test can assert that the deleter ran exactly
+ * 0 or 1 times. A test that keeps ownership (an import that failed) releases the tensor
+ * itself with ndx_test_drop_versioned() / ndx_test_drop_legacy().
+ *
+ * Everything is static (functions static inline), so each test is one translation unit
+ * and no unused-function warning fires under -Wall -Wextra -Werror.
+ */
+#ifndef NDX_TEST_H
+#define NDX_TEST_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ndx.h"
+
+/* A function that is never inlined, cloned or otherwise changed by interprocedural
+ * optimisation, so that it keeps its own frame and name at -O2. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define NDX_TEST_NOINLINE __attribute__((noipa))
+#else
+#define NDX_TEST_NOINLINE __attribute__((noinline))
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define NDX_TEST_PRINTF(fmt_index, first_arg) \
+  __attribute__((format(printf, fmt_index, first_arg)))
+#else
+#define NDX_TEST_PRINTF(fmt_index, first_arg)
+#endif
+
+static int ndx_test_passed_ = 0;
+static int ndx_test_failed_ = 0;
+
+static inline int ndx_test_check_(int ok, const char* file, int line, const char* cond,
+                                  const char* fmt, ...) NDX_TEST_PRINTF(5, 6);
+
+static inline int ndx_test_check_(int ok, const char* file, int line, const char* cond,
+                                  const char* fmt, ...) {
+  if (ok) {
+    ndx_test_passed_++;
+    return 1;
+  }
+  ndx_test_failed_++;
+  fprintf(stderr, "%s:%d: CHECK failed: %s", file, line, cond);
+  if (fmt && fmt[0]) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs(": ", stderr);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+  }
+  fputc('\n', stderr);
+  fflush(stderr);
+  return 0;
+}
+
+/* CHECK(cond, fmt, args...): the message is mandatory and must not be empty (an empty
+ * format string trips -Wformat-zero-length under -Wall -Werror). */
+#define CHECK(cond, ...) ndx_test_check_((cond) ? 1 : 0, __FILE__, __LINE__, #cond, __VA_ARGS__)
+
+/* Prints an error's full traceback to stderr. */
+static inline void ndx_test_print_error(const ndx_error_t* e) {
+  size_t n = ndx_error_format(e, NULL, 0);
+  char* text = (char*)malloc(n + 1);
+  if (!text) {
+    fprintf(stderr, "    (out of memory formatting the error)\n");
+    return;
+  }
+  ndx_error_format(e, text, n + 1);
+  fprintf(stderr, "    ---- ndx error ----\n%s    -------------------\n", text);
+  free(text);
+}
+
+static inline int ndx_test_check_ok_(ndx_error_t* e, const char* file, int line,
+                                     const char* expr) {
+  if (e == NULL) {
+    ndx_test_passed_++;
+    return 1;
+  }
+  ndx_test_failed_++;
+  fprintf(stderr, "%s:%d: CHECK_OK failed: %s returned an error (%s: %s)\n", file, line, expr,
+          ndx_error_kind_name(ndx_error_kind(e)) ? ndx_error_kind_name(ndx_error_kind(e)) : "?",
+          ndx_error_message(e) ? ndx_error_message(e) : "(null)");
+  ndx_test_print_error(e);
+  ndx_error_free(e);
+  fflush(stderr);
+  return 0;
+}
+
+/* CHECK_OK(ndx call): the call must succeed (return NULL). Frees any error. */
+#define CHECK_OK(expr) ndx_test_check_ok_((expr), __FILE__, __LINE__, #expr)
+
+static inline int ndx_test_expect_error_(ndx_error_t* e, int kind, const char* fragment,
+                                         const char* file, int line, const char* expr) {
+  int ok = 1;
+  if (e == NULL) {
+    fprintf(stderr, "%s:%d: expect_error failed: %s succeeded; expected %s containing \"%s\"\n",
+            file, line, expr, ndx_error_kind_name(kind) ? ndx_error_kind_name(kind) : "?",
+            fragment ? fragment : "");
+    ndx_test_failed_++;
+    fflush(stderr);
+    return 0;
+  }
+  const char* msg = ndx_error_message(e);
+  if (ndx_error_kind(e) != kind) {
+    fprintf(stderr, "%s:%d: expect_error failed: %s: kind %d (%s), expected %d (%s); message: %s\n",
+            file, line, expr, (int)ndx_error_kind(e),
+            ndx_error_kind_name(ndx_error_kind(e)) ? ndx_error_kind_name(ndx_error_kind(e)) : "?",
+            kind, ndx_error_kind_name(kind) ? ndx_error_kind_name(kind) : "?",
+            msg ? msg : "(null)");
+    ok = 0;
+  }
+  if (msg == NULL || (fragment && strstr(msg, fragment) == NULL)) {
+    fprintf(stderr, "%s:%d: expect_error failed: %s: message \"%s\" lacks \"%s\"\n", file,
+            line, expr, msg ? msg : "(null)", fragment ? fragment : "");
+    ok = 0;
+  }
+  if (ok) {
+    ndx_test_passed_++;
+  } else {
+    ndx_test_failed_++;
+    fflush(stderr);
+  }
+  ndx_error_free(e);
+  return ok;
+}
+
+/* expect_error(e, kind, fragment): e must be an error of `kind` whose message contains
+ * `fragment` (NULL: any message). Frees e in every case. */
+#define expect_error(e, kind, fragment) \
+  ndx_test_expect_error_((e), (kind), (fragment), __FILE__, __LINE__, #e)
+
+static inline int ndx_test_str_eq(const char* a, const char* b) {
+  return a != NULL && b != NULL && strcmp(a, b) == 0;
+}
+
+static inline int ndx_test_contains(const char* haystack, const char* needle) {
+  return haystack != NULL && needle != NULL && strstr(haystack, needle) != NULL;
+}
+
+static inline int ndx_test_ends_with(const char* s, const char* suffix) {
+  if (s == NULL || suffix == NULL) return 0;
+  size_t n = strlen(s), m = strlen(suffix);
+  return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+static inline const char* ndx_test_s(const char* p) { return p ? p : "(null)"; }
+#define NDX_TEST_S(p) ndx_test_s(p)
+
+/* String checks: each argument is evaluated once. */
+static inline int ndx_test_str_check_(int which, const char* a, const char* b, const char* file,
+                                      int line, const char* ea, const char* eb) {
+  static const char* const verb[3] = {"equal", "contain", "end with"};
+  int ok = which == 0 ? ndx_test_str_eq(a, b)
+           : which == 1 ? ndx_test_contains(a, b)
+                        : ndx_test_ends_with(a, b);
+  return ndx_test_check_(ok, file, line, ea, "\"%s\" does not %s %s = \"%s\"", ndx_test_s(a),
+                         verb[which], eb, ndx_test_s(b));
+}
+#define CHECK_STR_EQ(a, b) ndx_test_str_check_(0, (a), (b), __FILE__, __LINE__, #a, #b)
+#define CHECK_CONTAINS(s, frag) ndx_test_str_check_(1, (s), (frag), __FILE__, __LINE__, #s, #frag)
+#define CHECK_ENDS_WITH(s, suf) ndx_test_str_check_(2, (s), (suf), __FILE__, __LINE__, #s, #suf)
+
+/* Compares n int64 values; prints both arrays on a mismatch. */
+static inline int ndx_test_i64_eq_(const int64_t* a, const int64_t* b, int n, const char* file,
+                                   int line, const char* what) {
+  int ok = (n == 0) || (a != NULL && b != NULL);
+  for (int i = 0; ok && i < n; i++) {
+    if (a[i] != b[i]) ok = 0;
+  }
+  if (ok) {
+    ndx_test_passed_++;
+    return 1;
+  }
+  ndx_test_failed_++;
+  fprintf(stderr, "%s:%d: CHECK failed: %s: got [", file, line, what);
+  for (int i = 0; a && i < n; i++) fprintf(stderr, "%s%lld", i ? ", " : "", (long long)a[i]);
+  fprintf(stderr, "], expected [");
+  for (int i = 0; b && i < n; i++) fprintf(stderr, "%s%lld", i ? ", " : "", (long long)b[i]);
+  fprintf(stderr, "]\n");
+  fflush(stderr);
+  return 0;
+}
+#define CHECK_I64_ARRAY(actual, expected, n) \
+  ndx_test_i64_eq_((actual), (expected), (n), __FILE__, __LINE__, #actual " == " #expected)
+
+/* Prints the summary line and returns main's exit status. */
+static inline int ndx_test_summary_(const char* name) {
+  printf("%s: %d passed, %d failed\n", name, ndx_test_passed_, ndx_test_failed_);
+  fflush(stdout);
+  return ndx_test_failed_ == 0 ? 0 : 1;
+}
+#define NDX_TEST_SUMMARY(name) ndx_test_summary_(name)
+
+/* ---- DLPack helpers ------------------------------------------------------------------ */
+
+static inline DLDataType ndx_test_dl_dtype(uint8_t code, uint8_t bits, uint16_t lanes) {
+  DLDataType t;
+  t.code = code;
+  t.bits = bits;
+  t.lanes = lanes;
+  return t;
+}
+#define NDX_TEST_DL_F32 ndx_test_dl_dtype(kDLFloat, 32, 1)
+#define NDX_TEST_DL_I32 ndx_test_dl_dtype(kDLInt, 32, 1)
+
+/* What the producer allocated, remembered apart from the DLTensor fields (which tests
+ * overwrite to make invalid tensors). */
+typedef struct {
+  int64_t* shape;
+  int64_t* strides;
+  void* data;
+} ndx_test_allocs;
+
+typedef struct {
+  DLManagedTensorVersioned managed; /* first: the deleter casts self back */
+  ndx_test_allocs allocs;
+} ndx_test_versioned_block;
+
+typedef struct {
+  DLManagedTensor managed; /* first: the deleter casts self back */
+  ndx_test_allocs allocs;
+} ndx_test_legacy_block;
+
+static inline void ndx_test_free_allocs(ndx_test_allocs* a) {
+  free(a->shape);
+  free(a->strides);
+  free(a->data);
+}
+
+static inline void ndx_test_versioned_deleter(DLManagedTensorVersioned* self) {
+  if (self == NULL) return;
+  int* counter = (int*)self->manager_ctx;
+  ndx_test_versioned_block* block = (ndx_test_versioned_block*)self;
+  ndx_test_free_allocs(&block->allocs);
+  free(block);
+  if (counter) (*counter)++;
+}
+
+static inline void ndx_test_legacy_deleter(DLManagedTensor* self) {
+  if (self == NULL) return;
+  int* counter = (int*)self->manager_ctx;
+  ndx_test_legacy_block* block = (ndx_test_legacy_block*)self;
+  ndx_test_free_allocs(&block->allocs);
+  free(block);
+  if (counter) (*counter)++;
+}
+
+/* Fills a CPU DLTensor that owns fresh copies of shape, strides (NULL: none) and
+ * `data_bytes` bytes of data (copied from `init` when not NULL, else zeroed; no data
+ * when data_bytes is 0). Aborts on allocation failure (tests cannot go on). */
+static inline void ndx_test_fill(DLTensor* dl, ndx_test_allocs* allocs, DLDataType dtype,
+                                 int32_t ndim, const int64_t* shape, const int64_t* strides,
+                                 const void* init, size_t data_bytes) {
+  size_t n = ndim > 0 ? (size_t)ndim : 1;
+  allocs->shape = (int64_t*)calloc(n, sizeof(int64_t));
+  allocs->strides = strides ? (int64_t*)calloc(n, sizeof(int64_t)) : NULL;
+  allocs->data = data_bytes ? calloc(1, data_bytes) : NULL;
+  if (!allocs->shape || (strides && !allocs->strides) || (data_bytes && !allocs->data)) {
+    fprintf(stderr, "ndx_test: out of memory\n");
+    abort();
+  }
+  for (int32_t i = 0; i < ndim; i++) {
+    allocs->shape[i] = shape[i];
+    if (strides) allocs->strides[i] = strides[i];
+  }
+  if (init && data_bytes) memcpy(allocs->data, init, data_bytes);
+  dl->data = allocs->data;
+  dl->device.device_type = kDLCPU;
+  dl->device.device_id = 0;
+  dl->ndim = ndim;
+  dl->dtype = dtype;
+  dl->shape = ndim > 0 ? allocs->shape : NULL;
+  dl->strides = allocs->strides;
+  dl->byte_offset = 0;
+}
+
+/* A versioned (1.x) producer tensor on the CPU; `counter` counts its deleter's calls. */
+static inline DLManagedTensorVersioned* ndx_test_versioned(int* counter, DLDataType dtype,
+                                                           int32_t ndim, const int64_t* shape,
+                                                           const int64_t* strides,
+                                                           const void* init,
+                                                           size_t data_bytes) {
+  ndx_test_versioned_block* b = (ndx_test_versioned_block*)calloc(1, sizeof(*b));
+  if (!b) {
+    fprintf(stderr, "ndx_test: out of memory\n");
+    abort();
+  }
+  b->managed.version.major = DLPACK_MAJOR_VERSION;
+  b->managed.version.minor = DLPACK_MINOR_VERSION;
+  b->managed.manager_ctx = counter;
+  b->managed.deleter = ndx_test_versioned_deleter;
+  b->managed.flags = 0;
+  ndx_test_fill(&b->managed.dl_tensor, &b->allocs, dtype, ndim, shape, strides, init,
+                data_bytes);
+  return &b->managed;
+}
+
+/* A legacy producer tensor on the CPU; `counter` counts its deleter's calls. */
+static inline DLManagedTensor* ndx_test_legacy(int* counter, DLDataType dtype, int32_t ndim,
+                                               const int64_t* shape, const int64_t* strides,
+                                               const void* init, size_t data_bytes) {
+  ndx_test_legacy_block* b = (ndx_test_legacy_block*)calloc(1, sizeof(*b));
+  if (!b) {
+    fprintf(stderr, "ndx_test: out of memory\n");
+    abort();
+  }
+  b->managed.manager_ctx = counter;
+  b->managed.deleter = ndx_test_legacy_deleter;
+  ndx_test_fill(&b->managed.dl_tensor, &b->allocs, dtype, ndim, shape, strides, init,
+                data_bytes);
+  return &b->managed;
+}
+
+/* Releases a tensor the test still owns (the import failed): calls its deleter, which
+ * bumps the counter. */
+static inline void ndx_test_drop_versioned(DLManagedTensorVersioned* t) {
+  if (t) t->deleter(t);
+}
+static inline void ndx_test_drop_legacy(DLManagedTensor* t) {
+  if (t) t->deleter(t);
+}
+
+/* Import options with struct_size set. */
+static inline ndx_import_options_t ndx_test_options(const char* layout, bool read_only) {
+  ndx_import_options_t o;
+  memset(&o, 0, sizeof o);
+  o.struct_size = sizeof(ndx_import_options_t);
+  o.layout = layout;
+  o.read_only = read_only;
+  return o;
+}
+
+/* A sentinel for out-params that must be reset on error. */
+#define NDX_TEST_BOGUS_PTR ((void*)(uintptr_t)0x5a5a5a5a)
+
+#endif /* NDX_TEST_H */

@@ -1,0 +1,538 @@
+/* Tests of host-memory tensors and the tensor accessors: ndx_tensor_from_host (copies),
+ * ndx_tensor_wrap_host (borrows, with a user deleter), ndx_dtype_name, the NULL-handle
+ * and NULL-out contracts of every accessor (out-params are reset on error),
+ * retain/release of NULL, and the import options' struct_size check. */
+#include "ndx_test.h"
+
+static const int64_t k_itemsize[14] = {0, 1, 1, 2, 4, 8, 1, 2, 4, 8, 2, 2, 4, 8};
+static const char* const k_dtype_names[14] = {
+    NULL,     "bool",   "int8",   "int16",   "int32",    "int64",   "uint8",
+    "uint16", "uint32", "uint64", "float16", "bfloat16", "float32", "float64",
+};
+/* The DLPack encoding of each ndx dtype: code, bits. */
+static const uint8_t k_dl_code[14] = {0,       kDLBool, kDLInt,   kDLInt,   kDLInt,
+                                      kDLInt,  kDLUInt, kDLUInt,  kDLUInt,  kDLUInt,
+                                      kDLFloat, kDLBfloat, kDLFloat, kDLFloat};
+
+static int i32_equal(const int32_t* a, const int32_t* b, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    if (a[i] != b[i]) return 0;
+  }
+  return 1;
+}
+
+/* Copies an int32 tensor out and compares it with `expected`. */
+static int check_i32(const ndx_tensor_t* t, const int32_t* expected, size_t n, int line) {
+  int32_t got[64];
+  memset(got, 0, sizeof got);
+  size_t nbytes = 0;
+  if (!CHECK_OK(ndx_tensor_nbytes(t, &nbytes))) return 0;
+  if (!CHECK(nbytes == n * sizeof(int32_t), "line %d: nbytes %zu", line, nbytes)) return 0;
+  if (!CHECK_OK(ndx_tensor_copy_to(t, got, sizeof got))) return 0;
+  int ok = i32_equal(got, expected, n);
+  if (!ok) {
+    fprintf(stderr, "  line %d: got", line);
+    for (size_t i = 0; i < n; i++) fprintf(stderr, " %d", (int)got[i]);
+    fprintf(stderr, "\n");
+  }
+  return CHECK(ok, "values (line %d)", line);
+}
+#define CHECK_I32(t, e, n) check_i32((t), (e), (n), __LINE__)
+
+static void test_dtype_names(void) {
+  for (int32_t d = 1; d <= 13; d++) {
+    CHECK_STR_EQ(ndx_dtype_name(d), k_dtype_names[d]);
+  }
+  CHECK(ndx_dtype_name(0) == NULL, "0 is not a dtype");
+  CHECK(ndx_dtype_name(14) == NULL, "14 is not a dtype");
+  CHECK(ndx_dtype_name(-1) == NULL, "-1 is not a dtype");
+  CHECK(ndx_dtype_name(99) == NULL, "99 is not a dtype");
+}
+
+static void test_from_host_copies(void) {
+  const int64_t shape[2] = {2, 3};
+  int32_t* src = (int32_t*)malloc(6 * sizeof(int32_t));
+  if (!CHECK(src != NULL, "malloc")) return;
+  for (int i = 0; i < 6; i++) src[i] = 10 + i;
+  ndx_tensor_t* t = (ndx_tensor_t*)NDX_TEST_BOGUS_PTR;
+  CHECK_OK(ndx_tensor_from_host(src, NDX_DTYPE_INT32, 2, shape, NULL, NULL, &t));
+  /* The caller may free (or change) its buffer right away: ndx has a copy. Valgrind
+   * would flag any later read of `src`. */
+  free(src);
+  if (!CHECK(t != NULL && t != NDX_TEST_BOGUS_PTR, "a tensor")) return;
+  const int32_t expect[6] = {10, 11, 12, 13, 14, 15};
+  CHECK_I32(t, expect, 6);
+
+  int32_t dtype = 0, ndim = 0;
+  const int64_t* s = NULL;
+  const int64_t* st = NULL;
+  size_t numel = 0;
+  DLDevice dev = {kDLCUDA, 3};
+  const char* layout = NULL;
+  bool ro = true;
+  CHECK_OK(ndx_tensor_dtype(t, &dtype));
+  CHECK(dtype == NDX_DTYPE_INT32, "dtype");
+  CHECK_OK(ndx_tensor_ndim(t, &ndim));
+  CHECK(ndim == 2, "ndim");
+  CHECK_OK(ndx_tensor_shape(t, &s));
+  CHECK_I64_ARRAY(s, shape, 2);
+  const int64_t compact[2] = {3, 1};
+  CHECK_OK(ndx_tensor_strides(t, &st));
+  CHECK_I64_ARRAY(st, compact, 2);
+  CHECK_OK(ndx_tensor_numel(t, &numel));
+  CHECK(numel == 6, "numel");
+  CHECK_OK(ndx_tensor_device(t, &dev));
+  CHECK(dev.device_type == kDLCPU && dev.device_id == 0, "host memory");
+  CHECK_OK(ndx_tensor_layout(t, &layout));
+  CHECK_STR_EQ(layout, "");
+  CHECK_OK(ndx_tensor_is_read_only(t, &ro));
+  CHECK(!ro, "writable");
+
+  /* The copy is ndx's own memory; exports of it work both ways. */
+  DLManagedTensorVersioned* ex = NULL;
+  CHECK_OK(ndx_tensor_to_dlpack_versioned(t, &ex));
+  if (ex) {
+    CHECK(ex->dl_tensor.data != NULL, "ndx-owned data");
+    CHECK(ex->dl_tensor.dtype.code == kDLInt && ex->dl_tensor.dtype.bits == 32 &&
+              ex->dl_tensor.dtype.lanes == 1,
+          "int32 in DLPack");
+    CHECK(((const int32_t*)ex->dl_tensor.data)[5] == 15, "values");
+    CHECK(ex->flags == 0, "neither READ_ONLY nor IS_COPIED");
+    ex->deleter(ex);
+  }
+  DLManagedTensor* lex = NULL;
+  CHECK_OK(ndx_tensor_to_dlpack(t, &lex));
+  if (lex) lex->deleter(lex);
+  ndx_tensor_release(t);
+}
+
+static void test_from_host_strided(void) {
+  /* Source: 3x4 int32 0..11, row-major. */
+  int32_t src[12];
+  for (int i = 0; i < 12; i++) src[i] = i;
+
+  /* Transposed. */
+  const int64_t tshape[2] = {4, 3}, tstrides[2] = {1, 4};
+  ndx_tensor_t* t = NULL;
+  CHECK_OK(ndx_tensor_from_host(src, NDX_DTYPE_INT32, 2, tshape, tstrides, NULL, &t));
+  if (t) {
+    const int32_t expect[12] = {0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11};
+    CHECK_I32(t, expect, 12);
+    const int64_t* st = NULL;
+    const int64_t compact[2] = {3, 1};
+    CHECK_OK(ndx_tensor_strides(t, &st));
+    CHECK_I64_ARRAY(st, compact, 2); /* the copy is compact */
+    ndx_tensor_release(t);
+  }
+
+  /* Rows flipped: data points at element 0 = [2][0]. */
+  const int64_t fshape[2] = {3, 4}, fstrides[2] = {-4, 1};
+  t = NULL;
+  CHECK_OK(ndx_tensor_from_host(src + 8, NDX_DTYPE_INT32, 2, fshape, fstrides, NULL, &t));
+  if (t) {
+    const int32_t expect[12] = {8, 9, 10, 11, 4, 5, 6, 7, 0, 1, 2, 3};
+    CHECK_I32(t, expect, 12);
+    ndx_tensor_release(t);
+  }
+
+  /* Broadcast (zero stride). */
+  const int64_t zstrides[2] = {0, 1};
+  t = NULL;
+  CHECK_OK(ndx_tensor_from_host(src + 4, NDX_DTYPE_INT32, 2, fshape, zstrides, NULL, &t));
+  if (t) {
+    const int32_t expect[12] = {4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7};
+    CHECK_I32(t, expect, 12);
+    ndx_tensor_release(t);
+  }
+
+  /* A column (ndim 1, stride 4). */
+  const int64_t cshape[1] = {3}, cstrides[1] = {4};
+  t = NULL;
+  CHECK_OK(ndx_tensor_from_host(src + 1, NDX_DTYPE_INT32, 1, cshape, cstrides, NULL, &t));
+  if (t) {
+    const int32_t expect[3] = {1, 5, 9};
+    CHECK_I32(t, expect, 3);
+    ndx_tensor_release(t);
+  }
+}
+
+static void test_from_host_edge_cases(void) {
+  ndx_tensor_t* t = (ndx_tensor_t*)NDX_TEST_BOGUS_PTR;
+  const int64_t empty[2] = {0, 3};
+  /* No elements: data may be NULL. */
+  CHECK_OK(ndx_tensor_from_host(NULL, NDX_DTYPE_FLOAT32, 2, empty, NULL, NULL, &t));
+  if (t && t != NDX_TEST_BOGUS_PTR) {
+    size_t numel = 9, nbytes = 9;
+    CHECK_OK(ndx_tensor_numel(t, &numel));
+    CHECK_OK(ndx_tensor_nbytes(t, &nbytes));
+    CHECK(numel == 0 && nbytes == 0, "empty: %zu, %zu", numel, nbytes);
+    CHECK_OK(ndx_tensor_copy_to(t, NULL, 0));
+    DLManagedTensorVersioned* ex = NULL;
+    CHECK_OK(ndx_tensor_to_dlpack_versioned(t, &ex));
+    if (ex) {
+      CHECK(ex->dl_tensor.ndim == 2 && ex->dl_tensor.shape[0] == 0, "empty export");
+      ex->deleter(ex);
+    }
+    ndx_tensor_release(t);
+  }
+
+  /* A scalar (ndim 0, shape NULL). */
+  const double pi = 3.25;
+  t = NULL;
+  CHECK_OK(ndx_tensor_from_host(&pi, NDX_DTYPE_FLOAT64, 0, NULL, NULL, NULL, &t));
+  if (t) {
+    double got = 0;
+    CHECK_OK(ndx_tensor_copy_to(t, &got, sizeof got));
+    CHECK(got == 3.25, "scalar value %g", got);
+    ndx_tensor_release(t);
+  }
+
+  /* 32 dimensions of size 1 is the maximum. */
+  int64_t ones[33];
+  for (int i = 0; i < 33; i++) ones[i] = 1;
+  const uint8_t byte = 7;
+  t = NULL;
+  CHECK_OK(ndx_tensor_from_host(&byte, NDX_DTYPE_UINT8, 32, ones, NULL, NULL, &t));
+  if (t) {
+    int32_t nd = 0;
+    CHECK_OK(ndx_tensor_ndim(t, &nd));
+    CHECK(nd == 32, "ndim 32");
+    ndx_tensor_release(t);
+  }
+
+  /* Errors: nothing is made, out is reset. */
+  const int64_t shape[2] = {2, 3};
+  const float data[6] = {0};
+  t = (ndx_tensor_t*)NDX_TEST_BOGUS_PTR;
+  expect_error(ndx_tensor_from_host(NULL, NDX_DTYPE_FLOAT32, 2, shape, NULL, NULL, &t),
+               NDX_ERROR_VALUE, "data is NULL but the tensor has 6 elements");
+  CHECK(t == NULL, "out reset");
+  t = (ndx_tensor_t*)NDX_TEST_BOGUS_PTR;
+  expect_error(ndx_tensor_from_host(NULL, NDX_DTYPE_FLOAT32, 0, NULL, NULL, NULL, &t),
+               NDX_ERROR_VALUE, "data is NULL but the tensor has 1 element");
+  CHECK(t == NULL, "out reset");
+  expect_error(ndx_tensor_from_host(data, 99, 2, shape, NULL, NULL, &t), NDX_ERROR_VALUE,
+               "argument 'dtype' is 99");
+  expect_error(ndx_tensor_from_host(data, 0, 2, shape, NULL, NULL, &t), NDX_ERROR_VALUE,
+               "'dtype'");
+  expect_error(ndx_tensor_from_host(data, NDX_DTYPE_FLOAT32, 33, ones, NULL, NULL, &t),
+               NDX_ERROR_VALUE, "argument 'ndim' is 33, expected 0 to 32");
+  expect_error(ndx_tensor_from_host(data, NDX_DTYPE_FLOAT32, -1, shape, NULL, NULL, &t),
+               NDX_ERROR_VALUE, "argument 'ndim' is -1");
+  expect_error(ndx_tensor_from_host(data, NDX_DTYPE_FLOAT32, 2, NULL, NULL, NULL, &t),
+               NDX_ERROR_VALUE, "argument 'shape' is NULL but ndim is 2");
+  const int64_t neg[2] = {2, -3};
+  expect_error(ndx_tensor_from_host(data, NDX_DTYPE_FLOAT32, 2, neg, NULL, NULL, &t),
+               NDX_ERROR_VALUE, "shape[1] is -3");
+  const int64_t huge[2] = {INT64_MAX / 2, 1};
+  expect_error(ndx_tensor_from_host(data, NDX_DTYPE_FLOAT32, 2, shape, huge, NULL, &t),
+               NDX_ERROR_VALUE, "overflows the address space");
+  expect_error(ndx_tensor_from_host(data, NDX_DTYPE_FLOAT32, 2, shape, NULL, NULL, NULL),
+               NDX_ERROR_VALUE, "argument 'out' is NULL");
+  CHECK(t == NULL, "still NULL");
+}
+
+static void test_from_host_every_dtype(void) {
+  uint64_t buf[4] = {0x0102030405060708ull, 0x1112131415161718ull, 0x2122232425262728ull,
+                     0x3132333435363738ull};
+  const int64_t shape[1] = {3};
+  for (int32_t d = 1; d <= 13; d++) {
+    ndx_tensor_t* t = NULL;
+    if (!CHECK_OK(ndx_tensor_from_host(buf, d, 1, shape, NULL, NULL, &t))) continue;
+    size_t nbytes = 0;
+    int32_t dtype = 0;
+    CHECK_OK(ndx_tensor_nbytes(t, &nbytes));
+    CHECK(nbytes == (size_t)(3 * k_itemsize[d]), "%s: nbytes %zu", k_dtype_names[d], nbytes);
+    CHECK_OK(ndx_tensor_dtype(t, &dtype));
+    CHECK(dtype == d, "%s: dtype %d", k_dtype_names[d], (int)dtype);
+    unsigned char out[32];
+    memset(out, 0xEE, sizeof out);
+    CHECK_OK(ndx_tensor_copy_to(t, out, sizeof out));
+    CHECK(memcmp(out, buf, nbytes) == 0, "%s: bytes copied exactly", k_dtype_names[d]);
+    CHECK(out[nbytes] == 0xEE, "%s: nothing written past nbytes", k_dtype_names[d]);
+    DLManagedTensorVersioned* ex = NULL;
+    CHECK_OK(ndx_tensor_to_dlpack_versioned(t, &ex));
+    if (ex) {
+      CHECK(ex->dl_tensor.dtype.code == k_dl_code[d] &&
+                ex->dl_tensor.dtype.bits == 8 * k_itemsize[d] && ex->dl_tensor.dtype.lanes == 1,
+            "%s: DLPack code %d bits %d lanes %d", k_dtype_names[d], ex->dl_tensor.dtype.code,
+            ex->dl_tensor.dtype.bits, ex->dl_tensor.dtype.lanes);
+      ex->deleter(ex);
+    }
+    ndx_tensor_release(t);
+  }
+}
+
+static void test_from_host_options(void) {
+  const int64_t shape[2] = {2, 3};
+  const float data[6] = {1, 2, 3, 4, 5, 6};
+  ndx_tensor_t* t = NULL;
+  ndx_import_options_t o = ndx_test_options("HW", true);
+  CHECK_OK(ndx_tensor_from_host(data, NDX_DTYPE_FLOAT32, 2, shape, NULL, &o, &t));
+  if (t) {
+    const char* layout = NULL;
+    bool ro = false;
+    CHECK_OK(ndx_tensor_layout(t, &layout));
+    CHECK_STR_EQ(layout, "HW");
+    CHECK_OK(ndx_tensor_is_read_only(t, &ro));
+    CHECK(ro, "opts.read_only");
+    DLManagedTensor* lex = (DLManagedTensor*)NDX_TEST_BOGUS_PTR;
+    expect_error(ndx_tensor_to_dlpack(t, &lex), NDX_ERROR_VALUE, "read-only");
+    CHECK(lex == NULL, "out reset");
+    ndx_tensor_release(t);
+  }
+
+  /* The layout string is copied. */
+  char layout_buf[4] = "HW";
+  o = ndx_test_options(layout_buf, false);
+  t = NULL;
+  CHECK_OK(ndx_tensor_from_host(data, NDX_DTYPE_FLOAT32, 2, shape, NULL, &o, &t));
+  layout_buf[0] = 'X';
+  if (t) {
+    const char* layout = NULL;
+    CHECK_OK(ndx_tensor_layout(t, &layout));
+    CHECK_STR_EQ(layout, "HW");
+    ndx_tensor_release(t);
+  }
+
+  /* struct_size too small (an older or broken caller): VALUE. */
+  o = ndx_test_options("HW", false);
+  o.struct_size = sizeof(ndx_import_options_t) - 1;
+  t = (ndx_tensor_t*)NDX_TEST_BOGUS_PTR;
+  expect_error(ndx_tensor_from_host(data, NDX_DTYPE_FLOAT32, 2, shape, NULL, &o, &t),
+               NDX_ERROR_VALUE, "opts->struct_size is");
+  CHECK(t == NULL, "out reset");
+  o.struct_size = 0;
+  expect_error(ndx_tensor_from_host(data, NDX_DTYPE_FLOAT32, 2, shape, NULL, &o, &t),
+               NDX_ERROR_VALUE, "sizeof(ndx_import_options_t)");
+  expect_error(ndx_tensor_wrap_host((void*)data, NDX_DTYPE_FLOAT32, 2, shape, NULL, NULL, NULL,
+                                    &o, &t),
+               NDX_ERROR_VALUE, "opts->struct_size is 0");
+
+  /* A larger struct (a caller built against a later ndx) is accepted. */
+  struct {
+    ndx_import_options_t o;
+    char more[32];
+  } big;
+  memset(&big, 0, sizeof big);
+  big.o.struct_size = sizeof big;
+  big.o.layout = "HW";
+  t = NULL;
+  CHECK_OK(ndx_tensor_from_host(data, NDX_DTYPE_FLOAT32, 2, shape, NULL, &big.o, &t));
+  ndx_tensor_release(t);
+
+  /* Bad layouts. */
+  o = ndx_test_options("HWC", false);
+  expect_error(ndx_tensor_from_host(data, NDX_DTYPE_FLOAT32, 2, shape, NULL, &o, &t),
+               NDX_ERROR_VALUE, "has 3 letters but the tensor has ndim 2");
+  o = ndx_test_options("H-", false);
+  expect_error(ndx_tensor_from_host(data, NDX_DTYPE_FLOAT32, 2, shape, NULL, &o, &t),
+               NDX_ERROR_VALUE, "ASCII letters");
+}
+
+/* ---- wrap_host ----------------------------------------------------------------------- */
+
+typedef struct {
+  int calls;
+  void* data;
+  void* user;
+} wrap_log;
+
+static void wrap_deleter(void* data, void* user) {
+  wrap_log* log = (wrap_log*)user;
+  log->calls++;
+  log->data = data;
+  log->user = user;
+  free(data);
+}
+
+static void test_wrap_host(void) {
+  const int64_t shape[2] = {2, 3};
+  int32_t* data = (int32_t*)malloc(6 * sizeof(int32_t));
+  if (!CHECK(data != NULL, "malloc")) return;
+  for (int i = 0; i < 6; i++) data[i] = i * i;
+  wrap_log log = {0, NULL, NULL};
+  ndx_tensor_t* t = NULL;
+  CHECK_OK(ndx_tensor_wrap_host(data, NDX_DTYPE_INT32, 2, shape, NULL, wrap_deleter, &log, NULL,
+                                &t));
+  if (!t) {
+    free(data);
+    return;
+  }
+  CHECK(log.calls == 0, "borrowed, not deleted");
+  const int32_t expect[6] = {0, 1, 4, 9, 16, 25};
+  CHECK_I32(t, expect, 6);
+
+  /* No copy: an export points into the caller's buffer. */
+  DLManagedTensorVersioned* ex = NULL;
+  CHECK_OK(ndx_tensor_to_dlpack_versioned(t, &ex));
+  if (ex) {
+    CHECK((char*)ex->dl_tensor.data + ex->dl_tensor.byte_offset == (char*)data,
+          "the export aliases the wrapped memory");
+  }
+  bool ro = true;
+  CHECK_OK(ndx_tensor_is_read_only(t, &ro));
+  CHECK(!ro, "not read-only without the option");
+
+  CHECK_OK(ndx_tensor_retain(t));
+  ndx_tensor_release(t);
+  ndx_tensor_release(t);
+  CHECK(log.calls == 0, "the export still holds the memory");
+  if (ex) ex->deleter(ex);
+  CHECK(log.calls == 1, "deleter called exactly once (%d)", log.calls);
+  CHECK(log.data == data && log.user == &log, "with (data, user)");
+
+  /* Strided wrap: no copy, values through the view. */
+  int32_t* m = (int32_t*)malloc(12 * sizeof(int32_t));
+  if (!CHECK(m != NULL, "malloc")) return;
+  for (int i = 0; i < 12; i++) m[i] = i;
+  const int64_t tshape[2] = {4, 3}, tstrides[2] = {1, 4};
+  wrap_log log2 = {0, NULL, NULL};
+  ndx_import_options_t ro_opts = ndx_test_options(NULL, true);
+  t = NULL;
+  CHECK_OK(ndx_tensor_wrap_host(m, NDX_DTYPE_INT32, 2, tshape, tstrides, wrap_deleter, &log2,
+                                &ro_opts, &t));
+  if (t) {
+    const int32_t texpect[12] = {0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11};
+    CHECK_I32(t, texpect, 12);
+    const int64_t* st = NULL;
+    CHECK_OK(ndx_tensor_strides(t, &st));
+    CHECK_I64_ARRAY(st, tstrides, 2);
+    CHECK_OK(ndx_tensor_is_read_only(t, &ro));
+    CHECK(ro, "opts.read_only");
+    ndx_tensor_release(t);
+    CHECK(log2.calls == 1 && log2.data == m && log2.user == &log2, "deleted once");
+  } else {
+    free(m);
+  }
+
+  /* Failure: the deleter is not called and the caller keeps the memory. */
+  int32_t* keep = (int32_t*)malloc(6 * sizeof(int32_t));
+  if (!CHECK(keep != NULL, "malloc")) return;
+  wrap_log log3 = {0, NULL, NULL};
+  t = (ndx_tensor_t*)NDX_TEST_BOGUS_PTR;
+  expect_error(ndx_tensor_wrap_host(keep, 99, 2, shape, NULL, wrap_deleter, &log3, NULL, &t),
+               NDX_ERROR_VALUE, "'dtype'");
+  CHECK(t == NULL, "out reset");
+  const int64_t neg[2] = {-1, 3};
+  expect_error(ndx_tensor_wrap_host(keep, NDX_DTYPE_INT32, 2, neg, NULL, wrap_deleter, &log3,
+                                    NULL, &t),
+               NDX_ERROR_VALUE, "shape[0] is -1");
+  ndx_import_options_t bad = ndx_test_options("ABC", false);
+  expect_error(ndx_tensor_wrap_host(keep, NDX_DTYPE_INT32, 2, shape, NULL, wrap_deleter, &log3,
+                                    &bad, &t),
+               NDX_ERROR_VALUE, "layout");
+  expect_error(ndx_tensor_wrap_host(keep, NDX_DTYPE_INT32, 2, shape, NULL, wrap_deleter, &log3,
+                                    NULL, NULL),
+               NDX_ERROR_VALUE, "argument 'out' is NULL");
+  expect_error(ndx_tensor_wrap_host(NULL, NDX_DTYPE_INT32, 2, shape, NULL, wrap_deleter, &log3,
+                                    NULL, &t),
+               NDX_ERROR_VALUE, "data is NULL");
+  CHECK(log3.calls == 0, "never called on failure (%d)", log3.calls);
+  keep[0] = 1; /* still ours: valgrind would flag a use after free */
+  free(keep);
+
+  /* No deleter: nothing is called; the caller frees after the last release. */
+  int32_t local[6] = {6, 5, 4, 3, 2, 1};
+  t = NULL;
+  CHECK_OK(ndx_tensor_wrap_host(local, NDX_DTYPE_INT32, 2, shape, NULL, NULL, NULL, NULL, &t));
+  if (t) {
+    CHECK_I32(t, local, 6);
+    ndx_tensor_release(t);
+  }
+
+  /* Empty wrap with NULL data: the deleter still runs once, with NULL. */
+  const int64_t empty[1] = {0};
+  wrap_log log4 = {0, NDX_TEST_BOGUS_PTR, NULL};
+  t = NULL;
+  CHECK_OK(ndx_tensor_wrap_host(NULL, NDX_DTYPE_INT32, 1, empty, NULL, wrap_deleter, &log4, NULL,
+                                &t));
+  ndx_tensor_release(t);
+  CHECK(log4.calls == 1 && log4.data == NULL, "empty wrap: deleter once with NULL data");
+}
+
+/* ---- accessor contracts -------------------------------------------------------------- */
+
+static void test_accessors_null_handle(void) {
+  int32_t i32 = 7;
+  const int64_t* p64 = (const int64_t*)NDX_TEST_BOGUS_PTR;
+  size_t sz = 7;
+  DLDevice dev = {kDLCUDA, 7};
+  const char* str = (const char*)NDX_TEST_BOGUS_PTR;
+  bool b = true;
+  const char* frag = "argument 'tensor' is NULL";
+
+  expect_error(ndx_tensor_dtype(NULL, &i32), NDX_ERROR_VALUE, frag);
+  CHECK(i32 == 0, "dtype out reset to 0");
+  i32 = 7;
+  expect_error(ndx_tensor_ndim(NULL, &i32), NDX_ERROR_VALUE, frag);
+  CHECK(i32 == 0, "ndim out reset to 0");
+  expect_error(ndx_tensor_shape(NULL, &p64), NDX_ERROR_VALUE, frag);
+  CHECK(p64 == NULL, "shape out reset to NULL");
+  p64 = (const int64_t*)NDX_TEST_BOGUS_PTR;
+  expect_error(ndx_tensor_strides(NULL, &p64), NDX_ERROR_VALUE, frag);
+  CHECK(p64 == NULL, "strides out reset to NULL");
+  expect_error(ndx_tensor_numel(NULL, &sz), NDX_ERROR_VALUE, frag);
+  CHECK(sz == 0, "numel out reset to 0");
+  sz = 7;
+  expect_error(ndx_tensor_nbytes(NULL, &sz), NDX_ERROR_VALUE, frag);
+  CHECK(sz == 0, "nbytes out reset to 0");
+  expect_error(ndx_tensor_device(NULL, &dev), NDX_ERROR_VALUE, frag);
+  CHECK(dev.device_type == kDLCPU && dev.device_id == 0, "device out reset to kDLCPU:0");
+  expect_error(ndx_tensor_layout(NULL, &str), NDX_ERROR_VALUE, frag);
+  CHECK(str == NULL, "layout out reset to NULL");
+  expect_error(ndx_tensor_is_read_only(NULL, &b), NDX_ERROR_VALUE, frag);
+  CHECK(!b, "is_read_only out reset to false");
+
+  DLManagedTensorVersioned* ev = (DLManagedTensorVersioned*)NDX_TEST_BOGUS_PTR;
+  DLManagedTensor* el = (DLManagedTensor*)NDX_TEST_BOGUS_PTR;
+  expect_error(ndx_tensor_to_dlpack_versioned(NULL, &ev), NDX_ERROR_VALUE, frag);
+  CHECK(ev == NULL, "export out reset");
+  expect_error(ndx_tensor_to_dlpack(NULL, &el), NDX_ERROR_VALUE, frag);
+  CHECK(el == NULL, "export out reset");
+  float f;
+  expect_error(ndx_tensor_copy_to(NULL, &f, sizeof f), NDX_ERROR_VALUE, frag);
+
+  expect_error(ndx_tensor_retain(NULL), NDX_ERROR_VALUE, frag);
+  ndx_tensor_release(NULL);
+  CHECK(1, "ndx_tensor_release(NULL) returned");
+}
+
+static void test_accessors_null_out(void) {
+  const int64_t shape[1] = {2};
+  const int16_t data[2] = {1, 2};
+  ndx_tensor_t* t = NULL;
+  CHECK_OK(ndx_tensor_from_host(data, NDX_DTYPE_INT16, 1, shape, NULL, NULL, &t));
+  if (!t) return;
+  const char* frag = "argument 'out' is NULL";
+  expect_error(ndx_tensor_dtype(t, NULL), NDX_ERROR_VALUE, frag);
+  expect_error(ndx_tensor_ndim(t, NULL), NDX_ERROR_VALUE, frag);
+  expect_error(ndx_tensor_shape(t, NULL), NDX_ERROR_VALUE, frag);
+  expect_error(ndx_tensor_strides(t, NULL), NDX_ERROR_VALUE, frag);
+  expect_error(ndx_tensor_numel(t, NULL), NDX_ERROR_VALUE, frag);
+  expect_error(ndx_tensor_nbytes(t, NULL), NDX_ERROR_VALUE, frag);
+  expect_error(ndx_tensor_device(t, NULL), NDX_ERROR_VALUE, frag);
+  expect_error(ndx_tensor_layout(t, NULL), NDX_ERROR_VALUE, frag);
+  expect_error(ndx_tensor_is_read_only(t, NULL), NDX_ERROR_VALUE, frag);
+  expect_error(ndx_tensor_to_dlpack_versioned(t, NULL), NDX_ERROR_VALUE, frag);
+  expect_error(ndx_tensor_to_dlpack(t, NULL), NDX_ERROR_VALUE, frag);
+
+  /* Both NULL: a VALUE error either way. */
+  expect_error(ndx_tensor_ndim(NULL, NULL), NDX_ERROR_VALUE, "is NULL");
+
+  /* A failed export took no reference: one release frees the tensor (valgrind). */
+  ndx_tensor_release(t);
+}
+
+int main(void) {
+  test_dtype_names();
+  test_from_host_copies();
+  test_from_host_strided();
+  test_from_host_edge_cases();
+  test_from_host_every_dtype();
+  test_from_host_options();
+  test_wrap_host();
+  test_accessors_null_handle();
+  test_accessors_null_out();
+  return NDX_TEST_SUMMARY("test_host");
+}
