@@ -165,7 +165,7 @@ struct Tracker {
 
 /// A context's shared state.
 pub struct ContextInner {
-    settings: Mutex<Settings>,
+    settings: Mutex<Arc<Settings>>,
     registry: Registry,
     seq: AtomicU64,
     tracker: Mutex<Tracker>,
@@ -180,7 +180,7 @@ pub type Context = Arc<ContextInner>;
 pub fn new_context(settings: Settings, threads: usize) -> Context {
     pool::init(threads);
     Arc::new(ContextInner {
-        settings: Mutex::new(settings),
+        settings: Mutex::new(Arc::new(settings)),
         registry: Registry::new(),
         seq: AtomicU64::new(0),
         tracker: Mutex::new(Tracker::default()),
@@ -190,13 +190,16 @@ pub fn new_context(settings: Settings, threads: usize) -> Context {
 }
 
 impl ContextInner {
-    /// A copy of the settings.
-    pub fn settings(&self) -> Settings {
+    /// The current settings (a snapshot; changes make a new one).
+    pub fn settings(&self) -> Arc<Settings> {
         self.settings.lock().clone()
     }
-    /// Changes the settings.
+    /// Changes the settings for later invocations.
     pub fn update(&self, f: impl FnOnce(&mut Settings)) {
-        f(&mut self.settings.lock());
+        let mut guard = self.settings.lock();
+        let mut next = Settings::clone(&guard);
+        f(&mut next);
+        *guard = Arc::new(next);
     }
     /// The host operator registry.
     pub fn registry(&self) -> &Registry {
@@ -376,14 +379,14 @@ impl Drop for ContextInner {
     /// Cancels what has not started and waits for what is running (unless dropped on
     /// a worker or in a callback, where it does not wait). Queued callbacks still run.
     fn drop(&mut self) {
-        let pending: Vec<Arc<Node>> = {
+        let mut pending: Vec<Arc<Node>> = {
             let mut t = self.tracker.lock();
-            t.recorded.clear();
-            t.pending.drain().map(|(_, n)| n).collect()
+            let recorded = std::mem::take(&mut t.recorded);
+            t.pending.drain().map(|(_, n)| n).chain(recorded).collect()
         };
         // Cancel in enqueue order so upstream failures come first.
-        let mut pending = pending;
         pending.sort_by_key(|n| n.seq());
+        pending.dedup_by_key(|n| n.seq());
         let mut running = Vec::new();
         for node in pending {
             if !node.cancel("its context was released") {
@@ -460,14 +463,13 @@ fn infer(def: &OpDef, inputs: &[Input], args: &Args) -> Result<(Vec<OutMeta>, Op
     };
     match batch_len {
         None => {
-            let metas = inputs
+            let refs = inputs
                 .iter()
                 .map(|i| match i {
                     Input::Tensor(t) => t.meta(),
                     Input::Batch(_) => unreachable!("no batch inputs here"),
                 })
-                .collect::<Result<Vec<TMeta>>>()?;
-            let refs: Vec<&TMeta> = metas.iter().collect();
+                .collect::<Result<Vec<&TMeta>>>()?;
             let outs = infer(&refs, args)?;
             Ok((
                 outs.into_iter().map(|m| OutMeta::Tensor(Some(m))).collect(),
@@ -478,7 +480,7 @@ fn infer(def: &OpDef, inputs: &[Input], args: &Args) -> Result<(Vec<OutMeta>, Op
             let per_input = inputs
                 .iter()
                 .map(|i| match i {
-                    Input::Tensor(t) => t.meta().map(|m| vec![m; n]),
+                    Input::Tensor(t) => t.meta().map(|m| vec![m.clone(); n]),
                     Input::Batch(b) => b.sample_meta(),
                 })
                 .collect::<Result<Vec<Vec<TMeta>>>>()?;

@@ -88,6 +88,9 @@ pub enum Status {
     Failed,
 }
 
+/// How long a waiter looks for completion before it sleeps.
+const SPIN: Duration = Duration::from_micros(50);
+
 thread_local! {
     static IN_CALLBACK: Cell<bool> = const { Cell::new(false) };
 }
@@ -272,6 +275,15 @@ impl Node {
         }
         self.submit();
         let deadline = timeout.map(|t| Instant::now() + t);
+        // Small invocations finish within microseconds: look before going to sleep,
+        // as a sleeping thread takes tens of microseconds to wake.
+        let spin_until = Instant::now() + SPIN.min(timeout.unwrap_or(SPIN));
+        while !self.is_done() && Instant::now() < spin_until {
+            std::thread::yield_now();
+        }
+        if self.is_done() {
+            return Ok(());
+        }
         let ctx = if self.events {
             self.ctx.upgrade()
         } else {

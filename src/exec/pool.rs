@@ -8,7 +8,9 @@
 use std::cell::Cell;
 use std::sync::OnceLock;
 
-use crossbeam_channel::{Sender, unbounded};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender, TryRecvError, unbounded};
 
 type Job = Box<dyn FnOnce() + Send + 'static>;
 
@@ -50,7 +52,7 @@ fn pool(requested: usize) -> &'static Pool {
                 .name(format!("ndx-worker-{i}"))
                 .spawn(move || {
                     ON_WORKER.with(|w| w.set(true));
-                    while let Ok(job) = receiver.recv() {
+                    while let Some(job) = next_job(&receiver) {
                         job();
                     }
                 })
@@ -58,6 +60,22 @@ fn pool(requested: usize) -> &'static Pool {
         }
         Pool { sender, threads }
     })
+}
+
+/// How long an idle worker keeps looking for work before it sleeps: waking a
+/// sleeping thread costs tens of microseconds, which would dominate small invocations.
+const SPIN: Duration = Duration::from_micros(50);
+
+fn next_job(receiver: &Receiver<Job>) -> Option<Job> {
+    let until = Instant::now() + SPIN;
+    loop {
+        match receiver.try_recv() {
+            Ok(job) => return Some(job),
+            Err(TryRecvError::Disconnected) => return None,
+            Err(TryRecvError::Empty) if Instant::now() < until => std::thread::yield_now(),
+            Err(TryRecvError::Empty) => return receiver.recv().ok(),
+        }
+    }
 }
 
 /// Starts the pool (if not started) with `requested` threads (0: the default).

@@ -3,7 +3,7 @@
 //! the operator infers it), and reading their data forces evaluation.
 
 use std::ffi::{CStr, CString};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use super::node::{Data, Node};
 use crate::error::{Error, Result};
@@ -38,13 +38,17 @@ impl PendingMeta {
 /// A tensor handle (`ndx_tensor_t`): data, or a pending invocation's output.
 pub struct TensorRef {
     source: Source<Tensor>,
+    /// Inferred metadata of a pending output (`None` when only running tells).
     meta: Option<PendingMeta>,
+    /// The dtype/shape/layout summary operators infer from, made once.
+    summary: OnceLock<TMeta>,
 }
 
 impl TensorRef {
     /// A handle to existing data.
     pub fn ready(t: Arc<Tensor>) -> TensorRef {
         TensorRef {
+            summary: OnceLock::from(TMeta::of(&t)),
             source: Source::Ready(t),
             meta: None,
         }
@@ -53,6 +57,7 @@ impl TensorRef {
     /// A handle to output `index` of `node`, with its inferred metadata if known.
     pub(crate) fn pending(node: Arc<Node>, index: usize, meta: Option<TMeta>) -> TensorRef {
         TensorRef {
+            summary: meta.clone().map_or_else(OnceLock::new, OnceLock::from),
             source: Source::Pending(node, index),
             meta: meta.map(PendingMeta::new),
         }
@@ -90,11 +95,12 @@ impl TensorRef {
     }
 
     /// Metadata; forces evaluation only when the producer could not infer it.
-    pub fn meta(&self) -> Result<TMeta> {
-        match &self.meta {
-            Some(m) => Ok(m.meta.clone()),
-            None => Ok(TMeta::of(self.resolve()?)),
+    pub fn meta(&self) -> Result<&TMeta> {
+        if let Some(m) = self.summary.get() {
+            return Ok(m);
         }
+        let m = TMeta::of(self.resolve()?);
+        Ok(self.summary.get_or_init(|| m))
     }
 
     /// The element type.

@@ -819,7 +819,11 @@ pub extern "C" fn ndx_invoke(
     let caller_ip = caller_return_address();
     boundary_out("ndx_invoke", out, std::ptr::null_mut(), || {
         let ctx = clone_arc(ctx, "ctx")?;
-        let op = host_str(op, "op")?;
+        if op.is_null() {
+            return Err(Error::value("argument 'op' is NULL"));
+        }
+        // SAFETY: non-NULL; the caller promises a NUL-terminated string.
+        let op = unsafe { std::ffi::CStr::from_ptr(op) }.to_string_lossy();
         let inputs = input_list(inputs, n_inputs)?;
         let args = if args.is_null() {
             Args::new()
@@ -896,17 +900,15 @@ pub extern "C" fn ndx_future_wait(
 /// Thread-safe.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_future_error(future: *const ndx_future_t) -> *mut ndx_error_t {
-    boundary_value(
-        "ndx_future_error",
-        |e| error_into_raw(e),
-        || match borrow(future, "future") {
+    boundary_value("ndx_future_error", error_into_raw, || {
+        match borrow(future, "future") {
             Ok(node) => match node.result() {
                 Some(Err(e)) => error_into_raw(e.clone()),
                 _ => std::ptr::null_mut(),
             },
             Err(e) => error_into_raw(e),
-        },
-    )
+        }
+    })
 }
 
 /// The number of outputs of the invocation.

@@ -561,7 +561,7 @@ pub extern "C" fn ndx_batch_is_uniform(
     out: *mut bool,
 ) -> *mut ndx_error_t {
     boundary_out("ndx_batch_is_uniform", out, false, || {
-        Ok(borrow(batch, "batch")?.is_uniform()?)
+        borrow(batch, "batch")?.is_uniform()
     })
 }
 

@@ -134,6 +134,7 @@ impl OpDef {
 #[derive(Default)]
 pub struct Registry {
     ops: RwLock<HashMap<String, Arc<OpDef>>>,
+    any: std::sync::atomic::AtomicBool,
 }
 
 impl Registry {
@@ -145,7 +146,12 @@ impl Registry {
 
     /// The operator `name`: a host operator of this registry, else a built-in.
     pub fn get(&self, name: &str) -> Option<Arc<OpDef>> {
-        self.ops.read().get(name).cloned().or_else(|| builtin(name))
+        if self.any.load(std::sync::atomic::Ordering::Acquire) {
+            if let Some(op) = self.ops.read().get(name) {
+                return Some(op.clone());
+            }
+        }
+        builtin(name)
     }
 
     /// Registers a host operator; its name must not be taken.
@@ -164,6 +170,7 @@ impl Registry {
             )));
         }
         ops.insert(op.name.clone(), Arc::new(op));
+        self.any.store(true, std::sync::atomic::Ordering::Release);
         Ok(())
     }
 }
@@ -178,7 +185,7 @@ fn arg(name: &str, ty: ArgType, required: bool) -> ArgSpec {
 
 /// The built-in operator `name`.
 pub fn builtin(name: &str) -> Option<Arc<OpDef>> {
-    static BUILTINS: OnceLock<HashMap<String, Arc<OpDef>>> = OnceLock::new();
+    static BUILTINS: OnceLock<Vec<Arc<OpDef>>> = OnceLock::new();
     BUILTINS
         .get_or_init(|| {
             let binary = |name: &str, kernel: KernelFn| OpDef {
@@ -213,11 +220,10 @@ pub fn builtin(name: &str) -> Option<Arc<OpDef>> {
                     kernel: Kernel::Builtin(kernel_sum),
                 },
             ];
-            ops.into_iter()
-                .map(|op| (op.name.clone(), Arc::new(op)))
-                .collect()
+            ops.into_iter().map(Arc::new).collect()
         })
-        .get(name)
+        .iter()
+        .find(|op| op.name == name)
         .cloned()
 }
 

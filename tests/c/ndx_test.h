@@ -9,6 +9,11 @@
  *                               contains `frag` (frag may be NULL); always frees e.
  *   CHECK_STR_EQ / CHECK_CONTAINS / CHECK_ENDS_WITH  string checks (NULL-safe).
  *   NDX_TEST_SUMMARY(name)      prints "name: P passed, F failed", yields main's status.
+ *   CHECK_LINK(e, kind, frag, op, seq)   one link of an error chain (not freed): kind,
+ *                               message fragment, ndx_error_op (NULL: none), sequence.
+ *   CHECK_FRAME(e, i, file_suffix, line, function, origin)   frame i of e (NULL/0: any).
+ *   ndx_test_chain_length / ndx_test_chain_link / ndx_test_get_frame   chain and frames.
+ *   ndx_test_tensor / ndx_test_in / ndx_test_output   host tensors, inputs, outputs.
  *
  * DLPack producer: ndx_test_versioned() / ndx_test_legacy() build a heap-allocated
  * managed tensor that owns malloc'd shape, strides and data. Its deleter frees all of
@@ -50,6 +55,10 @@
 
 static int ndx_test_passed_ = 0;
 static int ndx_test_failed_ = 0;
+/* A label printed after every failure until changed (NULL: none), e.g. the mode a
+ * parameterised test runs in: NDX_TEST_CONTEXT("mode EAGER"). */
+static const char* ndx_test_context_ = NULL;
+#define NDX_TEST_CONTEXT(label) (ndx_test_context_ = (label))
 
 static inline int ndx_test_check_(int ok, const char* file, int line, const char* cond,
                                   const char* fmt, ...) NDX_TEST_PRINTF(5, 6);
@@ -69,6 +78,7 @@ static inline int ndx_test_check_(int ok, const char* file, int line, const char
     vfprintf(stderr, fmt, ap);
     va_end(ap);
   }
+  if (ndx_test_context_) fprintf(stderr, " [%s]", ndx_test_context_);
   fputc('\n', stderr);
   fflush(stderr);
   return 0;
@@ -101,6 +111,7 @@ static inline int ndx_test_check_ok_(ndx_error_t* e, const char* file, int line,
   fprintf(stderr, "%s:%d: CHECK_OK failed: %s returned an error (%s: %s)\n", file, line, expr,
           ndx_error_kind_name(ndx_error_kind(e)) ? ndx_error_kind_name(ndx_error_kind(e)) : "?",
           ndx_error_message(e) ? ndx_error_message(e) : "(null)");
+  if (ndx_test_context_) fprintf(stderr, "    [%s]\n", ndx_test_context_);
   ndx_test_print_error(e);
   ndx_error_free(e);
   fflush(stderr);
@@ -349,6 +360,126 @@ static inline ndx_import_options_t ndx_test_options(const char* layout, bool rea
   o.layout = layout;
   o.read_only = read_only;
   return o;
+}
+
+/* ---- error chains and frames ------------------------------------------------------- */
+
+/* The number of links of e's cause chain (e itself included); 0 for NULL. */
+static inline size_t ndx_test_chain_length(const ndx_error_t* e) {
+  size_t n = 0;
+  for (; e != NULL; e = ndx_error_cause(e)) n++;
+  return n;
+}
+
+/* Link `i` of e's cause chain (0: e itself), or NULL. */
+static inline const ndx_error_t* ndx_test_chain_link(const ndx_error_t* e, size_t i) {
+  for (; e != NULL && i > 0; i--) e = ndx_error_cause(e);
+  return e;
+}
+
+/* Frame `index` of `e` into *out (zeroed first); 1 on success, 0 (nothing counted) when
+ * ndx_error_frame fails. */
+static inline int ndx_test_get_frame(const ndx_error_t* e, size_t index, ndx_frame_t* out) {
+  memset(out, 0, sizeof *out);
+  out->struct_size = sizeof *out;
+  ndx_error_t* err = ndx_error_frame(e, index, out);
+  if (err) {
+    ndx_error_free(err);
+    memset(out, 0, sizeof *out);
+    return 0;
+  }
+  return 1;
+}
+
+static inline int ndx_test_frame_check_(const ndx_error_t* e, size_t index,
+                                        const char* file_suffix, int line,
+                                        const char* function, int origin, const char* file,
+                                        int src_line, const char* what) {
+  ndx_frame_t f;
+  int ok = ndx_test_get_frame(e, index, &f);
+  const char* problem = ok ? NULL : "no such frame";
+  if (ok && file_suffix && !ndx_test_ends_with(f.file, file_suffix)) problem = "file";
+  if (ok && !problem && line > 0 && f.line != (uint32_t)line) problem = "line";
+  if (ok && !problem && function && !ndx_test_str_eq(f.function, function)) problem = "function";
+  if (ok && !problem && origin != 0 && f.origin != origin) problem = "origin";
+  if (ok && !problem && origin == NDX_FRAME_HOST && f.ip != 0) problem = "ip of a host frame";
+  if (ok && !problem && origin == NDX_FRAME_NATIVE && f.ip == 0) problem = "ip of a native frame";
+  return ndx_test_check_(problem == NULL, file, src_line, what,
+                         "frame %zu of %zu (%s): got %s:%u in %s (origin %d), expected "
+                         "*%s:%d in %s (origin %d) [op %s #%llu: %s]",
+                         index, ndx_error_frame_count(e), problem ? problem : "ok",
+                         ndx_test_s(f.file), (unsigned)f.line, ndx_test_s(f.function),
+                         (int)f.origin, ndx_test_s(file_suffix), line, ndx_test_s(function),
+                         origin, ndx_test_s(ndx_error_op(e)),
+                         (unsigned long long)ndx_error_sequence(e),
+                         ndx_test_s(ndx_error_message(e)));
+}
+
+/* CHECK_FRAME(e, index, file_suffix, line, function, origin): frame `index` of e exists,
+ * its file ends with file_suffix (NULL: any), its line is `line` (0: any), its function
+ * is `function` (NULL: any) and its origin is `origin` (0: any; a host frame must have
+ * ip 0, a native one a non-zero ip). Does not free e. */
+#define CHECK_FRAME(e, index, file_suffix, line, function, origin)                          \
+  ndx_test_frame_check_((e), (index), (file_suffix), (line), (function), (origin), __FILE__, \
+                        __LINE__, "frame " #index " of " #e)
+
+static inline int ndx_test_link_check_(const ndx_error_t* e, int kind, const char* fragment,
+                                       const char* op, uint64_t seq, const char* file,
+                                       int line, const char* what) {
+  const char* problem = NULL;
+  if (e == NULL) problem = "no error";
+  else if (ndx_error_kind(e) != kind) problem = "kind";
+  else if (fragment && !ndx_test_contains(ndx_error_message(e), fragment)) problem = "message";
+  else if (op ? !ndx_test_str_eq(ndx_error_op(e), op) : ndx_error_op(e) != NULL) problem = "op";
+  else if (ndx_error_sequence(e) != seq) problem = "sequence";
+  return ndx_test_check_(problem == NULL, file, line, what,
+                         "%s: got %s \"%s\" op %s #%llu, expected %s containing \"%s\" op %s #%llu",
+                         problem ? problem : "ok",
+                         ndx_test_s(ndx_error_kind_name(ndx_error_kind(e))),
+                         ndx_test_s(ndx_error_message(e)), ndx_test_s(ndx_error_op(e)),
+                         (unsigned long long)ndx_error_sequence(e),
+                         ndx_test_s(ndx_error_kind_name(kind)), ndx_test_s(fragment),
+                         ndx_test_s(op), (unsigned long long)seq);
+}
+
+/* CHECK_LINK(e, kind, fragment, op, seq): e (not freed) is an error of `kind` whose
+ * message contains `fragment` (NULL: any), whose ndx_error_op is `op` (NULL: must be
+ * NULL) and whose ndx_error_sequence is `seq`. */
+#define CHECK_LINK(e, kind, fragment, op, seq) \
+  ndx_test_link_check_((e), (kind), (fragment), (op), (seq), __FILE__, __LINE__, #e)
+
+/* ---- host tensors ------------------------------------------------------------------ */
+
+/* A new compact host tensor copied from `data` (aborts on failure: tests cannot go on). */
+static inline ndx_tensor_t* ndx_test_tensor(const void* data, int32_t dtype, int32_t ndim,
+                                            const int64_t* shape) {
+  ndx_tensor_t* t = NULL;
+  ndx_error_t* e = ndx_tensor_from_host(data, dtype, ndim, shape, NULL, NULL, &t);
+  if (e != NULL || t == NULL) {
+    fprintf(stderr, "ndx_test: ndx_tensor_from_host failed: %s\n",
+            ndx_test_s(ndx_error_message(e)));
+    abort();
+  }
+  return t;
+}
+
+/* An input entry for a tensor. */
+static inline ndx_input_t ndx_test_in(const ndx_tensor_t* t) {
+  ndx_input_t in;
+  in.tensor = t;
+  in.batch = NULL;
+  return in;
+}
+
+/* Output `index` of a future as a new tensor reference, or NULL (reported). */
+static inline ndx_tensor_t* ndx_test_output(const ndx_future_t* f, size_t index) {
+  ndx_tensor_t* t = NULL;
+  ndx_error_t* e = ndx_future_tensor(f, index, &t);
+  if (e) {
+    ndx_test_check_ok_(e, __FILE__, __LINE__, "ndx_future_tensor");
+    return NULL;
+  }
+  return t;
 }
 
 /* A sentinel for out-params that must be reset on error. */

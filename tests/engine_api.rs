@@ -1,0 +1,773 @@
+//! The execution engine from Rust: every eval mode against every kind of failure,
+//! with the error's kind, message, operator, sequence number, enqueue line and cause
+//! chain; callbacks, cancellation, teardown, evaluation, worker threads, concurrency.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ndx::error::{Error, ErrorKind};
+use ndx::exec::{
+    ArgValue, Args, Backend, CallSite, CapturePolicy, Context, Data, EvalMode, Input, Node,
+    Settings, Status, TensorRef, new_context, output_tensor,
+};
+use ndx::ops::{HostKernel, Kernel, OpDef};
+use ndx::tensor::{DType, Tensor};
+
+const MODES: [EvalMode; 4] = [
+    EvalMode::SyncCpu,
+    EvalMode::SyncFull,
+    EvalMode::Deferred,
+    EvalMode::Eager,
+];
+
+fn context(mode: EvalMode, capture: CapturePolicy) -> Context {
+    new_context(
+        Settings {
+            mode,
+            capture,
+            ..Settings::default()
+        },
+        2,
+    )
+}
+
+fn i32s(values: &[i32], shape: &[i64]) -> Input {
+    let t = Tensor::new_host(DType::I32, shape, Default::default(), |b| {
+        b.copy_from_slice(bytemuck_bytes(values));
+        Ok(())
+    })
+    .expect("tensor");
+    Input::Tensor(Arc::new(TensorRef::ready(Arc::new(t))))
+}
+
+fn bytemuck_bytes(v: &[i32]) -> &[u8] {
+    // Plain reinterpretation through to_ne_bytes would allocate; slices of i32 are
+    // valid as bytes.
+    let ptr = v.as_ptr().cast::<u8>();
+    // SAFETY: i32 has no padding; the byte view covers exactly the same memory.
+    unsafe { std::slice::from_raw_parts(ptr, std::mem::size_of_val(v)) }
+}
+
+fn out(node: &Arc<Node>) -> Input {
+    Input::Tensor(Arc::new(output_tensor(node, 0).expect("output 0")))
+}
+
+fn values_i64(node: &Arc<Node>) -> Vec<i64> {
+    let t = output_tensor(node, 0).unwrap();
+    let bytes = t.resolve().expect("ok").to_bytes().unwrap();
+    bytes
+        .chunks(8)
+        .map(|c| i64::from_ne_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+fn values_i32(node: &Arc<Node>) -> Vec<i32> {
+    let t = output_tensor(node, 0).unwrap();
+    let bytes = t.resolve().expect("ok").to_bytes().unwrap();
+    bytes
+        .chunks(4)
+        .map(|c| i32::from_ne_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+/// The failure a future ends with (waiting for it).
+fn failure(node: &Arc<Node>) -> Error {
+    node.wait(None).expect("wait");
+    match node.result() {
+        Some(Err(e)) => e.clone(),
+        _ => panic!("'{}' #{} did not fail", node.op_name(), node.seq()),
+    }
+}
+
+/// Frame 0 is this file at `line`.
+fn assert_site(e: &Error, line: u32) {
+    let f = e
+        .frames()
+        .first()
+        .unwrap_or_else(|| panic!("no frames: {}", e.traceback()));
+    assert!(
+        f.file().unwrap_or("").ends_with("tests/engine_api.rs"),
+        "{:?}\n{}",
+        f.file(),
+        e.traceback()
+    );
+    assert_eq!(f.line(), line, "{}", e.traceback());
+}
+
+struct HostFail;
+impl HostKernel for HostFail {
+    fn run(&self, _: &[Arc<Tensor>], _: &Args, _: usize) -> ndx::error::Result<Vec<Arc<Tensor>>> {
+        Err(Error::new(ErrorKind::Runtime, "host failed").with_cause(Error::index("root cause")))
+    }
+}
+
+struct HostSleep(Duration);
+impl HostKernel for HostSleep {
+    fn run(
+        &self,
+        inputs: &[Arc<Tensor>],
+        _: &Args,
+        _: usize,
+    ) -> ndx::error::Result<Vec<Arc<Tensor>>> {
+        std::thread::sleep(self.0);
+        Ok(vec![inputs[0].clone()])
+    }
+}
+
+/// Records the thread it runs on.
+struct HostThread(Arc<Mutex<Vec<std::thread::ThreadId>>>);
+impl HostKernel for HostThread {
+    fn run(
+        &self,
+        inputs: &[Arc<Tensor>],
+        _: &Args,
+        _: usize,
+    ) -> ndx::error::Result<Vec<Arc<Tensor>>> {
+        self.0.lock().unwrap().push(std::thread::current().id());
+        Ok(vec![inputs[0].clone()])
+    }
+}
+
+fn host_op(ctx: &Context, name: &str, kernel: Arc<dyn HostKernel>) {
+    ctx.registry()
+        .register(OpDef {
+            name: name.into(),
+            n_inputs: 1,
+            n_outputs: 1,
+            args: vec![],
+            infer: None,
+            kernel: Kernel::Host(kernel),
+        })
+        .expect("register");
+}
+
+fn here() -> CallSite {
+    CallSite::default()
+}
+
+#[test]
+fn kernel_error_in_every_mode() {
+    for mode in MODES {
+        let ctx = context(mode, CapturePolicy::Native);
+        let (a, b) = (i32s(&[1, 2, 3], &[3]), i32s(&[1, 0, 1], &[3]));
+        let r = ctx.invoke("div", vec![a, b], Args::new(), None, here());
+        let line = line!() - 1;
+        let f = r.expect("enqueue");
+        if mode.is_sync() {
+            assert_eq!(
+                f.poll(),
+                Status::Failed,
+                "{mode:?}: already failed at return"
+            );
+        }
+        let e = failure(&f);
+        assert_eq!(e.kind(), ErrorKind::Value, "{mode:?}");
+        assert_eq!(e.message(), "integer division by zero (output element 1)");
+        assert_eq!((e.op(), e.sequence()), (Some("div"), Some(1)));
+        assert!(
+            e.cause().is_none(),
+            "the kernel's error itself, not a second link"
+        );
+        assert_site(&e, line);
+        assert!(
+            ctx.evaluate().is_ok(),
+            "observed failures are not reported again"
+        );
+    }
+}
+
+#[test]
+fn injected_runtime_error_in_every_mode() {
+    for mode in MODES {
+        let ctx = context(mode, CapturePolicy::Off);
+        ctx.update(|s| s.backend = Backend::parse("inject_runtime_error:add").unwrap());
+        let (a, b) = (i32s(&[1], &[1]), i32s(&[2], &[1]));
+        let r = ctx.invoke("add", vec![a.clone(), b.clone()], Args::new(), None, here());
+        let line = line!() - 1;
+        let f = r.expect("enqueue");
+        let e = failure(&f);
+        assert_eq!(e.kind(), ErrorKind::Runtime);
+        assert!(
+            e.message()
+                .contains("injected runtime error in operator 'add'"),
+            "{e}"
+        );
+        assert_eq!(e.op(), Some("add"));
+        assert_site(&e, line);
+        // An operator the backend does not name passes untouched.
+        let m = ctx
+            .invoke("mul", vec![a, b], Args::new(), None, here())
+            .unwrap();
+        assert_eq!(values_i32(&m), [2]);
+    }
+}
+
+#[test]
+fn injected_compile_error_fails_at_invoke_in_every_mode() {
+    for mode in MODES {
+        let ctx = context(mode, CapturePolicy::Native);
+        ctx.update(|s| s.backend = Backend::parse("inject_compile_error:sum").unwrap());
+        let r = ctx.invoke("sum", vec![i32s(&[1], &[1])], Args::new(), None, here());
+        let line = line!() - 1;
+        let e = r.err().expect("fails at enqueue");
+        assert_eq!(e.kind(), ErrorKind::Backend);
+        assert!(
+            e.message()
+                .contains("injected compile error in operator 'sum'"),
+            "{e}"
+        );
+        assert_site(&e, line);
+    }
+}
+
+#[test]
+fn dependency_failure_two_levels_deep_chains_every_site() {
+    for mode in MODES {
+        let ctx = context(mode, CapturePolicy::Native);
+        let (a, z, one) = (
+            i32s(&[4, 5], &[2]),
+            i32s(&[0, 1], &[2]),
+            i32s(&[1, 1], &[2]),
+        );
+        let r = ctx.invoke("div", vec![a, z], Args::new(), None, here());
+        let l1 = line!() - 1;
+        let f1 = r.unwrap();
+        let r = ctx.invoke("add", vec![out(&f1), one], Args::new(), None, here());
+        let l2 = line!() - 1;
+        let f2 = r.unwrap();
+        let r = ctx.invoke("sum", vec![out(&f2)], Args::new(), None, here());
+        let l3 = line!() - 1;
+        let f3 = r.unwrap();
+        let e = failure(&f3);
+        let chain: Vec<&Error> = e.chain().collect();
+        assert_eq!(chain.len(), 3, "{}", e.traceback());
+        assert_eq!(e.kind(), ErrorKind::Value, "the upstream kind");
+        assert_eq!(
+            e.message(),
+            "input 0 of 'sum' (#3) failed: it is the output of 'add' (#2), which failed"
+        );
+        assert_eq!((chain[0].op(), chain[0].sequence()), (Some("sum"), Some(3)));
+        assert_eq!((chain[1].op(), chain[1].sequence()), (Some("add"), Some(2)));
+        assert_eq!((chain[2].op(), chain[2].sequence()), (Some("div"), Some(1)));
+        assert!(chain[2].message().starts_with("integer division by zero"));
+        assert_site(chain[0], l3);
+        assert_site(chain[1], l2);
+        assert_site(chain[2], l1);
+        let text = e.traceback();
+        let (p1, p3) = (
+            text.find("ValueError: integer division").unwrap(),
+            text.find("input 0 of 'sum'").unwrap(),
+        );
+        assert!(p1 < p3, "root cause first:\n{text}");
+        assert!(
+            ctx.evaluate().is_ok(),
+            "observing the last link observes the chain ({mode:?})"
+        );
+    }
+}
+
+#[test]
+fn host_op_error_keeps_its_own_cause_and_gets_the_enqueue_site() {
+    for mode in MODES {
+        let ctx = context(mode, CapturePolicy::Native);
+        host_op(&ctx, "fails", Arc::new(HostFail));
+        let r = ctx.invoke("fails", vec![i32s(&[1], &[1])], Args::new(), None, here());
+        let line = line!() - 1;
+        let f = r.unwrap();
+        let e = failure(&f);
+        assert_eq!((e.kind(), e.message()), (ErrorKind::Runtime, "host failed"));
+        assert_eq!((e.op(), e.sequence()), (Some("fails"), Some(1)));
+        assert_site(&e, line);
+        let cause = e.cause().expect("its own cause");
+        assert_eq!(
+            (cause.kind(), cause.message()),
+            (ErrorKind::Index, "root cause")
+        );
+    }
+}
+
+#[test]
+fn timeout_leaves_the_future_valid() {
+    for mode in [EvalMode::Deferred, EvalMode::Eager] {
+        let ctx = context(mode, CapturePolicy::Off);
+        host_op(
+            &ctx,
+            "slow",
+            Arc::new(HostSleep(Duration::from_millis(200))),
+        );
+        let f = ctx
+            .invoke("slow", vec![i32s(&[7], &[1])], Args::new(), None, here())
+            .unwrap();
+        let e = f.wait(Some(Duration::from_millis(1))).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Timeout);
+        assert!(e.message().contains("did not complete within"), "{e}");
+        assert_eq!(f.poll(), Status::Pending);
+        f.wait(None).expect("completes later");
+        assert_eq!(values_i32(&f), [7]);
+    }
+    // SYNC modes complete before invoke returns: a timeout cannot happen.
+    for mode in [EvalMode::SyncCpu, EvalMode::SyncFull] {
+        let ctx = context(mode, CapturePolicy::Off);
+        host_op(&ctx, "slow", Arc::new(HostSleep(Duration::from_millis(20))));
+        let f = ctx
+            .invoke("slow", vec![i32s(&[7], &[1])], Args::new(), None, here())
+            .unwrap();
+        assert_eq!(f.poll(), Status::Ready);
+        assert!(f.wait(Some(Duration::from_millis(0))).is_ok());
+    }
+}
+
+#[test]
+fn noexcept_wraps_execution_failures_only() {
+    let ctx = context(EvalMode::Eager, CapturePolicy::Off);
+    ctx.update(|s| s.backend = Backend::NoExcept);
+    let f = ctx
+        .invoke(
+            "div",
+            vec![i32s(&[1], &[1]), i32s(&[0], &[1])],
+            Args::new(),
+            None,
+            here(),
+        )
+        .unwrap();
+    let e = failure(&f);
+    assert_eq!(
+        (e.kind(), e.message()),
+        (ErrorKind::Backend, "unexpected error when running div")
+    );
+    let cause = e.cause().expect("original as cause");
+    assert_eq!(cause.kind(), ErrorKind::Value);
+    assert_eq!(cause.op(), Some("div"));
+    // Call-time errors are not execution failures: unchanged.
+    let e = ctx
+        .invoke("nope", vec![], Args::new(), None, here())
+        .err()
+        .unwrap();
+    assert_eq!(
+        (e.kind(), e.message()),
+        (ErrorKind::Value, "unknown operator 'nope'")
+    );
+}
+
+#[test]
+fn accuracy_injection_adds_one() {
+    let ctx = context(EvalMode::SyncCpu, CapturePolicy::Off);
+    ctx.update(|s| s.backend = Backend::parse("inject_accuracy_error:add").unwrap());
+    let f = ctx
+        .invoke(
+            "add",
+            vec![i32s(&[1, 2], &[2]), i32s(&[10, 20], &[2])],
+            Args::new(),
+            None,
+            here(),
+        )
+        .unwrap();
+    assert_eq!(values_i32(&f), [12, 23]);
+}
+
+#[test]
+fn results_shapes_and_call_time_validation() {
+    let ctx = context(EvalMode::Deferred, CapturePolicy::Off);
+    let a = i32s(&[1, 2, 3, 4, 5, 6], &[2, 3]);
+    let s = ctx
+        .invoke(
+            "sum",
+            vec![a.clone()],
+            Args::new().with("axes", ArgValue::Ints(vec![1])),
+            None,
+            here(),
+        )
+        .unwrap();
+    // Metadata without running.
+    let t = output_tensor(&s, 0).unwrap();
+    assert_eq!(
+        (t.dtype().unwrap(), t.shape().unwrap().to_vec()),
+        (DType::I64, vec![2])
+    );
+    assert!(
+        !s.is_done(),
+        "asking for metadata does not run a deferred invocation"
+    );
+    assert_eq!(values_i64(&s), [6, 15]);
+    let c = ctx
+        .invoke(
+            "cast",
+            vec![a.clone()],
+            Args::new().with("dtype", ArgValue::DType(DType::F32)),
+            None,
+            here(),
+        )
+        .unwrap();
+    let bytes = output_tensor(&c, 0)
+        .unwrap()
+        .resolve()
+        .unwrap()
+        .to_bytes()
+        .unwrap();
+    let floats: Vec<f32> = bytes
+        .chunks(4)
+        .map(|b| f32::from_ne_bytes(b.try_into().unwrap()))
+        .collect();
+    assert_eq!(floats, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    let err = |op: &str, inputs: Vec<Input>, args: Args| {
+        ctx.invoke(op, inputs, args, None, here()).err().unwrap()
+    };
+    let e = err("add", vec![a.clone()], Args::new());
+    assert!(
+        e.message()
+            .contains("operator 'add': expected 2 inputs, got 1"),
+        "{e}"
+    );
+    let e = err(
+        "sum",
+        vec![a.clone()],
+        Args::new().with("axis", ArgValue::Int(0)),
+    );
+    assert!(
+        e.message()
+            .contains("has no argument 'axis' (it takes: axes, keepdims)"),
+        "{e}"
+    );
+    let e = err(
+        "sum",
+        vec![a.clone()],
+        Args::new().with("keepdims", ArgValue::Int(1)),
+    );
+    assert_eq!(e.kind(), ErrorKind::Type);
+    let e = err(
+        "sum",
+        vec![a.clone()],
+        Args::new().with("axes", ArgValue::Ints(vec![2])),
+    );
+    assert_eq!(e.kind(), ErrorKind::Index);
+    assert!(
+        e.message()
+            .contains("axis 2 is out of range for a tensor of ndim 2"),
+        "{e}"
+    );
+    let e = err("add", vec![a.clone(), i32s(&[1, 2], &[2])], Args::new());
+    assert!(
+        e.message()
+            .contains("shapes [2, 3] and [2] cannot be broadcast"),
+        "{e}"
+    );
+    let e = err("cast", vec![a], Args::new());
+    assert!(e.message().contains("needs argument 'dtype'"), "{e}");
+}
+
+#[test]
+fn deferred_runs_on_evaluate_and_reports_unobserved_failures_once() {
+    let ctx = context(EvalMode::Deferred, CapturePolicy::Off);
+    let ok = ctx
+        .invoke(
+            "add",
+            vec![i32s(&[1], &[1]), i32s(&[2], &[1])],
+            Args::new(),
+            None,
+            here(),
+        )
+        .unwrap();
+    let bad = ctx
+        .invoke(
+            "div",
+            vec![i32s(&[1], &[1]), i32s(&[0], &[1])],
+            Args::new(),
+            None,
+            here(),
+        )
+        .unwrap();
+    let bad_seq = bad.seq();
+    drop(bad); // releasing a future never cancels its work
+    assert!(!ok.is_done());
+    let e = ctx.evaluate().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Runtime);
+    assert_eq!(e.message(), "1 invocation failed without being observed");
+    assert_eq!(e.related().len(), 1);
+    assert_eq!(e.related()[0].sequence(), Some(bad_seq));
+    assert!(ok.is_done());
+    assert!(ctx.evaluate().is_ok(), "reported exactly once");
+}
+
+#[test]
+fn poll_hands_deferred_work_to_the_workers() {
+    let ctx = context(EvalMode::Deferred, CapturePolicy::Off);
+    let f = ctx
+        .invoke(
+            "add",
+            vec![i32s(&[1], &[1]), i32s(&[2], &[1])],
+            Args::new(),
+            None,
+            here(),
+        )
+        .unwrap();
+    assert_eq!(f.poll(), Status::Pending);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while f.poll() == Status::Pending {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "poll must start the work"
+        );
+        std::thread::yield_now();
+    }
+    assert_eq!(f.poll(), Status::Ready);
+}
+
+#[test]
+fn eager_work_runs_on_a_worker_thread_never_inline() {
+    let ctx = context(EvalMode::Eager, CapturePolicy::Off);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    host_op(&ctx, "where", Arc::new(HostThread(seen.clone())));
+    for _ in 0..20 {
+        let f = ctx
+            .invoke("where", vec![i32s(&[1], &[1])], Args::new(), None, here())
+            .unwrap();
+        f.wait(None).unwrap();
+    }
+    let me = std::thread::current().id();
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 20);
+    assert!(seen.iter().all(|t| *t != me), "EAGER ran inline");
+    // SYNC runs on the calling thread.
+    let ctx = context(EvalMode::SyncCpu, CapturePolicy::Off);
+    let inline = Arc::new(Mutex::new(Vec::new()));
+    host_op(&ctx, "where", Arc::new(HostThread(inline.clone())));
+    ctx.invoke("where", vec![i32s(&[1], &[1])], Args::new(), None, here())
+        .unwrap();
+    assert_eq!(*inline.lock().unwrap(), [me]);
+}
+
+fn counter_callback(count: &Arc<AtomicUsize>) -> ndx::exec::Callback {
+    let c = count.clone();
+    Box::new(move |_| {
+        c.fetch_add(1, Ordering::SeqCst);
+    })
+}
+
+#[test]
+fn on_ready_fires_exactly_once_in_every_order() {
+    let ctx = context(EvalMode::Eager, CapturePolicy::Off);
+    host_op(&ctx, "slow", Arc::new(HostSleep(Duration::from_millis(30))));
+    // Registered before completion.
+    let before = Arc::new(AtomicUsize::new(0));
+    let f = ctx
+        .invoke("slow", vec![i32s(&[1], &[1])], Args::new(), None, here())
+        .unwrap();
+    f.on_ready(counter_callback(&before));
+    f.wait(None).unwrap();
+    // Registered after completion: runs at once on this thread.
+    let after = Arc::new(AtomicUsize::new(0));
+    f.on_ready(counter_callback(&after));
+    assert_eq!(after.load(Ordering::SeqCst), 1);
+    // Future released before completion: the callback still fires.
+    let released = Arc::new(AtomicUsize::new(0));
+    let g = ctx
+        .invoke("slow", vec![i32s(&[1], &[1])], Args::new(), None, here())
+        .unwrap();
+    g.on_ready(counter_callback(&released));
+    drop(g);
+    // Failure, and cancellation.
+    let failed = Arc::new(AtomicUsize::new(0));
+    let h = ctx
+        .invoke(
+            "div",
+            vec![i32s(&[1], &[1]), i32s(&[0], &[1])],
+            Args::new(),
+            None,
+            here(),
+        )
+        .unwrap();
+    h.on_ready(counter_callback(&failed));
+    let cancelled = Arc::new(AtomicUsize::new(0));
+    let d = ctx
+        .invoke(
+            "add",
+            vec![i32s(&[1], &[1]), i32s(&[1], &[1])],
+            Args::new(),
+            Some(EvalMode::Deferred),
+            here(),
+        )
+        .unwrap();
+    d.on_ready(counter_callback(&cancelled));
+    assert!(d.cancel("test"));
+    assert!(!d.cancel("again"), "only once");
+    assert_eq!(failure(&d).kind(), ErrorKind::Cancelled);
+    let _ = ctx.evaluate();
+    for (name, c) in [
+        ("before", &before),
+        ("after", &after),
+        ("released", &released),
+        ("failed", &failed),
+        ("cancelled", &cancelled),
+    ] {
+        assert_eq!(c.load(Ordering::SeqCst), 1, "{name}");
+    }
+}
+
+#[test]
+fn releasing_the_context_cancels_pending_work_and_fires_callbacks() {
+    let ctx = context(EvalMode::Deferred, CapturePolicy::Off);
+    let fired = Arc::new(AtomicUsize::new(0));
+    let f1 = ctx
+        .invoke(
+            "add",
+            vec![i32s(&[1], &[1]), i32s(&[1], &[1])],
+            Args::new(),
+            None,
+            here(),
+        )
+        .unwrap();
+    let f2 = ctx
+        .invoke("sum", vec![out(&f1)], Args::new(), None, here())
+        .unwrap();
+    f1.on_ready(counter_callback(&fired));
+    f2.on_ready(counter_callback(&fired));
+    drop(ctx);
+    assert_eq!(fired.load(Ordering::SeqCst), 2);
+    let e = failure(&f2);
+    assert_eq!(e.kind(), ErrorKind::Cancelled);
+    assert!(e.message().contains("its context was released"), "{e}");
+}
+
+#[test]
+fn cancelled_input_fails_its_dependents_with_it_as_cause() {
+    let ctx = context(EvalMode::Deferred, CapturePolicy::Off);
+    let f1 = ctx
+        .invoke(
+            "add",
+            vec![i32s(&[1], &[1]), i32s(&[1], &[1])],
+            Args::new(),
+            None,
+            here(),
+        )
+        .unwrap();
+    let f2 = ctx
+        .invoke("sum", vec![out(&f1)], Args::new(), None, here())
+        .unwrap();
+    assert!(f1.cancel("test"));
+    let e = failure(&f2);
+    assert_eq!(e.kind(), ErrorKind::Cancelled);
+    assert_eq!(e.cause().map(Error::kind), Some(ErrorKind::Cancelled));
+}
+
+#[test]
+fn waiting_inside_a_callback_is_refused_not_a_deadlock() {
+    let ctx = context(EvalMode::Eager, CapturePolicy::Off);
+    let f = ctx
+        .invoke(
+            "add",
+            vec![i32s(&[1], &[1]), i32s(&[1], &[1])],
+            Args::new(),
+            None,
+            here(),
+        )
+        .unwrap();
+    let g = ctx
+        .invoke(
+            "add",
+            vec![i32s(&[1], &[1]), i32s(&[1], &[1])],
+            Args::new(),
+            Some(EvalMode::Deferred),
+            here(),
+        )
+        .unwrap();
+    let seen = Arc::new(Mutex::new(None));
+    let s = seen.clone();
+    let g2 = g.clone();
+    f.on_ready(Box::new(move |_| {
+        *s.lock().unwrap() = Some(g2.wait(None).map_err(|e| e.message().to_string()));
+    }));
+    f.wait(None).unwrap();
+    let got = loop {
+        if let Some(v) = seen.lock().unwrap().take() {
+            break v;
+        }
+        std::thread::yield_now();
+    };
+    let msg = got.expect_err("refused");
+    assert!(msg.contains("would block an ndx worker"), "{msg}");
+}
+
+#[test]
+fn batch_inputs_run_per_sample() {
+    use ndx::exec::BatchRef;
+    use ndx::tensor::Batch;
+    let ctx = context(EvalMode::SyncCpu, CapturePolicy::Off);
+    let sample = |v: &[i32], shape: &[i64]| {
+        Arc::new(
+            Tensor::new_host(DType::I32, shape, Default::default(), |b| {
+                b.copy_from_slice(bytemuck_bytes(v));
+                Ok(())
+            })
+            .unwrap(),
+        )
+    };
+    let batch = Batch::new(vec![sample(&[1, 2], &[2]), sample(&[3, 4, 5], &[3])]).unwrap();
+    let input = Input::Batch(Arc::new(BatchRef::ready(Arc::new(batch))));
+    let f = ctx
+        .invoke("sum", vec![input], Args::new(), None, here())
+        .unwrap();
+    let Some(Ok(outs)) = f.result() else {
+        panic!("ok")
+    };
+    let Data::Batch(b) = &outs[0] else {
+        panic!("batch out")
+    };
+    let sums: Vec<i64> = b
+        .samples()
+        .iter()
+        .map(|s| i64::from_ne_bytes(s.to_bytes().unwrap().try_into().unwrap()))
+        .collect();
+    assert_eq!(sums, [3, 12]);
+}
+
+#[test]
+fn many_threads_share_one_context_without_losing_errors() {
+    let ctx = context(EvalMode::Eager, CapturePolicy::Off);
+    let failures = Arc::new(AtomicUsize::new(0));
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let ctx = ctx.clone();
+            let failures = failures.clone();
+            std::thread::spawn(move || {
+                for i in 0..100 {
+                    let mode = MODES[(i + t) % 4];
+                    let divisor = if i % 7 == 0 { 0 } else { 1 };
+                    let f = ctx
+                        .invoke(
+                            "div",
+                            vec![i32s(&[8], &[1]), i32s(&[divisor], &[1])],
+                            Args::new(),
+                            Some(mode),
+                            here(),
+                        )
+                        .unwrap();
+                    match i % 3 {
+                        0 => {
+                            if f.wait(None).is_ok() && matches!(f.result(), Some(Err(_))) {
+                                failures.fetch_add(1, Ordering::SeqCst);
+                            }
+                        }
+                        1 => {
+                            while f.poll() == Status::Pending {
+                                std::thread::yield_now();
+                            }
+                        }
+                        _ => drop(f), // reported by evaluate if it failed
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let expected_failures = 4 * (0..100).filter(|i| i % 7 == 0).count();
+    let reported = ctx.evaluate().err().map_or(0, |e| e.related().len());
+    // Failures observed by wait or poll plus those evaluate reports: all of them.
+    let polled = 4 * (0..100).filter(|i| i % 7 == 0 && i % 3 == 1).count();
+    assert_eq!(
+        failures.load(Ordering::SeqCst) + polled + reported,
+        expected_failures
+    );
+}

@@ -1,0 +1,216 @@
+//! The engine's C entry points called from Rust: the caller frame read from the entry
+//! point's frame record, explicit locations, host frame providers and policy order.
+
+mod common;
+
+use std::ffi::{CStr, c_char, c_void};
+
+use common::ok;
+use ndx::ffi::*;
+
+fn cstr(p: *const c_char) -> String {
+    assert!(!p.is_null());
+    // SAFETY: C strings borrowed from a live error.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+fn frames(e: *const ndx_error_t) -> Vec<(String, String, u32, ndx_frame_origin_t)> {
+    (0..ndx_error_frame_count(e))
+        .map(|i| {
+            let mut f = ndx_frame_t {
+                struct_size: std::mem::size_of::<ndx_frame_t>(),
+                function: std::ptr::null(),
+                file: std::ptr::null(),
+                line: 0,
+                column: 0,
+                ip: 0,
+                origin: ndx_frame_origin_t::NDX_FRAME_NATIVE,
+            };
+            ok(ndx_error_frame(e, i, &mut f));
+            let s = |p: *const c_char| if p.is_null() { String::new() } else { cstr(p) };
+            (s(f.function), s(f.file), f.line, f.origin)
+        })
+        .collect()
+}
+
+fn context(policy: ndx_capture_policy_t) -> *mut ndx_context_t {
+    let opts = ndx_context_options_t {
+        struct_size: std::mem::size_of::<ndx_context_options_t>(),
+        eval_mode: ndx_eval_mode_t::NDX_EVAL_EAGER as i32,
+        capture_policy: policy as i32,
+        capture_depth: 0,
+        num_threads: 0,
+        backend: c"inject_runtime_error:add".as_ptr(),
+        process_events_callbacks: false,
+    };
+    let mut ctx = std::ptr::null_mut();
+    ok(ndx_context_new(&opts, &mut ctx));
+    ctx
+}
+
+fn scalar() -> *mut ndx_tensor_t {
+    let v = [1.0f32];
+    let mut t = std::ptr::null_mut();
+    ok(ndx_tensor_from_host(
+        v.as_ptr().cast(),
+        ndx_dtype_t::NDX_DTYPE_FLOAT32 as i32,
+        0,
+        std::ptr::null(),
+        std::ptr::null(),
+        std::ptr::null(),
+        &mut t,
+    ));
+    t
+}
+
+/// Invokes the failing `add` and returns its error.
+fn failing_add(
+    ctx: *mut ndx_context_t,
+    opts: *const ndx_invoke_options_t,
+) -> (*mut ndx_error_t, u32) {
+    let t = scalar();
+    let ins = [
+        ndx_input_t {
+            tensor: t,
+            batch: std::ptr::null(),
+        },
+        ndx_input_t {
+            tensor: t,
+            batch: std::ptr::null(),
+        },
+    ];
+    let mut f = std::ptr::null_mut();
+    let line = line!() + 1;
+    ok(ndx_invoke(
+        ctx,
+        c"add".as_ptr(),
+        ins.as_ptr(),
+        2,
+        std::ptr::null(),
+        opts,
+        &mut f,
+    ));
+    let e = ndx_future_wait(f, -1);
+    assert!(!e.is_null());
+    ndx_future_release(f);
+    ndx_tensor_release(t);
+    (e, line)
+}
+
+#[test]
+fn the_caller_frame_alone_names_the_invoking_line() {
+    let ctx = context(ndx_capture_policy_t::NDX_CAPTURE_OFF);
+    let (e, line) = failing_add(ctx, std::ptr::null());
+    let fr = frames(e);
+    assert_eq!(fr.len(), 1, "{fr:?}");
+    assert!(fr[0].0.ends_with("failing_add"), "{fr:?}");
+    assert!(fr[0].1.ends_with("tests/engine_ffi.rs"), "{fr:?}");
+    assert_eq!(
+        (fr[0].2, fr[0].3),
+        (line, ndx_frame_origin_t::NDX_FRAME_NATIVE)
+    );
+    assert_eq!(cstr(ndx_error_op(e)), "add");
+    ndx_error_free(e);
+    ndx_context_release(ctx);
+}
+
+#[test]
+fn an_explicit_location_replaces_the_native_caller_frame() {
+    let ctx = context(ndx_capture_policy_t::NDX_CAPTURE_NATIVE);
+    let opts = ndx_invoke_options_t {
+        struct_size: std::mem::size_of::<ndx_invoke_options_t>(),
+        location: ndx_location_t {
+            file: c"app.py".as_ptr(),
+            line: 41,
+            function: c"main".as_ptr(),
+        },
+        mode: 0,
+    };
+    let (e, _) = failing_add(ctx, &opts);
+    let fr = frames(e);
+    assert_eq!(
+        fr[0],
+        (
+            "main".into(),
+            "app.py".into(),
+            41,
+            ndx_frame_origin_t::NDX_FRAME_HOST
+        )
+    );
+    assert!(
+        fr[1]
+            .0
+            .ends_with("an_explicit_location_replaces_the_native_caller_frame"),
+        "{fr:?}"
+    );
+    ndx_error_free(e);
+    ndx_context_release(ctx);
+}
+
+unsafe extern "C" fn provider(user: *mut c_void, out: *mut ndx_host_frame_t, cap: usize) -> usize {
+    let calls = user.cast::<usize>();
+    // SAFETY: the test's counter and `cap` writable frames.
+    unsafe {
+        *calls += 1;
+        let frames = [
+            (c"inner", c"script.py", 7u32),
+            (c"outer", c"script.py", 3u32),
+        ];
+        let n = frames.len().min(cap);
+        for (i, (f, file, line)) in frames.iter().take(n).enumerate() {
+            *out.add(i) = ndx_host_frame_t {
+                function: f.as_ptr(),
+                file: file.as_ptr(),
+                line: *line,
+            };
+        }
+        n
+    }
+}
+
+#[test]
+fn host_frames_come_from_the_provider_in_policy_order() {
+    let mut calls = 0usize;
+    for policy in [
+        ndx_capture_policy_t::NDX_CAPTURE_HOST,
+        ndx_capture_policy_t::NDX_CAPTURE_ALL,
+    ] {
+        let ctx = context(policy);
+        ok(ndx_context_set_frame_provider(
+            ctx,
+            Some(provider),
+            (&raw mut calls).cast(),
+            None,
+        ));
+        let (e, _) = failing_add(ctx, std::ptr::null());
+        let fr = frames(e);
+        assert_eq!(
+            fr[0],
+            (
+                "inner".into(),
+                "script.py".into(),
+                7,
+                ndx_frame_origin_t::NDX_FRAME_HOST
+            )
+        );
+        assert_eq!(
+            fr[1],
+            (
+                "outer".into(),
+                "script.py".into(),
+                3,
+                ndx_frame_origin_t::NDX_FRAME_HOST
+            )
+        );
+        match policy {
+            ndx_capture_policy_t::NDX_CAPTURE_HOST => assert_eq!(fr.len(), 2, "{fr:?}"),
+            _ => {
+                assert!(fr.len() > 2 && fr[2].0.ends_with("failing_add"), "{fr:?}");
+                assert_eq!(fr[2].3, ndx_frame_origin_t::NDX_FRAME_NATIVE);
+            }
+        }
+        ndx_error_free(e);
+        ndx_context_release(ctx);
+    }
+    assert_eq!(calls, 2, "called once per invocation");
+}

@@ -1,0 +1,860 @@
+"""A small ctypes binding of libndx, for the Python tests and scripts.
+
+Not a package: just what `tests/python` and `scripts/bench_ctypes.py` use.
+
+The library is loaded from `$NDX_LIBRARY` (a path to libndx.so), else from
+`build/cargo/release/libndx.so` (the CMake build) or `target/release/libndx.so`
+(a plain cargo build) under the repository root.
+
+Ownership follows `include/ndx.h`: every handle a function returns is a new
+reference that the wrapper object releases (`release()`, or when it is collected);
+errors are owned values that `NdxError.from_ptr` turns into an exception and frees.
+
+DLPack (`tensor_from_numpy`): the consumer of a `__dlpack__` capsule takes the
+`DLManagedTensor[Versioned]*` out of it and, once it owns the tensor, renames the
+capsule to "used_dltensor[_versioned]" so that the capsule's destructor (NumPy's)
+does not call the deleter a second time. ndx then calls the deleter exactly once,
+when the last reference to the tensor goes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import threading
+from ctypes import (
+    CFUNCTYPE,
+    POINTER,
+    Structure,
+    byref,
+    c_bool,
+    c_char,
+    c_char_p,
+    c_int32,
+    c_int64,
+    c_size_t,
+    c_uint8,
+    c_uint16,
+    c_uint32,
+    c_uint64,
+    c_void_p,
+)
+from typing import NamedTuple, Optional
+
+# --------------------------------------------------------------------------- loading
+
+REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+_CANDIDATES = (
+    os.path.join(REPO_ROOT, "build", "cargo", "release", "libndx.so"),
+    os.path.join(REPO_ROOT, "target", "release", "libndx.so"),
+)
+
+
+def library_path() -> str:
+    """The libndx.so this module loads (see the module docstring)."""
+    env = os.environ.get("NDX_LIBRARY")
+    if env:
+        if not os.path.isfile(env):
+            raise OSError(f"NDX_LIBRARY={env!r} is not a file")
+        return env
+    for path in _CANDIDATES:
+        if os.path.isfile(path):
+            return path
+    raise OSError(
+        "libndx.so not found: set NDX_LIBRARY, or build it (cmake --build build, "
+        "or cargo build --release); looked at " + ", ".join(_CANDIDATES)
+    )
+
+
+LIBRARY_PATH = library_path()
+lib = ctypes.CDLL(LIBRARY_PATH)
+
+# --------------------------------------------------------------------------- enums
+
+NDX_FRAME_NATIVE = 1
+NDX_FRAME_HOST = 2
+
+NDX_ERROR_VALUE = 1
+NDX_ERROR_TYPE = 2
+NDX_ERROR_INDEX = 3
+NDX_ERROR_RUNTIME = 4
+NDX_ERROR_MEMORY = 5
+NDX_ERROR_NOT_IMPLEMENTED = 6
+NDX_ERROR_CUDA = 7
+NDX_ERROR_TIMEOUT = 8
+NDX_ERROR_CANCELLED = 9
+NDX_ERROR_CHECK = 10
+NDX_ERROR_BACKEND = 11
+NDX_ERROR_INTERNAL = 12
+
+NDX_DTYPE_BOOL = 1
+NDX_DTYPE_INT8 = 2
+NDX_DTYPE_INT16 = 3
+NDX_DTYPE_INT32 = 4
+NDX_DTYPE_INT64 = 5
+NDX_DTYPE_UINT8 = 6
+NDX_DTYPE_UINT16 = 7
+NDX_DTYPE_UINT32 = 8
+NDX_DTYPE_UINT64 = 9
+NDX_DTYPE_FLOAT16 = 10
+NDX_DTYPE_BFLOAT16 = 11
+NDX_DTYPE_FLOAT32 = 12
+NDX_DTYPE_FLOAT64 = 13
+
+NDX_EVAL_CONTEXT_DEFAULT = 0
+NDX_EVAL_SYNC_CPU = 1
+NDX_EVAL_SYNC_FULL = 2
+NDX_EVAL_DEFERRED = 3
+NDX_EVAL_EAGER = 4
+
+NDX_CAPTURE_OFF = 1
+NDX_CAPTURE_HOST = 2
+NDX_CAPTURE_NATIVE = 3
+NDX_CAPTURE_ALL = 4
+
+NDX_FUTURE_PENDING = 0
+NDX_FUTURE_READY = 1
+NDX_FUTURE_FAILED = 2
+
+kDLCPU = 1
+DLPACK_FLAG_BITMASK_READ_ONLY = 1 << 0
+DLPACK_FLAG_BITMASK_IS_COPIED = 1 << 1
+
+# --------------------------------------------------------------------------- structs
+# Mirrors of include/ndx.h and include/ndx_dlpack.h, field for field.
+
+
+class ndx_frame_t(Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("function", c_char_p),
+        ("file", c_char_p),
+        ("line", c_uint32),
+        ("column", c_uint32),
+        ("ip", c_size_t),
+        ("origin", c_int32),
+    ]
+
+
+class ndx_input_t(Structure):
+    _fields_ = [("tensor", c_void_p), ("batch", c_void_p)]
+
+
+class ndx_location_t(Structure):
+    _fields_ = [("file", c_char_p), ("line", c_uint32), ("function", c_char_p)]
+
+
+class ndx_invoke_options_t(Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("location", ndx_location_t),
+        ("mode", c_int32),
+    ]
+
+
+class ndx_host_frame_t(Structure):
+    _fields_ = [("function", c_char_p), ("file", c_char_p), ("line", c_uint32)]
+
+
+class ndx_context_options_t(Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("eval_mode", c_int32),
+        ("capture_policy", c_int32),
+        ("capture_depth", c_uint32),
+        ("num_threads", c_uint32),
+        ("backend", c_char_p),
+        ("process_events_callbacks", c_bool),
+    ]
+
+
+class ndx_import_options_t(Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("layout", c_char_p),
+        ("read_only", c_bool),
+    ]
+
+
+class DLPackVersion(Structure):
+    _fields_ = [("major", c_uint32), ("minor", c_uint32)]
+
+
+class DLDevice(Structure):
+    _fields_ = [("device_type", c_int32), ("device_id", c_int32)]
+
+
+class DLDataType(Structure):
+    _fields_ = [("code", c_uint8), ("bits", c_uint8), ("lanes", c_uint16)]
+
+
+class DLTensor(Structure):
+    _fields_ = [
+        ("data", c_void_p),
+        ("device", DLDevice),
+        ("ndim", c_int32),
+        ("dtype", DLDataType),
+        ("shape", POINTER(c_int64)),
+        ("strides", POINTER(c_int64)),
+        ("byte_offset", c_uint64),
+    ]
+
+
+class DLManagedTensorVersioned(Structure):
+    pass
+
+
+DLManagedTensorVersionedDeleter = CFUNCTYPE(None, POINTER(DLManagedTensorVersioned))
+DLManagedTensorVersioned._fields_ = [
+    ("version", DLPackVersion),
+    ("manager_ctx", c_void_p),
+    ("deleter", DLManagedTensorVersionedDeleter),
+    ("flags", c_uint64),
+    ("dl_tensor", DLTensor),
+]
+
+
+class DLManagedTensor(Structure):
+    pass
+
+
+DLManagedTensorDeleter = CFUNCTYPE(None, POINTER(DLManagedTensor))
+DLManagedTensor._fields_ = [
+    ("dl_tensor", DLTensor),
+    ("manager_ctx", c_void_p),
+    ("deleter", DLManagedTensorDeleter),
+]
+
+# Callback types.
+FRAME_PROVIDER_T = CFUNCTYPE(c_size_t, c_void_p, POINTER(ndx_host_frame_t), c_size_t)
+USER_FREE_T = CFUNCTYPE(None, c_void_p)
+
+# --------------------------------------------------------------------------- prototypes
+
+_err = c_void_p  # ndx_error_t*: None on success
+
+
+def _proto(name, restype, *argtypes):
+    fn = getattr(lib, name)
+    fn.restype = restype
+    fn.argtypes = list(argtypes)
+    return fn
+
+
+_proto("ndx_version", c_uint32)
+_proto("ndx_version_string", c_char_p)
+# errors
+_proto("ndx_error_kind", c_int32, c_void_p)
+_proto("ndx_error_kind_name", c_char_p, c_int32)
+_proto("ndx_error_message", c_char_p, c_void_p)
+_proto("ndx_error_frame_count", c_size_t, c_void_p)
+_proto("ndx_error_frame", _err, c_void_p, c_size_t, POINTER(ndx_frame_t))
+_proto("ndx_error_cause", c_void_p, c_void_p)
+_proto("ndx_error_related_count", c_size_t, c_void_p)
+_proto("ndx_error_related", c_void_p, c_void_p, c_size_t)
+_proto("ndx_error_op", c_char_p, c_void_p)
+_proto("ndx_error_sequence", c_uint64, c_void_p)
+_proto("ndx_error_format", c_size_t, c_void_p, c_void_p, c_size_t)
+_proto("ndx_error_free", None, c_void_p)
+# contexts
+_proto("ndx_context_new", _err, POINTER(ndx_context_options_t), POINTER(c_void_p))
+_proto("ndx_context_release", None, c_void_p)
+_proto("ndx_context_set_eval_mode", _err, c_void_p, c_int32)
+_proto("ndx_context_set_capture_policy", _err, c_void_p, c_int32, c_uint32)
+_proto("ndx_context_set_backend", _err, c_void_p, c_char_p)
+_proto("ndx_context_set_frame_provider", _err, c_void_p, FRAME_PROVIDER_T, c_void_p, USER_FREE_T)
+_proto("ndx_context_evaluate", _err, c_void_p)
+# args
+_proto("ndx_args_new", _err, POINTER(c_void_p))
+_proto("ndx_args_free", None, c_void_p)
+_proto("ndx_args_set_int", _err, c_void_p, c_char_p, c_int64)
+_proto("ndx_args_set_float", _err, c_void_p, c_char_p, ctypes.c_double)
+_proto("ndx_args_set_bool", _err, c_void_p, c_char_p, c_bool)
+_proto("ndx_args_set_string", _err, c_void_p, c_char_p, c_char_p)
+_proto("ndx_args_set_dtype", _err, c_void_p, c_char_p, c_int32)
+# invocations and futures
+_proto(
+    "ndx_invoke",
+    _err,
+    c_void_p,  # ctx
+    c_char_p,  # op
+    POINTER(ndx_input_t),
+    c_size_t,
+    c_void_p,  # args
+    POINTER(ndx_invoke_options_t),
+    POINTER(c_void_p),  # out future
+)
+_proto("ndx_future_poll", c_int32, c_void_p)
+_proto("ndx_future_wait", _err, c_void_p, c_int64)
+_proto("ndx_future_error", _err, c_void_p)
+_proto("ndx_future_output_count", _err, c_void_p, POINTER(c_size_t))
+_proto("ndx_future_tensor", _err, c_void_p, c_size_t, POINTER(c_void_p))
+_proto("ndx_future_release", None, c_void_p)
+# tensors
+_proto(
+    "ndx_tensor_from_dlpack_versioned",
+    _err,
+    c_void_p,
+    POINTER(ndx_import_options_t),
+    POINTER(c_void_p),
+)
+_proto("ndx_tensor_from_dlpack", _err, c_void_p, POINTER(ndx_import_options_t), POINTER(c_void_p))
+_proto("ndx_tensor_copy_to", _err, c_void_p, c_void_p, c_size_t)
+_proto("ndx_tensor_release", None, c_void_p)
+_proto("ndx_tensor_dtype", _err, c_void_p, POINTER(c_int32))
+_proto("ndx_tensor_ndim", _err, c_void_p, POINTER(c_int32))
+_proto("ndx_tensor_shape", _err, c_void_p, POINTER(POINTER(c_int64)))
+_proto("ndx_tensor_nbytes", _err, c_void_p, POINTER(c_size_t))
+_proto("ndx_tensor_is_read_only", _err, c_void_p, POINTER(c_bool))
+_proto("ndx_dtype_name", c_char_p, c_int32)
+
+# The capsule API (PyDLL: called with the GIL held).
+_capi = ctypes.pythonapi
+_capi.PyCapsule_GetPointer.restype = c_void_p
+_capi.PyCapsule_GetPointer.argtypes = [ctypes.py_object, c_char_p]
+_capi.PyCapsule_SetName.restype = ctypes.c_int
+_capi.PyCapsule_SetName.argtypes = [ctypes.py_object, c_char_p]
+_capi.PyCapsule_IsValid.restype = ctypes.c_int
+_capi.PyCapsule_IsValid.argtypes = [ctypes.py_object, c_char_p]
+
+# --------------------------------------------------------------------------- errors
+
+
+class Frame(NamedTuple):
+    """One frame of an error's capture site (innermost first in `NdxError.frames`)."""
+
+    function: Optional[str]
+    file: Optional[str]
+    line: int
+    origin: int  # NDX_FRAME_NATIVE or NDX_FRAME_HOST
+
+
+def _text(b: Optional[bytes]) -> Optional[str]:
+    return None if b is None else b.decode("utf-8", "replace")
+
+
+class NdxError(Exception):
+    """An ndx error: kind, message, capture-site frames, cause chain, related errors.
+
+    `frames` is a list of `Frame(function, file, line, origin)`, innermost first;
+    `cause` the next link of the chain (also set as `__cause__`, so Python prints
+    the chain); `related` the errors this one groups; `traceback_text` the text of
+    `ndx_error_format` for the whole chain. Instances of the kind's subclass (e.g.
+    `NdxValueError`) are also instances of the matching built-in exception.
+    """
+
+    def __init__(
+        self,
+        kind: int,
+        message: str,
+        frames=(),
+        cause: Optional["NdxError"] = None,
+        related=(),
+        op: Optional[str] = None,
+        sequence: int = 0,
+        traceback_text: str = "",
+    ):
+        super().__init__(message)
+        self.kind = kind
+        self.kind_name = _text(lib.ndx_error_kind_name(kind)) or f"kind {kind}"
+        self.message = message
+        self.frames = list(frames)
+        self.cause = cause
+        self.related = list(related)
+        self.op = op
+        self.sequence = sequence
+        self.traceback_text = traceback_text
+        if cause is not None:
+            self.__cause__ = cause
+
+    def __str__(self) -> str:
+        where = f" (invocation #{self.sequence} of '{self.op}')" if self.op else ""
+        return f"{self.message}{where}"
+
+    def chain(self):
+        """This error, then its causes, outermost first."""
+        e = self
+        while e is not None:
+            yield e
+            e = e.cause
+
+    @classmethod
+    def from_borrowed(cls, ptr: int, with_text: bool = True) -> "NdxError":
+        """Builds an exception from an `ndx_error_t*` without freeing it."""
+        kind = lib.ndx_error_kind(ptr)
+        message = _text(lib.ndx_error_message(ptr)) or ""
+        frames = []
+        fr = ndx_frame_t()
+        for i in range(lib.ndx_error_frame_count(ptr)):
+            fr.struct_size = ctypes.sizeof(ndx_frame_t)
+            e = lib.ndx_error_frame(ptr, i, byref(fr))
+            if e:  # cannot happen for i < count; do not lose it if it does
+                raise NdxError.from_ptr(e)
+            frames.append(Frame(_text(fr.function), _text(fr.file), fr.line, fr.origin))
+        cause_ptr = lib.ndx_error_cause(ptr)
+        cause = cls.from_borrowed(cause_ptr, with_text=False) if cause_ptr else None
+        related = [
+            cls.from_borrowed(lib.ndx_error_related(ptr, i), with_text=False)
+            for i in range(lib.ndx_error_related_count(ptr))
+        ]
+        text = format_error(ptr) if with_text else ""
+        klass = _KIND_CLASSES.get(kind, NdxError)
+        return klass(
+            kind,
+            message,
+            frames,
+            cause,
+            related,
+            _text(lib.ndx_error_op(ptr)),
+            lib.ndx_error_sequence(ptr),
+            text,
+        )
+
+    @classmethod
+    def from_ptr(cls, ptr: int) -> "NdxError":
+        """Builds an exception from an owned `ndx_error_t*` and frees it."""
+        try:
+            return cls.from_borrowed(ptr)
+        finally:
+            lib.ndx_error_free(ptr)
+
+
+def format_error(ptr: int) -> str:
+    """`ndx_error_format` of a (borrowed) `ndx_error_t*`."""
+    n = lib.ndx_error_format(ptr, None, 0)
+    buf = ctypes.create_string_buffer(n + 1)
+    lib.ndx_error_format(ptr, buf, n + 1)
+    return buf.value.decode("utf-8", "replace")
+
+
+def _kind_class(kind: int, builtin):
+    name = "Ndx" + (_text(lib.ndx_error_kind_name(kind)) or f"Kind{kind}")
+    bases = (NdxError,) if builtin is None else (NdxError, builtin)
+    return type(name, bases, {"__module__": __name__})
+
+
+_KIND_CLASSES = {
+    NDX_ERROR_VALUE: _kind_class(NDX_ERROR_VALUE, ValueError),
+    NDX_ERROR_TYPE: _kind_class(NDX_ERROR_TYPE, TypeError),
+    NDX_ERROR_INDEX: _kind_class(NDX_ERROR_INDEX, IndexError),
+    NDX_ERROR_RUNTIME: _kind_class(NDX_ERROR_RUNTIME, RuntimeError),
+    NDX_ERROR_MEMORY: _kind_class(NDX_ERROR_MEMORY, MemoryError),
+    NDX_ERROR_NOT_IMPLEMENTED: _kind_class(NDX_ERROR_NOT_IMPLEMENTED, NotImplementedError),
+    NDX_ERROR_CUDA: _kind_class(NDX_ERROR_CUDA, None),
+    NDX_ERROR_TIMEOUT: _kind_class(NDX_ERROR_TIMEOUT, TimeoutError),
+    NDX_ERROR_CANCELLED: _kind_class(NDX_ERROR_CANCELLED, None),
+    NDX_ERROR_CHECK: _kind_class(NDX_ERROR_CHECK, None),
+    NDX_ERROR_BACKEND: _kind_class(NDX_ERROR_BACKEND, None),
+    NDX_ERROR_INTERNAL: _kind_class(NDX_ERROR_INTERNAL, None),
+}
+globals().update({cls.__name__: cls for cls in _KIND_CLASSES.values()})
+
+
+def check(err) -> None:
+    """Raises the NdxError for a non-NULL `ndx_error_t*` (and frees it)."""
+    if err:
+        raise NdxError.from_ptr(err)
+
+
+# --------------------------------------------------------------------------- frame provider
+
+
+
+class PythonFrameProvider:
+    """Reports the calling Python stack to ndx at `ndx_invoke` (innermost first).
+
+    Skips its own frame and every frame of this module (the binding), so frame 0 is
+    the user's line that called `Context.invoke`. The encoded strings of a call are
+    kept referenced in a thread-local list until the next call on the same thread:
+    ndx copies them right after the provider returns, so they must outlive only the
+    callback; per-thread storage keeps concurrent invocations from freeing each
+    other's strings. Encodings are cached per code object.
+    """
+
+    def __init__(self, skip_files=()):
+        # co_filename of this module's code (what the frames carry), not __file__.
+        self.skip_files = {PythonFrameProvider._provide.__code__.co_filename, *skip_files}
+        self._local = threading.local()
+        self._cache = {}  # code object -> (function bytes, file bytes)
+        self.calls = 0
+        self.errors = 0
+        self.callback = FRAME_PROVIDER_T(self._provide)
+
+    def _encode(self, code):
+        entry = self._cache.get(code)
+        if entry is None:
+            if len(self._cache) > 4096:
+                self._cache.clear()  # the thread-local lists keep in-use bytes alive
+            entry = (
+                code.co_name.encode("utf-8", "replace"),
+                code.co_filename.encode("utf-8", "replace"),
+            )
+            self._cache[code] = entry
+        return entry
+
+    def _provide(self, user, frames, capacity):
+        try:
+            self.calls += 1
+            keep = []
+            self._local.keep = keep  # drops the previous call's strings
+            f = sys._getframe(1)  # skip this callback's own frame
+            skip = self.skip_files
+            n = 0
+            while f is not None and n < capacity:
+                code = f.f_code
+                if code.co_filename not in skip:
+                    entry = self._encode(code)
+                    keep.append(entry)
+                    hf = frames[n]
+                    hf.function = entry[0]
+                    hf.file = entry[1]
+                    hf.line = f.f_lineno or 0
+                    n += 1
+                f = f.f_back
+            return n
+        except BaseException:  # never let an exception cross into ndx
+            self.errors += 1
+            return 0
+
+
+# A registry of live CFUNCTYPE providers, keyed by the `user` pointer given to ndx;
+# ndx's `user_free` removes an entry once it no longer calls that provider (replaced,
+# or its context freed), so the callback object lives exactly as long as ndx needs it.
+_live_providers: dict = {}
+_live_lock = threading.Lock()
+_next_key = [1]
+
+
+def _user_free(user):
+    with _live_lock:
+        _live_providers.pop(user, None)
+
+
+_USER_FREE = USER_FREE_T(_user_free)  # module-global: must never be collected
+
+# --------------------------------------------------------------------------- tensors
+
+_NP_DTYPES = {
+    NDX_DTYPE_BOOL: "bool",
+    NDX_DTYPE_INT8: "int8",
+    NDX_DTYPE_INT16: "int16",
+    NDX_DTYPE_INT32: "int32",
+    NDX_DTYPE_INT64: "int64",
+    NDX_DTYPE_UINT8: "uint8",
+    NDX_DTYPE_UINT16: "uint16",
+    NDX_DTYPE_UINT32: "uint32",
+    NDX_DTYPE_UINT64: "uint64",
+    NDX_DTYPE_FLOAT16: "float16",
+    NDX_DTYPE_FLOAT32: "float32",
+    NDX_DTYPE_FLOAT64: "float64",
+}
+
+# Capsule names. PyCapsule_SetName stores the pointer it is given, so the new names
+# must outlive every capsule: module-level bytes objects, never collected.
+_DLTENSOR = b"dltensor"
+_DLTENSOR_VERSIONED = b"dltensor_versioned"
+_USED_DLTENSOR = b"used_dltensor"
+_USED_DLTENSOR_VERSIONED = b"used_dltensor_versioned"
+
+
+class Tensor:
+    """An owned reference to an `ndx_tensor_t`."""
+
+    __slots__ = ("ptr", "__weakref__")
+
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+    def release(self) -> None:
+        ptr, self.ptr = self.ptr, None
+        if ptr:
+            lib.ndx_tensor_release(ptr)
+
+    def __del__(self):
+        try:
+            self.release()
+        except Exception:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+    @property
+    def dtype(self) -> int:
+        out = c_int32()
+        check(lib.ndx_tensor_dtype(self.ptr, byref(out)))
+        return out.value
+
+    @property
+    def shape(self) -> tuple:
+        ndim = c_int32()
+        check(lib.ndx_tensor_ndim(self.ptr, byref(ndim)))
+        shape = POINTER(c_int64)()
+        check(lib.ndx_tensor_shape(self.ptr, byref(shape)))
+        return tuple(shape[i] for i in range(ndim.value))
+
+    @property
+    def read_only(self) -> bool:
+        out = c_bool()
+        check(lib.ndx_tensor_is_read_only(self.ptr, byref(out)))
+        return out.value
+
+    def numpy(self):
+        """A new NumPy array holding a copy of the data (waits for pending work)."""
+        return tensor_to_numpy(self)
+
+
+def dlpack_import(capsule, layout: Optional[str] = None, read_only: bool = False) -> Tensor:
+    """Imports a `__dlpack__` capsule (versioned or legacy) into a new Tensor.
+
+    On success ndx owns the managed tensor and the capsule is renamed "used_..." so
+    its destructor leaves the deleter alone. On failure the capsule keeps it (and
+    its destructor calls the deleter) — except for a versioned tensor whose major
+    version is not 1, whose deleter ndx calls itself (DLPack rule): then the capsule
+    is renamed too so the deleter does not run twice.
+    """
+    if _capi.PyCapsule_IsValid(capsule, _DLTENSOR_VERSIONED):
+        versioned = True
+        ptr = _capi.PyCapsule_GetPointer(capsule, _DLTENSOR_VERSIONED)
+    elif _capi.PyCapsule_IsValid(capsule, _DLTENSOR):
+        versioned = False
+        ptr = _capi.PyCapsule_GetPointer(capsule, _DLTENSOR)
+    else:
+        raise ValueError("not an unused DLPack capsule ('dltensor' or 'dltensor_versioned')")
+    opts = None
+    if layout is not None or read_only:
+        opts = ndx_import_options_t(
+            ctypes.sizeof(ndx_import_options_t),
+            None if layout is None else layout.encode(),
+            read_only,
+        )
+    out = c_void_p()
+    if versioned:
+        major = DLManagedTensorVersioned.from_address(ptr).version.major
+        err = lib.ndx_tensor_from_dlpack_versioned(ptr, opts, byref(out))
+        if not err or major != 1:
+            _capi.PyCapsule_SetName(capsule, _USED_DLTENSOR_VERSIONED)
+    else:
+        err = lib.ndx_tensor_from_dlpack(ptr, opts, byref(out))
+        if not err:
+            _capi.PyCapsule_SetName(capsule, _USED_DLTENSOR)
+    check(err)
+    return Tensor(out.value)
+
+
+def tensor_from_numpy(arr, versioned: bool = True, **kw) -> Tensor:
+    """Imports a NumPy array (any object with `__dlpack__`) without copying."""
+    if versioned:
+        try:
+            capsule = arr.__dlpack__(max_version=(1, 0))
+        except TypeError:  # a producer without max_version (NumPy < 2.1)
+            capsule = arr.__dlpack__()
+    else:
+        capsule = arr.__dlpack__()
+    return dlpack_import(capsule, **kw)
+
+
+def tensor_to_numpy(tensor: Tensor):
+    """Copies an ndx tensor into a new NumPy array of its dtype and shape."""
+    import numpy as np
+
+    dt = tensor.dtype
+    name = _NP_DTYPES.get(dt)
+    if name is None:
+        raise TypeError(f"no NumPy dtype for ndx dtype {_text(lib.ndx_dtype_name(dt))}")
+    arr = np.empty(tensor.shape, dtype=name)
+    check(lib.ndx_tensor_copy_to(tensor.ptr, arr.ctypes.data, arr.nbytes))
+    return arr
+
+
+def as_tensor(x) -> Tensor:
+    return x if isinstance(x, Tensor) else tensor_from_numpy(x)
+
+
+# --------------------------------------------------------------------------- futures
+
+
+class Future:
+    """An owned reference to an `ndx_future_t`."""
+
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+    def release(self) -> None:
+        ptr, self.ptr = self.ptr, None
+        if ptr:
+            lib.ndx_future_release(ptr)
+
+    def __del__(self):
+        try:
+            self.release()
+        except Exception:
+            pass
+
+    def poll(self) -> int:
+        return lib.ndx_future_poll(self.ptr)
+
+    def wait(self, timeout: Optional[float] = None) -> None:
+        """Waits; raises the invocation's NdxError if it failed."""
+        ns = -1 if timeout is None else int(timeout * 1e9)
+        check(lib.ndx_future_wait(self.ptr, ns))
+
+    def error(self) -> Optional[NdxError]:
+        err = lib.ndx_future_error(self.ptr)
+        return NdxError.from_ptr(err) if err else None
+
+    def output_count(self) -> int:
+        n = c_size_t()
+        check(lib.ndx_future_output_count(self.ptr, byref(n)))
+        return n.value
+
+    def tensor(self, index: int = 0) -> Tensor:
+        out = c_void_p()
+        check(lib.ndx_future_tensor(self.ptr, index, byref(out)))
+        return Tensor(out.value)
+
+    def result(self, index: int = 0):
+        """Waits and returns output `index` as a NumPy array."""
+        self.wait()
+        with self.tensor(index) as t:
+            return t.numpy()
+
+
+# --------------------------------------------------------------------------- contexts
+
+
+class Invocation:
+    """An invocation prepared once (operator, inputs, options) and run many times:
+    each `invoke_raw()` is exactly one foreign call (`ndx_invoke`)."""
+
+    def __init__(self, ctx: "Context", op: str, inputs, mode: int = NDX_EVAL_CONTEXT_DEFAULT, args=None):
+        self.ctx = ctx
+        self.tensors = [as_tensor(x) for x in inputs]  # keeps the handles alive
+        self.op = op.encode()
+        self.n = len(self.tensors)
+        self.inputs = (ndx_input_t * max(self.n, 1))()
+        for i, t in enumerate(self.tensors):
+            self.inputs[i].tensor = t.ptr
+        self.opts = ndx_invoke_options_t()
+        self.opts.struct_size = ctypes.sizeof(ndx_invoke_options_t)
+        self.opts.mode = mode
+        self.args = args
+        self._out = c_void_p()
+        self._out_ref = byref(self._out)
+        self._opts_ref = byref(self.opts)
+        self._invoke = lib.ndx_invoke
+
+    def invoke_raw(self) -> int:
+        """Invokes; returns the new `ndx_future_t*` (an int) for the caller to
+        release with `lib.ndx_future_release`. Raises NdxError on call-time errors."""
+        err = self._invoke(
+            self.ctx.ptr, self.op, self.inputs, self.n, self.args, self._opts_ref, self._out_ref
+        )
+        if err:
+            raise NdxError.from_ptr(err)
+        return self._out.value
+
+    def __call__(self) -> Future:
+        return Future(self.invoke_raw())
+
+
+class Context:
+    """An owned reference to an `ndx_context_t`."""
+
+    def __init__(
+        self,
+        mode: int = 0,
+        capture: int = 0,
+        depth: int = 0,
+        backend: Optional[str] = None,
+        num_threads: int = 0,
+    ):
+        opts = ndx_context_options_t()
+        opts.struct_size = ctypes.sizeof(ndx_context_options_t)
+        opts.eval_mode = mode
+        opts.capture_policy = capture
+        opts.capture_depth = depth
+        opts.num_threads = num_threads
+        opts.backend = None if backend is None else backend.encode()
+        out = c_void_p()
+        check(lib.ndx_context_new(byref(opts), byref(out)))
+        self.ptr = out.value
+        self.provider = None
+
+    def release(self) -> None:
+        ptr, self.ptr = self.ptr, None
+        if ptr:
+            lib.ndx_context_release(ptr)
+
+    def __del__(self):
+        try:
+            self.release()
+        except Exception:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def set_capture_policy(self, policy: int, depth: int = 0) -> None:
+        check(lib.ndx_context_set_capture_policy(self.ptr, policy, depth))
+
+    def set_eval_mode(self, mode: int) -> None:
+        check(lib.ndx_context_set_eval_mode(self.ptr, mode))
+
+    def set_backend(self, name: str) -> None:
+        check(lib.ndx_context_set_backend(self.ptr, name.encode()))
+
+    def set_frame_provider(self, provider: Optional[PythonFrameProvider] = "default"):
+        """Registers `provider` (a new PythonFrameProvider by default; None removes
+        it). Returns the provider. Its CFUNCTYPE stays alive until ndx calls
+        `user_free` for it (replaced, or the context freed)."""
+        if provider == "default":
+            provider = PythonFrameProvider()
+        if provider is None:
+            check(lib.ndx_context_set_frame_provider(self.ptr, None, None, None))
+            self.provider = None
+            return None
+        with _live_lock:
+            key = _next_key[0]
+            _next_key[0] += 1
+            _live_providers[key] = provider.callback
+        err = lib.ndx_context_set_frame_provider(self.ptr, provider.callback, key, _USER_FREE)
+        # On failure ndx has dropped `user` (and called user_free); check() raises.
+        check(err)
+        self.provider = provider
+        return provider
+
+    def prepare(self, op: str, inputs, mode: int = NDX_EVAL_CONTEXT_DEFAULT, args=None) -> Invocation:
+        return Invocation(self, op, inputs, mode, args)
+
+    def invoke(self, op: str, inputs, mode: int = NDX_EVAL_CONTEXT_DEFAULT) -> Future:
+        """Invokes `op` on `inputs` (Tensors, or arrays imported through DLPack)."""
+        tensors = [as_tensor(x) for x in inputs]
+        arr = (ndx_input_t * max(len(tensors), 1))()
+        for i, t in enumerate(tensors):
+            arr[i].tensor = t.ptr
+        opts = ndx_invoke_options_t()
+        opts.struct_size = ctypes.sizeof(ndx_invoke_options_t)
+        opts.mode = mode
+        out = c_void_p()
+        check(lib.ndx_invoke(self.ptr, op.encode(), arr, len(tensors), None, byref(opts), byref(out)))
+        return Future(out.value)
+
+    def evaluate(self) -> None:
+        """`ndx_context_evaluate`: raises the NdxError grouping unobserved failures."""
+        check(lib.ndx_context_evaluate(self.ptr))
+
+
+def live_provider_count() -> int:
+    """How many frame-provider callbacks ndx may still call (for leak tests)."""
+    with _live_lock:
+        return len(_live_providers)
