@@ -2,7 +2,8 @@
 # Runs every test of ndx: formatting, lints, Rust tests, the C/C++ tests and examples
 # (ctest, valgrind included), and checks that the committed header is in sync.
 # Needs: a Rust toolchain with rustfmt and clippy, cmake, a C/C++ compiler, valgrind,
-# pkg-config, python3 with pip (for the official dlpack.h used by one compatibility test).
+# pkg-config, python3 with pip (for the official dlpack.h used by one compatibility
+# test), numpy and pytest (the Python FFI tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${NDX_BUILD_DIR:-build}
@@ -63,3 +64,6 @@ fi
 
 step "ctest (C and C++ tests, examples under valgrind, install consumers)"
 ctest --test-dir "$build" --output-on-failure -j"$(nproc)"
+
+step "Python FFI tests (ctypes + pytest) against $build/cargo/release/libndx.so"
+NDX_LIBRARY="$(cd "$build" && pwd)/cargo/release/libndx.so" python3 -m pytest -q -p no:cacheprovider tests/python

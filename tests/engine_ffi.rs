@@ -214,3 +214,37 @@ fn host_frames_come_from_the_provider_in_policy_order() {
     }
     assert_eq!(calls, 2, "called once per invocation");
 }
+
+static LAST_CAPACITY: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+unsafe extern "C" fn capacity_probe(_: *mut c_void, _: *mut ndx_host_frame_t, cap: usize) -> usize {
+    LAST_CAPACITY.store(cap, std::sync::atomic::Ordering::SeqCst);
+    0
+}
+
+#[test]
+fn the_provider_is_asked_for_the_current_depth() {
+    let ctx = context(ndx_capture_policy_t::NDX_CAPTURE_HOST);
+    ok(ndx_context_set_frame_provider(
+        ctx,
+        Some(capacity_probe),
+        std::ptr::null_mut(),
+        None,
+    ));
+    for depth in [16u32, 4, 40] {
+        if depth != 16 {
+            ok(ndx_context_set_capture_policy(
+                ctx,
+                ndx_capture_policy_t::NDX_CAPTURE_HOST as i32,
+                depth,
+            ));
+        }
+        let (e, _) = failing_add(ctx, std::ptr::null());
+        ndx_error_free(e);
+        assert_eq!(
+            LAST_CAPACITY.load(std::sync::atomic::Ordering::SeqCst),
+            depth as usize
+        );
+    }
+    ndx_context_release(ctx);
+}

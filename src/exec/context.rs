@@ -111,8 +111,8 @@ impl Backend {
     }
 }
 
-/// Supplies the host language's frames at enqueue, innermost first.
-pub type FrameProvider = Arc<dyn Fn() -> Vec<Frame> + Send + Sync>;
+/// Supplies up to `capacity` of the host language's frames at enqueue, innermost first.
+pub type FrameProvider = Arc<dyn Fn(usize) -> Vec<Frame> + Send + Sync>;
 
 /// Context settings (all changeable after creation).
 #[derive(Clone)]
@@ -121,7 +121,8 @@ pub struct Settings {
     pub mode: EvalMode,
     /// Capture policy.
     pub capture: CapturePolicy,
-    /// Deepest native capture.
+    /// Deepest capture: native return addresses (inlined functions can make one of
+    /// them several frames) and host frames asked of the provider.
     pub depth: usize,
     /// Backend.
     pub backend: Backend,
@@ -210,7 +211,7 @@ impl ContextInner {
     #[inline(always)]
     fn capture(settings: &Settings, mode: EvalMode, call: CallSite) -> Site {
         let host = match (settings.capture, &settings.provider) {
-            (CapturePolicy::Host | CapturePolicy::All, Some(p)) => p(),
+            (CapturePolicy::Host | CapturePolicy::All, Some(p)) => p(settings.depth.max(1)),
             _ => Vec::new(),
         };
         let deep = matches!(settings.capture, CapturePolicy::Native | CapturePolicy::All)

@@ -102,7 +102,8 @@ pub struct ndx_context_options_t {
     pub eval_mode: i32,
     /// An `ndx_capture_policy_t` (0: NDX_CAPTURE_NATIVE).
     pub capture_policy: i32,
-    /// Deepest native capture (0: 16).
+    /// Capture depth (0: 16): native return addresses recorded, and host frames asked
+    /// of the frame provider.
     pub capture_depth: u32,
     /// Worker threads of the process-wide pool, used only by the first context that
     /// starts it (0: `NDX_NUM_THREADS`, else the number of cores).
@@ -164,7 +165,8 @@ pub struct ndx_host_frame_t {
 
 /// A frame provider: writes up to `capacity` frames of the host language's current
 /// stack into `frames`, innermost first, and returns how many it wrote. Called on
-/// the invoking thread during `ndx_invoke`.
+/// the invoking thread during `ndx_invoke`; `capacity` is the context's capture depth
+/// at that moment.
 pub type ndx_frame_provider_t = Option<
     unsafe extern "C" fn(
         user: *mut c_void,
@@ -335,8 +337,9 @@ pub extern "C" fn ndx_context_set_eval_mode(
     })
 }
 
-/// Sets the capture policy and the deepest native capture (`depth` 0 keeps the
-/// current depth). Thread-safe.
+/// Sets the capture policy and the capture depth (`depth` 0 keeps the current one):
+/// the most native return addresses recorded (an inlined function can turn one into
+/// several frames) and the `capacity` a frame provider is given. Thread-safe.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_context_set_capture_policy(
     ctx: *const ndx_context_t,
@@ -391,9 +394,9 @@ pub extern "C" fn ndx_context_set_frame_provider(
     };
     boundary("ndx_context_set_frame_provider", || {
         let ctx = borrow(ctx, "ctx")?;
-        let depth = ctx.settings().depth.max(1);
         let provider = provider.map(|f| {
-            let p: crate::exec::FrameProvider = Arc::new(move || host_frames(f, &data, depth));
+            let p: crate::exec::FrameProvider =
+                Arc::new(move |capacity| host_frames(f, &data, capacity));
             p
         });
         ctx.update(|s| s.provider = provider);

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import struct
 import sys
 import threading
 from ctypes import (
@@ -380,7 +381,7 @@ class NdxError(Exception):
             e = e.cause
 
     @classmethod
-    def from_borrowed(cls, ptr: int, with_text: bool = True) -> "NdxError":
+    def from_borrowed(cls, ptr: int) -> "NdxError":
         """Builds an exception from an `ndx_error_t*` without freeing it."""
         kind = lib.ndx_error_kind(ptr)
         message = _text(lib.ndx_error_message(ptr)) or ""
@@ -393,12 +394,12 @@ class NdxError(Exception):
                 raise NdxError.from_ptr(e)
             frames.append(Frame(_text(fr.function), _text(fr.file), fr.line, fr.origin))
         cause_ptr = lib.ndx_error_cause(ptr)
-        cause = cls.from_borrowed(cause_ptr, with_text=False) if cause_ptr else None
+        cause = cls.from_borrowed(cause_ptr) if cause_ptr else None
         related = [
-            cls.from_borrowed(lib.ndx_error_related(ptr, i), with_text=False)
+            cls.from_borrowed(lib.ndx_error_related(ptr, i))
             for i in range(lib.ndx_error_related_count(ptr))
         ]
-        text = format_error(ptr) if with_text else ""
+        text = format_error(ptr)
         klass = _KIND_CLASSES.get(kind, NdxError)
         return klass(
             kind,
@@ -460,62 +461,99 @@ def check(err) -> None:
 # --------------------------------------------------------------------------- frame provider
 
 
-
 class PythonFrameProvider:
     """Reports the calling Python stack to ndx at `ndx_invoke` (innermost first).
 
     Skips its own frame and every frame of this module (the binding), so frame 0 is
-    the user's line that called `Context.invoke`. The encoded strings of a call are
-    kept referenced in a thread-local list until the next call on the same thread:
-    ndx copies them right after the provider returns, so they must outlive only the
-    callback; per-thread storage keeps concurrent invocations from freeing each
-    other's strings. Encodings are cached per code object.
+    the user's line that called `Context.invoke`. Writes at most `capacity` frames
+    (ndx passes the context's capture depth as it was when the provider was set).
+
+    String lifetime: ndx copies the strings as soon as the callback returns, so they
+    must outlive only the callback. The bytes a call wrote pointers to are kept in a
+    thread-local list until the next call on the same thread (per thread, so that
+    concurrent invocations do not free each other's strings).
+
+    Cost: each frame is one packed `ndx_host_frame_t`, cached per (code object,
+    instruction offset) — reading `f_lineno` decodes the line table, `f_lasti` does
+    not — and all frames are written with one memmove. `cache=False` encodes fresh
+    bytes on every call instead (tests use it to show that ndx copies the strings).
     """
 
-    def __init__(self, skip_files=()):
+    def __init__(self, skip_files=(), cache: bool = True):
         # co_filename of this module's code (what the frames carry), not __file__.
         self.skip_files = {PythonFrameProvider._provide.__code__.co_filename, *skip_files}
         self._local = threading.local()
-        self._cache = {}  # code object -> (function bytes, file bytes)
+        self._names = {}  # id(code) -> (pointers, function, file, code)
+        self._sites = {} if cache else None  # (id(code), f_lasti) -> (struct, names)
         self.calls = 0
         self.errors = 0
+        self.last_count = 0  # frames written by the last call
         self.callback = FRAME_PROVIDER_T(self._provide)
 
-    def _encode(self, code):
-        entry = self._cache.get(code)
-        if entry is None:
-            if len(self._cache) > 4096:
-                self._cache.clear()  # the thread-local lists keep in-use bytes alive
-            entry = (
-                code.co_name.encode("utf-8", "replace"),
-                code.co_filename.encode("utf-8", "replace"),
-            )
-            self._cache[code] = entry
-        return entry
+    def forget(self) -> None:
+        """Drops this thread's strings of the last call (ndx has copied them)."""
+        self._local.keep = None
+
+    def _site(self, f):
+        """The packed ndx_host_frame_t of frame `f`, with what keeps it valid."""
+        code = f.f_code
+        names = self._names.get(id(code)) if self._sites is not None else None
+        if names is None:
+            fn = code.co_name.encode("utf-8", "replace")
+            file = code.co_filename.encode("utf-8", "replace")
+            # Pointers into the bytes objects' buffers (CPython never moves them). The
+            # entry holds the code object, so its id is not reused while cached.
+            names = (_PTR2.pack(_bytes_address(fn), _bytes_address(file)), fn, file, code)
+            if self._sites is not None:
+                if len(self._names) > 4096:
+                    self._names.clear()  # in-use entries are kept alive by `keep`
+                self._names[id(code)] = names
+        return (names[0] + _LINE.pack(f.f_lineno or 0), names)
 
     def _provide(self, user, frames, capacity):
         try:
             self.calls += 1
-            keep = []
-            self._local.keep = keep  # drops the previous call's strings
+            keep = []  # the sites written; their bytes hold the strings pointed to
             f = sys._getframe(1)  # skip this callback's own frame
             skip = self.skip_files
+            sites = self._sites
             n = 0
             while f is not None and n < capacity:
                 code = f.f_code
                 if code.co_filename not in skip:
-                    entry = self._encode(code)
-                    keep.append(entry)
-                    hf = frames[n]
-                    hf.function = entry[0]
-                    hf.file = entry[1]
-                    hf.line = f.f_lineno or 0
+                    if sites is None:
+                        site = self._site(f)
+                    else:
+                        key = (id(code), f.f_lasti)
+                        site = sites.get(key)
+                        if site is None:
+                            if len(sites) > 65536:
+                                sites.clear()
+                            site = sites[key] = self._site(f)
+                    keep.append(site)
                     n += 1
                 f = f.f_back
+            # Replaces (frees) this thread's strings of the previous call: ndx copied
+            # them when that callback returned.
+            self._local.keep = keep
+            self.last_count = n
+            if n:
+                data = b"".join([site[0] for site in keep])  # n structs, one write
+                ctypes.memmove(ctypes.addressof(frames.contents), data, len(data))
             return n
         except BaseException:  # never let an exception cross into ndx
             self.errors += 1
             return 0
+
+
+_PTR2 = struct.Struct("PP")  # ndx_host_frame_t.function, .file
+_LINE = struct.Struct("I4x")  # ndx_host_frame_t.line and the tail padding
+assert _PTR2.size + _LINE.size == ctypes.sizeof(ndx_host_frame_t)
+assert ndx_host_frame_t.line.offset == _PTR2.size
+
+
+def _bytes_address(b: bytes) -> int:
+    return ctypes.cast(b, c_void_p).value
 
 
 # A registry of live CFUNCTYPE providers, keyed by the `user` pointer given to ndx;
@@ -731,7 +769,9 @@ class Future:
 
 class Invocation:
     """An invocation prepared once (operator, inputs, options) and run many times:
-    each `invoke_raw()` is exactly one foreign call (`ndx_invoke`)."""
+    each `invoke_raw()` is exactly one foreign call (`ndx_invoke`). One Invocation
+    object must not be invoked from several threads at once (its out-param is shared);
+    prepare one per thread."""
 
     def __init__(self, ctx: "Context", op: str, inputs, mode: int = NDX_EVAL_CONTEXT_DEFAULT, args=None):
         self.ctx = ctx
@@ -820,7 +860,9 @@ class Context:
         if provider == "default":
             provider = PythonFrameProvider()
         if provider is None:
-            check(lib.ndx_context_set_frame_provider(self.ptr, None, None, None))
+            check(
+                lib.ndx_context_set_frame_provider(self.ptr, FRAME_PROVIDER_T(), None, USER_FREE_T())
+            )
             self.provider = None
             return None
         with _live_lock:
