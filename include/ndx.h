@@ -440,7 +440,8 @@ typedef struct {
    */
   int32_t capture_policy;
   /**
-   * Deepest native capture (0: 16).
+   * Capture depth (0: 16): native return addresses recorded, and host frames asked
+   * of the frame provider.
    */
   uint32_t capture_depth;
   /**
@@ -482,7 +483,8 @@ typedef struct {
 /**
  * A frame provider: writes up to `capacity` frames of the host language's current
  * stack into `frames`, innermost first, and returns how many it wrote. Called on
- * the invoking thread during `ndx_invoke`.
+ * the invoking thread during `ndx_invoke`; `capacity` is the context's capture depth
+ * at that moment.
  */
 typedef size_t (*ndx_frame_provider_t)(void *user, ndx_host_frame_t *frames, size_t capacity);
 
@@ -784,8 +786,9 @@ void ndx_context_release(const ndx_context_t *ctx);
 ndx_error_t *ndx_context_set_eval_mode(const ndx_context_t *ctx, int32_t mode);
 
 /**
- * Sets the capture policy and the deepest native capture (`depth` 0 keeps the
- * current depth). Thread-safe.
+ * Sets the capture policy and the capture depth (`depth` 0 keeps the current one):
+ * the most native return addresses recorded (an inlined function can turn one into
+ * several frames) and the `capacity` a frame provider is given. Thread-safe.
  */
 ndx_error_t *ndx_context_set_capture_policy(const ndx_context_t *ctx,
                                             int32_t policy,
