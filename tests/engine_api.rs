@@ -146,6 +146,18 @@ fn here() -> CallSite {
     CallSite::default()
 }
 
+/// Enqueues `op` in the context's mode (call-time errors fail the test).
+fn call(ctx: &Context, op: &str, inputs: Vec<Input>) -> Arc<Node> {
+    ctx.invoke(op, inputs, Args::new(), None, here())
+        .expect("enqueue")
+}
+
+/// Enqueues `op` in `mode`.
+fn call_in(ctx: &Context, op: &str, inputs: Vec<Input>, mode: EvalMode) -> Arc<Node> {
+    ctx.invoke(op, inputs, Args::new(), Some(mode), here())
+        .expect("enqueue")
+}
+
 #[test]
 fn kernel_error_in_every_mode() {
     for mode in MODES {
@@ -196,9 +208,7 @@ fn injected_runtime_error_in_every_mode() {
         assert_eq!(e.op(), Some("add"));
         assert_site(&e, line);
         // An operator the backend does not name passes untouched.
-        let m = ctx
-            .invoke("mul", vec![a, b], Args::new(), None, here())
-            .unwrap();
+        let m = call(&ctx, "mul", vec![a, b]);
         assert_eq!(values_i32(&m), [2]);
     }
 }
@@ -296,9 +306,7 @@ fn timeout_leaves_the_future_valid() {
             "slow",
             Arc::new(HostSleep(Duration::from_millis(200))),
         );
-        let f = ctx
-            .invoke("slow", vec![i32s(&[7], &[1])], Args::new(), None, here())
-            .unwrap();
+        let f = call(&ctx, "slow", vec![i32s(&[7], &[1])]);
         let e = f.wait(Some(Duration::from_millis(1))).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Timeout);
         assert!(e.message().contains("did not complete within"), "{e}");
@@ -310,9 +318,7 @@ fn timeout_leaves_the_future_valid() {
     for mode in [EvalMode::SyncCpu, EvalMode::SyncFull] {
         let ctx = context(mode, CapturePolicy::Off);
         host_op(&ctx, "slow", Arc::new(HostSleep(Duration::from_millis(20))));
-        let f = ctx
-            .invoke("slow", vec![i32s(&[7], &[1])], Args::new(), None, here())
-            .unwrap();
+        let f = call(&ctx, "slow", vec![i32s(&[7], &[1])]);
         assert_eq!(f.poll(), Status::Ready);
         assert!(f.wait(Some(Duration::from_millis(0))).is_ok());
     }
@@ -322,15 +328,7 @@ fn timeout_leaves_the_future_valid() {
 fn noexcept_wraps_execution_failures_only() {
     let ctx = context(EvalMode::Eager, CapturePolicy::Off);
     ctx.update(|s| s.backend = Backend::NoExcept);
-    let f = ctx
-        .invoke(
-            "div",
-            vec![i32s(&[1], &[1]), i32s(&[0], &[1])],
-            Args::new(),
-            None,
-            here(),
-        )
-        .unwrap();
+    let f = call(&ctx, "div", vec![i32s(&[1], &[1]), i32s(&[0], &[1])]);
     let e = failure(&f);
     assert_eq!(
         (e.kind(), e.message()),
@@ -354,15 +352,11 @@ fn noexcept_wraps_execution_failures_only() {
 fn accuracy_injection_adds_one() {
     let ctx = context(EvalMode::SyncCpu, CapturePolicy::Off);
     ctx.update(|s| s.backend = Backend::parse("inject_accuracy_error:add").unwrap());
-    let f = ctx
-        .invoke(
-            "add",
-            vec![i32s(&[1, 2], &[2]), i32s(&[10, 20], &[2])],
-            Args::new(),
-            None,
-            here(),
-        )
-        .unwrap();
+    let f = call(
+        &ctx,
+        "add",
+        vec![i32s(&[1, 2], &[2]), i32s(&[10, 20], &[2])],
+    );
     assert_eq!(values_i32(&f), [12, 23]);
 }
 
@@ -459,24 +453,8 @@ fn results_shapes_and_call_time_validation() {
 #[test]
 fn deferred_runs_on_evaluate_and_reports_unobserved_failures_once() {
     let ctx = context(EvalMode::Deferred, CapturePolicy::Off);
-    let ok = ctx
-        .invoke(
-            "add",
-            vec![i32s(&[1], &[1]), i32s(&[2], &[1])],
-            Args::new(),
-            None,
-            here(),
-        )
-        .unwrap();
-    let bad = ctx
-        .invoke(
-            "div",
-            vec![i32s(&[1], &[1]), i32s(&[0], &[1])],
-            Args::new(),
-            None,
-            here(),
-        )
-        .unwrap();
+    let ok = call(&ctx, "add", vec![i32s(&[1], &[1]), i32s(&[2], &[1])]);
+    let bad = call(&ctx, "div", vec![i32s(&[1], &[1]), i32s(&[0], &[1])]);
     let bad_seq = bad.seq();
     drop(bad); // releasing a future never cancels its work
     assert!(!ok.is_done());
@@ -492,15 +470,7 @@ fn deferred_runs_on_evaluate_and_reports_unobserved_failures_once() {
 #[test]
 fn poll_hands_deferred_work_to_the_workers() {
     let ctx = context(EvalMode::Deferred, CapturePolicy::Off);
-    let f = ctx
-        .invoke(
-            "add",
-            vec![i32s(&[1], &[1]), i32s(&[2], &[1])],
-            Args::new(),
-            None,
-            here(),
-        )
-        .unwrap();
+    let f = call(&ctx, "add", vec![i32s(&[1], &[1]), i32s(&[2], &[1])]);
     assert_eq!(f.poll(), Status::Pending);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while f.poll() == Status::Pending {
@@ -519,9 +489,7 @@ fn eager_work_runs_on_a_worker_thread_never_inline() {
     let seen = Arc::new(Mutex::new(Vec::new()));
     host_op(&ctx, "where", Arc::new(HostThread(seen.clone())));
     for _ in 0..20 {
-        let f = ctx
-            .invoke("where", vec![i32s(&[1], &[1])], Args::new(), None, here())
-            .unwrap();
+        let f = call(&ctx, "where", vec![i32s(&[1], &[1])]);
         f.wait(None).unwrap();
     }
     let me = std::thread::current().id();
@@ -532,8 +500,7 @@ fn eager_work_runs_on_a_worker_thread_never_inline() {
     let ctx = context(EvalMode::SyncCpu, CapturePolicy::Off);
     let inline = Arc::new(Mutex::new(Vec::new()));
     host_op(&ctx, "where", Arc::new(HostThread(inline.clone())));
-    ctx.invoke("where", vec![i32s(&[1], &[1])], Args::new(), None, here())
-        .unwrap();
+    call(&ctx, "where", vec![i32s(&[1], &[1])]);
     assert_eq!(*inline.lock().unwrap(), [me]);
 }
 
@@ -550,9 +517,7 @@ fn on_ready_fires_exactly_once_in_every_order() {
     host_op(&ctx, "slow", Arc::new(HostSleep(Duration::from_millis(30))));
     // Registered before completion.
     let before = Arc::new(AtomicUsize::new(0));
-    let f = ctx
-        .invoke("slow", vec![i32s(&[1], &[1])], Args::new(), None, here())
-        .unwrap();
+    let f = call(&ctx, "slow", vec![i32s(&[1], &[1])]);
     f.on_ready(counter_callback(&before));
     f.wait(None).unwrap();
     // Registered after completion: runs at once on this thread.
@@ -561,33 +526,20 @@ fn on_ready_fires_exactly_once_in_every_order() {
     assert_eq!(after.load(Ordering::SeqCst), 1);
     // Future released before completion: the callback still fires.
     let released = Arc::new(AtomicUsize::new(0));
-    let g = ctx
-        .invoke("slow", vec![i32s(&[1], &[1])], Args::new(), None, here())
-        .unwrap();
+    let g = call(&ctx, "slow", vec![i32s(&[1], &[1])]);
     g.on_ready(counter_callback(&released));
     drop(g);
     // Failure, and cancellation.
     let failed = Arc::new(AtomicUsize::new(0));
-    let h = ctx
-        .invoke(
-            "div",
-            vec![i32s(&[1], &[1]), i32s(&[0], &[1])],
-            Args::new(),
-            None,
-            here(),
-        )
-        .unwrap();
+    let h = call(&ctx, "div", vec![i32s(&[1], &[1]), i32s(&[0], &[1])]);
     h.on_ready(counter_callback(&failed));
     let cancelled = Arc::new(AtomicUsize::new(0));
-    let d = ctx
-        .invoke(
-            "add",
-            vec![i32s(&[1], &[1]), i32s(&[1], &[1])],
-            Args::new(),
-            Some(EvalMode::Deferred),
-            here(),
-        )
-        .unwrap();
+    let d = call_in(
+        &ctx,
+        "add",
+        vec![i32s(&[1], &[1]), i32s(&[1], &[1])],
+        EvalMode::Deferred,
+    );
     d.on_ready(counter_callback(&cancelled));
     assert!(d.cancel("test"));
     assert!(!d.cancel("again"), "only once");
@@ -608,18 +560,8 @@ fn on_ready_fires_exactly_once_in_every_order() {
 fn releasing_the_context_cancels_pending_work_and_fires_callbacks() {
     let ctx = context(EvalMode::Deferred, CapturePolicy::Off);
     let fired = Arc::new(AtomicUsize::new(0));
-    let f1 = ctx
-        .invoke(
-            "add",
-            vec![i32s(&[1], &[1]), i32s(&[1], &[1])],
-            Args::new(),
-            None,
-            here(),
-        )
-        .unwrap();
-    let f2 = ctx
-        .invoke("sum", vec![out(&f1)], Args::new(), None, here())
-        .unwrap();
+    let f1 = call(&ctx, "add", vec![i32s(&[1], &[1]), i32s(&[1], &[1])]);
+    let f2 = call(&ctx, "sum", vec![out(&f1)]);
     f1.on_ready(counter_callback(&fired));
     f2.on_ready(counter_callback(&fired));
     drop(ctx);
@@ -632,18 +574,8 @@ fn releasing_the_context_cancels_pending_work_and_fires_callbacks() {
 #[test]
 fn cancelled_input_fails_its_dependents_with_it_as_cause() {
     let ctx = context(EvalMode::Deferred, CapturePolicy::Off);
-    let f1 = ctx
-        .invoke(
-            "add",
-            vec![i32s(&[1], &[1]), i32s(&[1], &[1])],
-            Args::new(),
-            None,
-            here(),
-        )
-        .unwrap();
-    let f2 = ctx
-        .invoke("sum", vec![out(&f1)], Args::new(), None, here())
-        .unwrap();
+    let f1 = call(&ctx, "add", vec![i32s(&[1], &[1]), i32s(&[1], &[1])]);
+    let f2 = call(&ctx, "sum", vec![out(&f1)]);
     assert!(f1.cancel("test"));
     let e = failure(&f2);
     assert_eq!(e.kind(), ErrorKind::Cancelled);
@@ -653,24 +585,13 @@ fn cancelled_input_fails_its_dependents_with_it_as_cause() {
 #[test]
 fn waiting_inside_a_callback_is_refused_not_a_deadlock() {
     let ctx = context(EvalMode::Eager, CapturePolicy::Off);
-    let f = ctx
-        .invoke(
-            "add",
-            vec![i32s(&[1], &[1]), i32s(&[1], &[1])],
-            Args::new(),
-            None,
-            here(),
-        )
-        .unwrap();
-    let g = ctx
-        .invoke(
-            "add",
-            vec![i32s(&[1], &[1]), i32s(&[1], &[1])],
-            Args::new(),
-            Some(EvalMode::Deferred),
-            here(),
-        )
-        .unwrap();
+    let f = call(&ctx, "add", vec![i32s(&[1], &[1]), i32s(&[1], &[1])]);
+    let g = call_in(
+        &ctx,
+        "add",
+        vec![i32s(&[1], &[1]), i32s(&[1], &[1])],
+        EvalMode::Deferred,
+    );
     let seen = Arc::new(Mutex::new(None));
     let s = seen.clone();
     let g2 = g.clone();
@@ -704,9 +625,7 @@ fn batch_inputs_run_per_sample() {
     };
     let batch = Batch::new(vec![sample(&[1, 2], &[2]), sample(&[3, 4, 5], &[3])]).unwrap();
     let input = Input::Batch(Arc::new(BatchRef::ready(Arc::new(batch))));
-    let f = ctx
-        .invoke("sum", vec![input], Args::new(), None, here())
-        .unwrap();
+    let f = call(&ctx, "sum", vec![input]);
     let Some(Ok(outs)) = f.result() else {
         panic!("ok")
     };

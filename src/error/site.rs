@@ -172,6 +172,10 @@ impl Site {
                 ips.len() < limit
             });
         }
+        Site::native(ips, depth, trim_by_name)
+    }
+
+    fn native(ips: Vec<usize>, depth: usize, trim_by_name: bool) -> Site {
         Site {
             location: None,
             host: Vec::new(),
@@ -187,15 +191,7 @@ impl Site {
     /// an entry point reads from its own frame.
     pub fn from_ips(ips: Vec<usize>) -> Site {
         let depth = ips.len();
-        Site {
-            location: None,
-            host: Vec::new(),
-            show_native: true,
-            ips: ips.into_boxed_slice(),
-            depth,
-            trim_by_name: false,
-            resolved: OnceLock::new(),
-        }
+        Site::native(ips, depth, false)
     }
 
     /// Adds an explicit location (it replaces the innermost native frame: the native
