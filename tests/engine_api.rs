@@ -690,3 +690,40 @@ fn many_threads_share_one_context_without_losing_errors() {
         expected_failures
     );
 }
+
+#[test]
+fn process_events_mode_runs_callbacks_and_host_ops_only_on_the_asking_thread() {
+    let ctx = new_context(
+        Settings {
+            mode: EvalMode::Eager,
+            capture: CapturePolicy::Off,
+            events_mode: true,
+            ..Settings::default()
+        },
+        2,
+    );
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    host_op(&ctx, "where", Arc::new(HostThread(seen.clone())));
+    let fired = Arc::new(AtomicUsize::new(0));
+    // A built-in runs on the workers; its callback waits for process_events.
+    let f = call(&ctx, "add", vec![i32s(&[1], &[1]), i32s(&[1], &[1])]);
+    f.on_ready(counter_callback(&fired));
+    while !f.is_done() {
+        std::thread::yield_now();
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(fired.load(Ordering::SeqCst), 0, "not before process_events");
+    assert_eq!(ctx.run_events(), 1);
+    assert_eq!(fired.load(Ordering::SeqCst), 1);
+    // A host operator waits for process_events too, and runs on this thread.
+    let h = call(&ctx, "where", vec![i32s(&[1], &[1])]);
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(!h.is_done(), "host op ran outside process_events");
+    assert_eq!(ctx.run_events(), 1);
+    assert!(h.is_done());
+    // A wait processes events itself.
+    let h2 = call(&ctx, "where", vec![i32s(&[2], &[1])]);
+    h2.wait(None).unwrap();
+    let me = std::thread::current().id();
+    assert_eq!(*seen.lock().unwrap(), [me, me]);
+}
