@@ -200,6 +200,9 @@ fn make<T: Elem>(
 
 /// NumPy broadcasting of two shapes.
 pub fn broadcast_shapes(a: &[i64], b: &[i64]) -> Result<Vec<i64>> {
+    if a == b {
+        return Ok(a.to_vec());
+    }
     let n = a.len().max(b.len());
     let mut out = vec![0i64; n];
     for i in 0..n {
