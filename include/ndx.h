@@ -1011,8 +1011,10 @@ void ndx_future_release(const ndx_future_t *future);
  * Registers host operator `name` on `ctx`: `kernel(user, ...)` computes it (see
  * `ndx_kernel_fn_t`) on a worker thread, or inside process-events. Its outputs are
  * tensors (batches when an input is a batch: the kernel runs once per sample), whose
- * metadata is known only after it ran. `user_free(user)` runs when the context is
- * freed. NDX_ERROR_VALUE when the name is taken or the schema is invalid.
+ * metadata is known only after it ran. `user_free(user)` runs once when the context
+ * is released (after its running work finished), or later when the last invocation
+ * of the operator is gone if the context was released from a callback or host
+ * operator. NDX_ERROR_VALUE when the name is taken or the schema is invalid.
  */
 ndx_error_t *ndx_register_op(const ndx_context_t *ctx,
                              const char *name,

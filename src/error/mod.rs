@@ -177,6 +177,13 @@ impl Error {
         self
     }
 
+    /// Records the operator a call-time error is about (no invocation, so no sequence
+    /// number).
+    pub fn with_op_name(mut self, op: &str) -> Error {
+        self.op = Some(to_cstring(op));
+        self
+    }
+
     /// The kind.
     pub fn kind(&self) -> ErrorKind {
         self.kind

@@ -246,11 +246,10 @@ impl ContextInner {
         let settings = self.settings();
         let mode = mode.unwrap_or(settings.mode);
         let site = Arc::new(Self::capture(&settings, mode, call));
-        let fail = |e: Error| e.with_site(site.clone());
-        let def = self
-            .registry
-            .get(op)
-            .ok_or_else(|| fail(Error::value(format!("unknown operator '{op}'"))))?;
+        let def = self.registry.get(op).ok_or_else(|| {
+            Error::value(format!("unknown operator '{op}'")).with_site(site.clone())
+        })?;
+        let fail = |e: Error| e.with_op_name(&def.name).with_site(site.clone());
         if let crate::exec::Backend::InjectCompile(target) = &settings.backend {
             if *target == def.name {
                 return Err(fail(Error::new(
@@ -396,8 +395,10 @@ impl Drop for ContextInner {
         }
         if !must_not_block() {
             for node in running {
-                let _ = node.wait(None);
+                node.wait_finished();
             }
+            // Nothing of this context runs any more: host operators' user data can go.
+            self.registry.release_host_data();
         }
         let events: Vec<_> = self.events.lock().drain(..).collect();
         for event in events {
@@ -434,8 +435,13 @@ fn infer(def: &OpDef, inputs: &[Input], args: &Args) -> Result<(Vec<OutMeta>, Op
         }
     }
     for (i, input) in inputs.iter().enumerate() {
+        // Only what is known without running anything: an output whose metadata only
+        // running tells is checked by its kernel.
         let device = match input {
-            Input::Tensor(t) => t.device()?,
+            Input::Tensor(t) => match t.ready_data() {
+                Some(Ok(t)) => t.device(),
+                _ => crate::tensor::Device::CPU,
+            },
             Input::Batch(b) => match b.ready_data() {
                 Some(Ok(b)) => b.device(),
                 _ => crate::tensor::Device::CPU,

@@ -135,6 +135,8 @@ pub struct Node {
     state: Mutex<State>,
     cond: Condvar,
     result: OnceLock<Result<Vec<Data>>>,
+    /// Set once the callbacks run at completion have returned.
+    finished: AtomicBool,
     observed: AtomicBool,
     failed_inputs: Mutex<Vec<Arc<Node>>>,
 }
@@ -177,6 +179,7 @@ impl Node {
             }),
             cond: Condvar::new(),
             result: OnceLock::new(),
+            finished: AtomicBool::new(false),
             observed: AtomicBool::new(false),
             failed_inputs: Mutex::new(Vec::new()),
         });
@@ -617,6 +620,18 @@ impl Node {
         }
         if let Some(ctx) = ctx {
             ctx.node_done(self, failed);
+        }
+        let _state = self.state.lock();
+        self.finished.store(true, Ordering::Release);
+        self.cond.notify_all();
+    }
+
+    /// Waits until the node is complete and the callbacks run at its completion have
+    /// returned (context teardown).
+    pub(crate) fn wait_finished(&self) {
+        let mut state = self.state.lock();
+        while !self.finished.load(Ordering::Acquire) {
+            self.cond.wait(&mut state);
         }
     }
 

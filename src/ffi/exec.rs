@@ -1022,17 +1022,32 @@ struct CKernel {
         *mut *mut ndx_tensor_t,
         usize,
     ) -> *mut ndx_error_t,
-    data: UserData,
+    /// `None` once released; read-locked for the duration of each call.
+    data: parking_lot::RwLock<Option<UserData>>,
     name: String,
 }
 
 impl HostKernel for CKernel {
+    fn release(&self) {
+        drop(self.data.write().take());
+    }
+
     fn run(
         &self,
         inputs: &[Arc<Tensor>],
         args: &Args,
         n_outputs: usize,
     ) -> Result<Vec<Arc<Tensor>>> {
+        let data = self.data.read();
+        let Some(data) = data.as_ref() else {
+            return Err(Error::new(
+                crate::error::ErrorKind::Runtime,
+                format!(
+                    "host operator '{}' was released with its context",
+                    self.name
+                ),
+            ));
+        };
         let handles: Vec<*mut ndx_tensor_t> = inputs
             .iter()
             .map(|t| into_handle(Arc::new(TensorRef::ready(t.clone()))))
@@ -1042,7 +1057,7 @@ impl HostKernel for CKernel {
         // SAFETY: the embedder's kernel with borrowed inputs and writable output slots.
         let err = unsafe {
             (self.f)(
-                self.data.user,
+                data.user,
                 handles.as_ptr().cast(),
                 handles.len(),
                 args_ptr,
@@ -1088,8 +1103,10 @@ impl HostKernel for CKernel {
 /// Registers host operator `name` on `ctx`: `kernel(user, ...)` computes it (see
 /// `ndx_kernel_fn_t`) on a worker thread, or inside process-events. Its outputs are
 /// tensors (batches when an input is a batch: the kernel runs once per sample), whose
-/// metadata is known only after it ran. `user_free(user)` runs when the context is
-/// freed. NDX_ERROR_VALUE when the name is taken or the schema is invalid.
+/// metadata is known only after it ran. `user_free(user)` runs once when the context
+/// is released (after its running work finished), or later when the last invocation
+/// of the operator is gone if the context was released from a callback or host
+/// operator. NDX_ERROR_VALUE when the name is taken or the schema is invalid.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_register_op(
     ctx: *const ndx_context_t,
@@ -1147,7 +1164,11 @@ pub extern "C" fn ndx_register_op(
             n_outputs: s.n_outputs,
             args,
             infer: None,
-            kernel: Kernel::Host(Arc::new(CKernel { f, data, name })),
+            kernel: Kernel::Host(Arc::new(CKernel {
+                f,
+                data: parking_lot::RwLock::new(Some(data)),
+                name,
+            })),
         })
     })
 }

@@ -48,6 +48,9 @@ pub trait HostKernel: Send + Sync {
         args: &Args,
         n_outputs: usize,
     ) -> Result<Vec<Arc<Tensor>>>;
+    /// Releases what the host gave with the kernel (its `user` pointer), once no call
+    /// is running; later calls fail. Called when the owning context goes away.
+    fn release(&self) {}
 }
 
 /// How an operator computes.
@@ -152,6 +155,15 @@ impl Registry {
             }
         }
         builtin(name)
+    }
+
+    /// Releases every host operator's host data (context teardown, after its work).
+    pub fn release_host_data(&self) {
+        for op in self.ops.read().values() {
+            if let Kernel::Host(h) = &op.kernel {
+                h.release();
+            }
+        }
     }
 
     /// Registers a host operator; its name must not be taken.

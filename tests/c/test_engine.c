@@ -1,0 +1,1730 @@
+/* Tests of the execution engine through the C API: contexts, eval modes, ndx_invoke,
+ * futures (poll, wait, error, outputs, on_ready, cancel), host operators, backends and
+ * capture sites.
+ *
+ * The heart is a matrix: every eval mode (SYNC_CPU, SYNC_FULL, DEFERRED, EAGER) x every
+ * way an invocation can fail (a kernel error, an injected runtime error, an injected
+ * compile error, a dependency failure two levels deep, a host operator's error with its
+ * own cause, a timeout) x four ways of recording the site (capture policy OFF or NATIVE,
+ * each without options - the native caller frame - and with NDX_HERE). Each run checks
+ * the error's kind, message, operator, sequence number, cause chain and frame 0: the file
+ * and line of the ndx_invoke call (recorded with __LINE__ on that very line by INVOKE).
+ *
+ * Then: success values, metadata of pending outputs, the first poll submitting DEFERRED
+ * work, ndx_context_evaluate reporting unobserved failures once, cancellation, releasing
+ * a context with pending work, on_ready exactly once, the noexcept and
+ * inject_accuracy_error backends, and EAGER work never running on the caller's thread.
+ *
+ * CMake compiles this at -O0 and -O2 (both -g) and runs the -O0 build under valgrind.
+ * Case functions are NDX_TEST_NOINLINE so that their frames and names survive -O2. */
+#define _POSIX_C_SOURCE 200809L
+
+#include <errno.h>
+#include <pthread.h>
+#include <time.h>
+
+#include "ndx_test.h"
+
+#define THIS_FILE "test_engine.c"
+#define MS 1000000LL /* nanoseconds */
+
+static pthread_t main_thread;
+
+/* ---- small utilities ------------------------------------------------------------------ */
+
+static void sleep_ms(int ms) {
+  struct timespec ts;
+  ts.tv_sec = ms / 1000;
+  ts.tv_nsec = (long)(ms % 1000) * 1000000L;
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static int load_int(const int* p) { return __atomic_load_n(p, __ATOMIC_SEQ_CST); }
+static void inc_int(int* p) { __atomic_fetch_add(p, 1, __ATOMIC_SEQ_CST); }
+
+/* Waits (up to `limit_ms`) until *p >= value; returns whether it got there. */
+static int spin_until(const int* p, int value, int limit_ms) {
+  double end = now_ms() + limit_ms;
+  while (load_int(p) < value) {
+    if (now_ms() > end) return 0;
+    sleep_ms(1);
+  }
+  return 1;
+}
+
+static const int32_t kModes[4] = {NDX_EVAL_SYNC_CPU, NDX_EVAL_SYNC_FULL, NDX_EVAL_DEFERRED,
+                                  NDX_EVAL_EAGER};
+
+static const char* mode_name(int32_t mode) {
+  switch (mode) {
+    case NDX_EVAL_SYNC_CPU: return "SYNC_CPU";
+    case NDX_EVAL_SYNC_FULL: return "SYNC_FULL";
+    case NDX_EVAL_DEFERRED: return "DEFERRED";
+    case NDX_EVAL_EAGER: return "EAGER";
+    default: return "?";
+  }
+}
+
+static int is_sync(int32_t mode) {
+  return mode == NDX_EVAL_SYNC_CPU || mode == NDX_EVAL_SYNC_FULL;
+}
+
+/* A context with the given mode, capture policy and backend (NULL: default). The first
+ * context of the process sizes the shared pool: 4 workers. */
+static ndx_context_t* make_ctx(int32_t mode, int32_t policy, const char* backend) {
+  ndx_context_options_t o;
+  memset(&o, 0, sizeof o);
+  o.struct_size = sizeof o;
+  o.eval_mode = mode;
+  o.capture_policy = policy;
+  o.num_threads = 4;
+  o.backend = backend;
+  ndx_context_t* ctx = NULL;
+  ndx_error_t* e = ndx_context_new(&o, &ctx);
+  if (e != NULL || ctx == NULL) {
+    fprintf(stderr, "ndx_context_new failed: %s\n", NDX_TEST_S(ndx_error_message(e)));
+    abort();
+  }
+  return ctx;
+}
+
+/* Invokes `op` on one source line: stores that line in `line` and passes
+ * `{sizeof o, NDX_HERE, 0}` as options when `here`, NULL otherwise. Use it on ONE line. */
+#define INVOKE(line, here, ctx, op, inputs, n, args, out)                                   \
+  ((line) = __LINE__,                                                                        \
+   ndx_invoke((ctx), (op), (inputs), (n), (args),                                            \
+              (here) ? &(ndx_invoke_options_t){sizeof(ndx_invoke_options_t), NDX_HERE, 0}   \
+                     : NULL,                                                                 \
+              (out)))
+
+/* Options overriding the mode only. */
+static ndx_invoke_options_t mode_opts(int32_t mode) {
+  ndx_invoke_options_t o;
+  memset(&o, 0, sizeof o);
+  o.struct_size = sizeof o;
+  o.mode = mode;
+  return o;
+}
+
+/* ---- data -------------------------------------------------------------------------------- */
+
+static const int64_t kShape23[2] = {2, 3};
+static const int32_t kA[6] = {6, 7, -7, 8, 9, 10};
+static const int32_t kBZero[6] = {2, 0, 2, 4, 3, 5};   /* element 1 divides by zero */
+static const int32_t kBOk[6] = {2, 3, 2, 4, 3, 5};
+static const int32_t kAdivBOk[6] = {3, 2, -4, 2, 3, 2}; /* floor division */
+
+static ndx_tensor_t* t_i32(const int32_t* v) { return ndx_test_tensor(v, NDX_DTYPE_INT32, 2, kShape23); }
+
+/* Copies t's data into `out` (n elements of `elem` bytes) and checks the byte size. */
+static int read_data(const ndx_tensor_t* t, void* out, size_t n, size_t elem) {
+  size_t nbytes = 0;
+  if (!CHECK_OK(ndx_tensor_nbytes(t, &nbytes))) return 0;
+  if (!CHECK(nbytes == n * elem, "nbytes %zu, expected %zu", nbytes, n * elem)) return 0;
+  return CHECK_OK(ndx_tensor_copy_to(t, out, n * elem));
+}
+
+static void check_i32(const ndx_tensor_t* t, const int32_t* expected, int n) {
+  int32_t got[16];
+  int64_t g[16], x[16];
+  if (!read_data(t, got, (size_t)n, sizeof(int32_t))) return;
+  for (int i = 0; i < n; i++) {
+    g[i] = got[i];
+    x[i] = expected[i];
+  }
+  CHECK_I64_ARRAY(g, x, n);
+}
+
+static void check_i64(const ndx_tensor_t* t, const int64_t* expected, int n) {
+  int64_t got[16];
+  if (!read_data(t, got, (size_t)n, sizeof(int64_t))) return;
+  CHECK_I64_ARRAY(got, expected, n);
+}
+
+static void check_f32(const ndx_tensor_t* t, const float* expected, int n) {
+  float got[16];
+  if (!read_data(t, got, (size_t)n, sizeof(float))) return;
+  int ok = 1;
+  for (int i = 0; i < n; i++) ok &= got[i] == expected[i];
+  CHECK(ok, "float values differ (first: %g vs %g)", (double)got[0], (double)expected[0]);
+}
+
+static void check_meta(const ndx_tensor_t* t, int32_t dtype, int32_t ndim, const int64_t* shape) {
+  int32_t d = 0, nd = -1;
+  const int64_t* s = NULL;
+  CHECK_OK(ndx_tensor_dtype(t, &d));
+  CHECK(d == dtype, "dtype %d (%s), expected %d (%s)", (int)d, NDX_TEST_S(ndx_dtype_name(d)),
+        (int)dtype, NDX_TEST_S(ndx_dtype_name(dtype)));
+  CHECK_OK(ndx_tensor_ndim(t, &nd));
+  if (!CHECK(nd == ndim, "ndim %d, expected %d", (int)nd, (int)ndim)) return;
+  CHECK_OK(ndx_tensor_shape(t, &s));
+  if (ndim > 0) CHECK_I64_ARRAY(s, shape, ndim);
+}
+
+/* ---- host operators ---------------------------------------------------------------------- */
+
+typedef struct {
+  int started;     /* kernel entered (atomic) */
+  int calls;       /* kernel finished (atomic) */
+  int sleep_ms;    /* sleeps this long first */
+  pthread_t thread; /* the thread of the last call (written before `calls`) */
+} host_state;
+
+static ndx_error_t* copy_tensor(const ndx_tensor_t* in, ndx_tensor_t** out) {
+  int32_t dtype = 0, ndim = 0;
+  const int64_t* shape = NULL;
+  size_t nbytes = 0;
+  ndx_error_t* e;
+  if ((e = ndx_tensor_dtype(in, &dtype)) != NULL) return e;
+  if ((e = ndx_tensor_ndim(in, &ndim)) != NULL) return e;
+  if ((e = ndx_tensor_shape(in, &shape)) != NULL) return e;
+  if ((e = ndx_tensor_nbytes(in, &nbytes)) != NULL) return e;
+  void* buf = malloc(nbytes ? nbytes : 1);
+  if (!buf) return ndx_error_new(NDX_ERROR_MEMORY, "test: out of memory", NULL);
+  if ((e = ndx_tensor_copy_to(in, buf, nbytes)) == NULL) {
+    e = ndx_tensor_from_host(buf, dtype, ndim, shape, NULL, NULL, out);
+  }
+  free(buf);
+  return e;
+}
+
+/* "identity"-like host operator: copies its input, after sleeping s->sleep_ms. */
+static ndx_error_t* k_copy(void* user, const ndx_tensor_t* const* inputs, size_t n_inputs,
+                           const ndx_args_t* args, ndx_tensor_t** outputs, size_t n_outputs) {
+  host_state* s = (host_state*)user;
+  (void)args;
+  (void)n_inputs;
+  (void)n_outputs;
+  inc_int(&s->started);
+  if (s->sleep_ms > 0) sleep_ms(s->sleep_ms);
+  s->thread = pthread_self();
+  ndx_error_t* e = copy_tensor(inputs[0], &outputs[0]);
+  inc_int(&s->calls);
+  return e;
+}
+
+static int host_fail_line; /* the line of the ndx_error_new calls in host_fail_kernel */
+
+/* A host operator that fails with its own cause. */
+static NDX_TEST_NOINLINE ndx_error_t* host_fail_kernel(void* user, const ndx_tensor_t* const* inputs,
+                                                       size_t n_inputs, const ndx_args_t* args,
+                                                       ndx_tensor_t** outputs, size_t n_outputs) {
+  host_state* s = (host_state*)user;
+  (void)inputs; (void)n_inputs; (void)args; (void)outputs; (void)n_outputs;
+  s->thread = pthread_self();
+  inc_int(&s->calls);
+  host_fail_line = __LINE__; ndx_error_t* volatile e = ndx_error_new(NDX_ERROR_RUNTIME, "host failed", ndx_error_new(NDX_ERROR_INDEX, "root cause", NULL));
+  return e; /* not a tail call */
+}
+
+/* A gate: the kernel blocks until the test opens it (or 5 s pass: then timed_out). */
+typedef struct {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int open;
+  int timed_out;
+  int entered; /* atomic */
+  int calls;   /* atomic */
+  pthread_t thread;
+} gate_t;
+
+static void gate_init(gate_t* g) {
+  memset(g, 0, sizeof *g);
+  pthread_mutex_init(&g->mu, NULL);
+  pthread_cond_init(&g->cv, NULL);
+}
+
+static void gate_open(gate_t* g) {
+  pthread_mutex_lock(&g->mu);
+  g->open = 1;
+  pthread_cond_broadcast(&g->cv);
+  pthread_mutex_unlock(&g->mu);
+}
+
+static void gate_destroy(gate_t* g) {
+  pthread_mutex_destroy(&g->mu);
+  pthread_cond_destroy(&g->cv);
+}
+
+static ndx_error_t* k_gate(void* user, const ndx_tensor_t* const* inputs, size_t n_inputs,
+                           const ndx_args_t* args, ndx_tensor_t** outputs, size_t n_outputs) {
+  gate_t* g = (gate_t*)user;
+  (void)args; (void)n_inputs; (void)n_outputs;
+  inc_int(&g->entered);
+  struct timespec deadline;
+  clock_gettime(CLOCK_REALTIME, &deadline);
+  deadline.tv_sec += 5;
+  pthread_mutex_lock(&g->mu);
+  while (!g->open) {
+    if (pthread_cond_timedwait(&g->cv, &g->mu, &deadline) == ETIMEDOUT) {
+      g->timed_out = 1;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&g->mu);
+  g->thread = pthread_self();
+  ndx_error_t* e = copy_tensor(inputs[0], &outputs[0]);
+  inc_int(&g->calls);
+  return e;
+}
+
+static void register_op(ndx_context_t* ctx, const char* name, ndx_kernel_fn_t kernel, void* user) {
+  ndx_op_schema_t s;
+  memset(&s, 0, sizeof s);
+  s.struct_size = sizeof s;
+  s.n_inputs = 1;
+  s.n_outputs = 1;
+  CHECK_OK(ndx_register_op(ctx, name, &s, kernel, user, NULL));
+}
+
+/* ---- on_ready callbacks -------------------------------------------------------------------- */
+
+typedef struct {
+  int fired; /* atomic */
+  int freed; /* atomic */
+  int status;
+  int on_main;
+} cb_state;
+
+static void cb_record(void* user, const ndx_future_t* f) {
+  cb_state* s = (cb_state*)user;
+  s->status = ndx_future_poll(f);
+  s->on_main = pthread_equal(pthread_self(), main_thread) ? 1 : 0;
+  inc_int(&s->fired);
+}
+
+static void cb_free(void* user) { inc_int(&((cb_state*)user)->freed); }
+
+/* ---- the error matrix ---------------------------------------------------------------------- */
+
+typedef struct {
+  int32_t mode;
+  int32_t policy; /* NDX_CAPTURE_OFF or NDX_CAPTURE_NATIVE */
+  int here;       /* NDX_HERE options */
+  char label[96];
+} run_t;
+
+/* Checks the frames of an invocation's error: frame 0 is the ndx_invoke call at `line` in
+ * `function` (native, or the NDX_HERE location: a host frame); with NATIVE capture of a
+ * DEFERRED or EAGER invocation the frames go on outwards (frame 1: run_case); otherwise
+ * the caller frame is the only one. */
+static void check_site(const ndx_error_t* e, const run_t* r, int line, const char* function) {
+  int deep = r->policy == NDX_CAPTURE_NATIVE && !is_sync(r->mode);
+  size_t n = ndx_error_frame_count(e);
+  if (deep) {
+    CHECK(n >= 3, "deep capture: %zu frames (expected the caller, run_case, main, ...)", n);
+  } else {
+    CHECK(n == 1, "caller frame only: %zu frames", n);
+  }
+  CHECK_FRAME(e, 0, THIS_FILE, line, function, r->here ? NDX_FRAME_HOST : NDX_FRAME_NATIVE);
+  if (deep && n >= 2) CHECK_FRAME(e, 1, THIS_FILE, 0, "run_case", NDX_FRAME_NATIVE);
+}
+
+/* Right after ndx_invoke of work that will end `expected` (READY/FAILED): SYNC modes are
+ * complete already; DEFERRED has not run (ndx_future_error neither submits nor blocks). */
+static void check_after_invoke(const run_t* r, const ndx_future_t* f, int expected) {
+  if (is_sync(r->mode)) {
+    int st = ndx_future_poll(f);
+    CHECK(st == expected, "%s: status %d right after ndx_invoke, expected %d", r->label, st,
+          expected);
+  } else if (r->mode == NDX_EVAL_DEFERRED) {
+    ndx_error_t* e = ndx_future_error(f);
+    CHECK(e == NULL, "DEFERRED work ran at invoke: %s", NDX_TEST_S(ndx_error_message(e)));
+    ndx_error_free(e);
+  }
+}
+
+/* After `w` came from ndx_future_wait(f): the future stays FAILED, ndx_future_error gives
+ * an equal copy, and reading its output's data fails with the same error. */
+static void check_failed_future(const ndx_future_t* f, const ndx_error_t* w) {
+  CHECK(ndx_future_poll(f) == NDX_FUTURE_FAILED, "poll after a failed wait");
+  ndx_error_t* c = ndx_future_error(f);
+  if (CHECK(c != NULL, "ndx_future_error of a failed future")) {
+    CHECK(ndx_error_kind(c) == ndx_error_kind(w), "same kind");
+    CHECK_STR_EQ(ndx_error_message(c), ndx_error_message(w));
+    CHECK(ndx_test_str_eq(ndx_error_op(c), ndx_error_op(w)) || (!ndx_error_op(c) && !ndx_error_op(w)),
+          "same op");
+    CHECK(ndx_error_sequence(c) == ndx_error_sequence(w), "same sequence");
+    CHECK(ndx_test_chain_length(c) == ndx_test_chain_length(w), "same chain");
+    CHECK(ndx_error_frame_count(c) == ndx_error_frame_count(w), "same frames");
+  }
+  ndx_error_free(c);
+  ndx_tensor_t* t = ndx_test_output(f, 0);
+  if (t) {
+    int64_t buf[16];
+    ndx_error_t* e = ndx_tensor_copy_to(t, buf, sizeof buf);
+    if (CHECK(e != NULL, "reading a failed output's data fails")) {
+      CHECK(ndx_error_kind(e) == ndx_error_kind(w), "with the same kind");
+      CHECK_STR_EQ(ndx_error_message(e), ndx_error_message(w));
+    }
+    ndx_error_free(e);
+  }
+  ndx_tensor_release(t);
+}
+
+/* Every failure was observed: ndx_context_evaluate has nothing to report. */
+static void check_evaluate_clean(const ndx_context_t* ctx) {
+  ndx_error_t* e = ndx_context_evaluate(ctx);
+  if (!CHECK(e == NULL, "ndx_context_evaluate reports %zu failures already observed: %s",
+             ndx_error_related_count(e), NDX_TEST_S(ndx_error_message(e)))) {
+    ndx_test_print_error(e);
+  }
+  ndx_error_free(e);
+}
+
+static NDX_TEST_NOINLINE void case_kernel_error(const run_t* r) {
+  ndx_context_t* ctx = make_ctx(r->mode, r->policy, NULL);
+  ndx_tensor_t* a = t_i32(kA);
+  ndx_tensor_t* b = t_i32(kBZero);
+  ndx_input_t in[2] = {ndx_test_in(a), ndx_test_in(b)};
+  ndx_future_t* f = NULL;
+  int line = 0;
+  ndx_error_t* e = INVOKE(line, r->here, ctx, "div", in, 2, NULL, &f);
+  if (CHECK_OK(e) && CHECK(f != NULL, "a future")) {
+    check_after_invoke(r, f, NDX_FUTURE_FAILED);
+    ndx_error_t* w = ndx_future_wait(f, -1);
+    CHECK_LINK(w, NDX_ERROR_VALUE, "integer division by zero (output element 1)", "div", 1);
+    CHECK_STR_EQ(ndx_error_message(w), "integer division by zero (output element 1)");
+    CHECK(ndx_test_chain_length(w) == 1, "one link: %zu", ndx_test_chain_length(w));
+    check_site(w, r, line, "case_kernel_error");
+    check_failed_future(f, w);
+    ndx_error_free(w);
+  }
+  check_evaluate_clean(ctx);
+  ndx_future_release(f);
+  ndx_tensor_release(a);
+  ndx_tensor_release(b);
+  ndx_context_release(ctx);
+}
+
+static NDX_TEST_NOINLINE void case_injected_runtime(const run_t* r) {
+  ndx_context_t* ctx = make_ctx(r->mode, r->policy, "inject_runtime_error:div");
+  ndx_tensor_t* a = t_i32(kA);
+  ndx_tensor_t* b = t_i32(kBOk);
+  ndx_input_t in[2] = {ndx_test_in(a), ndx_test_in(b)};
+  ndx_future_t* f = NULL;
+  int line = 0;
+  ndx_error_t* e = INVOKE(line, r->here, ctx, "div", in, 2, NULL, &f);
+  if (CHECK_OK(e) && CHECK(f != NULL, "a future")) {
+    check_after_invoke(r, f, NDX_FUTURE_FAILED);
+    ndx_error_t* w = ndx_future_wait(f, -1);
+    CHECK_LINK(w, NDX_ERROR_RUNTIME, "injected runtime error in operator 'div'", "div", 1);
+    CHECK(ndx_test_chain_length(w) == 1, "one link: %zu", ndx_test_chain_length(w));
+    check_site(w, r, line, "case_injected_runtime");
+    check_failed_future(f, w);
+    ndx_error_free(w);
+  }
+  /* Only 'div' is targeted. */
+  ndx_future_t* g = NULL;
+  if (CHECK_OK(ndx_invoke(ctx, "mul", in, 2, NULL, NULL, &g))) {
+    CHECK_OK(ndx_future_wait(g, -1));
+  }
+  check_evaluate_clean(ctx);
+  ndx_future_release(f);
+  ndx_future_release(g);
+  ndx_tensor_release(a);
+  ndx_tensor_release(b);
+  ndx_context_release(ctx);
+}
+
+static NDX_TEST_NOINLINE void case_injected_compile(const run_t* r) {
+  ndx_context_t* ctx = make_ctx(r->mode, r->policy, "inject_compile_error:div");
+  ndx_tensor_t* a = t_i32(kA);
+  ndx_tensor_t* b = t_i32(kBOk);
+  ndx_input_t in[2] = {ndx_test_in(a), ndx_test_in(b)};
+  ndx_future_t* f = (ndx_future_t*)NDX_TEST_BOGUS_PTR;
+  int line = 0;
+  ndx_error_t* e = INVOKE(line, r->here, ctx, "div", in, 2, NULL, &f);
+  if (CHECK(e != NULL, "%s: an injected compile error fails ndx_invoke", r->label)) {
+    /* The invocation of 'div' failed (op); it never got a sequence number. */
+    CHECK_LINK(e, NDX_ERROR_BACKEND, "injected compile error in operator 'div'", "div", 0);
+    CHECK(ndx_test_chain_length(e) == 1, "one link: %zu", ndx_test_chain_length(e));
+    check_site(e, r, line, "case_injected_compile");
+  }
+  CHECK(f == NULL, "the out-param is NULL on error");
+  ndx_error_free(e);
+  /* Only 'div' is targeted. */
+  ndx_future_t* g = NULL;
+  if (CHECK_OK(ndx_invoke(ctx, "add", in, 2, NULL, NULL, &g))) {
+    CHECK_OK(ndx_future_wait(g, -1));
+  }
+  check_evaluate_clean(ctx);
+  ndx_future_release(g);
+  ndx_tensor_release(a);
+  ndx_tensor_release(b);
+  ndx_context_release(ctx);
+}
+
+static NDX_TEST_NOINLINE void case_dependency(const run_t* r) {
+  ndx_context_t* ctx = make_ctx(r->mode, r->policy, NULL);
+  ndx_tensor_t* a = t_i32(kA);
+  ndx_tensor_t* b = t_i32(kBZero);
+  ndx_tensor_t* c = t_i32(kBOk);
+  ndx_args_t* args = NULL;
+  const int64_t axes[1] = {1};
+  CHECK_OK(ndx_args_new(&args));
+  CHECK_OK(ndx_args_set_int_array(args, "axes", axes, 1));
+  ndx_future_t *f1 = NULL, *f2 = NULL, *f3 = NULL;
+  ndx_tensor_t *t1 = NULL, *t2 = NULL, *t3 = NULL;
+  int l1 = 0, l2 = 0, l3 = 0;
+
+  ndx_input_t in1[2] = {ndx_test_in(a), ndx_test_in(b)};
+  if (!CHECK_OK(INVOKE(l1, r->here, ctx, "div", in1, 2, NULL, &f1))) goto done;
+  check_after_invoke(r, f1, NDX_FUTURE_FAILED);
+  t1 = ndx_test_output(f1, 0);
+  ndx_input_t in2[2] = {ndx_test_in(t1), ndx_test_in(c)};
+  if (!CHECK_OK(INVOKE(l2, r->here, ctx, "add", in2, 2, NULL, &f2))) goto done;
+  check_after_invoke(r, f2, NDX_FUTURE_FAILED);
+  t2 = ndx_test_output(f2, 0);
+  ndx_input_t in3[1] = {ndx_test_in(t2)};
+  if (!CHECK_OK(INVOKE(l3, r->here, ctx, "sum", in3, 1, args, &f3))) goto done;
+  check_after_invoke(r, f3, NDX_FUTURE_FAILED);
+  t3 = ndx_test_output(f3, 0);
+  {
+    const int64_t s2[1] = {2};
+    check_meta(t3, NDX_DTYPE_INT64, 1, s2); /* inferred at enqueue, failure or not */
+  }
+  if (r->mode == NDX_EVAL_DEFERRED) {
+    /* Nothing ran: none of the three has an error yet. */
+    ndx_error_t* e1 = ndx_future_error(f1);
+    CHECK(e1 == NULL, "DEFERRED div ran before anything needed it");
+    ndx_error_free(e1);
+  }
+
+  ndx_error_t* w = ndx_future_wait(f3, -1);
+  if (CHECK(ndx_test_chain_length(w) == 3, "%s: sum -> add -> div: %zu links", r->label,
+            ndx_test_chain_length(w))) {
+    const ndx_error_t* add_link = ndx_test_chain_link(w, 1);
+    const ndx_error_t* div_link = ndx_test_chain_link(w, 2);
+    CHECK_LINK(w, NDX_ERROR_VALUE,
+               "input 0 of 'sum' (#3) failed: it is the output of 'add' (#2), which failed",
+               "sum", 3);
+    check_site(w, r, l3, "case_dependency");
+    CHECK_LINK(add_link, NDX_ERROR_VALUE,
+               "input 0 of 'add' (#2) failed: it is the output of 'div' (#1), which failed",
+               "add", 2);
+    check_site(add_link, r, l2, "case_dependency");
+    CHECK_LINK(div_link, NDX_ERROR_VALUE, "integer division by zero (output element 1)", "div", 1);
+    CHECK_STR_EQ(ndx_error_message(div_link), "integer division by zero (output element 1)");
+    check_site(div_link, r, l1, "case_dependency");
+    CHECK(l1 != l2 && l2 != l3, "three distinct lines");
+  }
+  check_failed_future(f3, w);
+  ndx_error_free(w);
+  /* The upstream futures failed with their own errors. */
+  ndx_error_t* w2 = ndx_future_wait(f2, -1);
+  CHECK_LINK(w2, NDX_ERROR_VALUE, "input 0 of 'add' (#2) failed", "add", 2);
+  CHECK(ndx_test_chain_length(w2) == 2, "add -> div");
+  ndx_error_free(w2);
+  ndx_error_t* w1 = ndx_future_wait(f1, -1);
+  CHECK_LINK(w1, NDX_ERROR_VALUE, "integer division by zero", "div", 1);
+  CHECK(ndx_test_chain_length(w1) == 1, "div alone");
+  ndx_error_free(w1);
+done:
+  check_evaluate_clean(ctx);
+  ndx_tensor_release(t1);
+  ndx_tensor_release(t2);
+  ndx_tensor_release(t3);
+  ndx_future_release(f1);
+  ndx_future_release(f2);
+  ndx_future_release(f3);
+  ndx_args_free(args);
+  ndx_tensor_release(a);
+  ndx_tensor_release(b);
+  ndx_tensor_release(c);
+  ndx_context_release(ctx);
+}
+
+static NDX_TEST_NOINLINE void case_host_error(const run_t* r) {
+  ndx_context_t* ctx = make_ctx(r->mode, r->policy, NULL);
+  host_state s;
+  memset(&s, 0, sizeof s);
+  register_op(ctx, "host_fail", host_fail_kernel, &s);
+  ndx_tensor_t* a = t_i32(kA);
+  ndx_input_t in[1] = {ndx_test_in(a)};
+  ndx_future_t* f = NULL;
+  int line = 0;
+  ndx_error_t* e = INVOKE(line, r->here, ctx, "host_fail", in, 1, NULL, &f);
+  if (CHECK_OK(e) && CHECK(f != NULL, "a future")) {
+    check_after_invoke(r, f, NDX_FUTURE_FAILED);
+    if (r->mode == NDX_EVAL_DEFERRED) CHECK(load_int(&s.calls) == 0, "DEFERRED: not run yet");
+    ndx_error_t* w = ndx_future_wait(f, -1);
+    /* The host's error itself, enriched; its own cause follows with its own site. */
+    CHECK_LINK(w, NDX_ERROR_RUNTIME, "host failed", "host_fail", 1);
+    CHECK_STR_EQ(ndx_error_message(w), "host failed");
+    check_site(w, r, line, "case_host_error");
+    if (CHECK(ndx_test_chain_length(w) == 2, "host error -> its cause: %zu",
+              ndx_test_chain_length(w))) {
+      const ndx_error_t* cause = ndx_error_cause(w);
+      CHECK_LINK(cause, NDX_ERROR_INDEX, "root cause", NULL, 0);
+      CHECK_STR_EQ(ndx_error_message(cause), "root cause");
+      CHECK_FRAME(cause, 0, THIS_FILE, host_fail_line, "host_fail_kernel", NDX_FRAME_NATIVE);
+    }
+    check_failed_future(f, w);
+    ndx_error_free(w);
+    CHECK(load_int(&s.calls) == 1, "the kernel ran once: %d", load_int(&s.calls));
+    if (is_sync(r->mode)) {
+      CHECK(pthread_equal(s.thread, main_thread), "SYNC: ran on the calling thread");
+    } else if (r->mode == NDX_EVAL_EAGER) {
+      CHECK(!pthread_equal(s.thread, main_thread), "EAGER: ran on a worker");
+    }
+  }
+  check_evaluate_clean(ctx);
+  ndx_future_release(f);
+  ndx_tensor_release(a);
+  ndx_context_release(ctx);
+}
+
+static NDX_TEST_NOINLINE void case_timeout(const run_t* r) {
+  ndx_context_t* ctx = make_ctx(r->mode, r->policy, NULL);
+  host_state s;
+  memset(&s, 0, sizeof s);
+  s.sleep_ms = 200;
+  register_op(ctx, "sleepy", k_copy, &s);
+  ndx_tensor_t* a = t_i32(kA);
+  ndx_input_t in[1] = {ndx_test_in(a)};
+  ndx_future_t* f = NULL;
+  int line = 0;
+  double t0 = now_ms();
+  ndx_error_t* e = INVOKE(line, r->here, ctx, "sleepy", in, 1, NULL, &f);
+  double invoke_ms = now_ms() - t0;
+  (void)line;
+  if (!CHECK_OK(e) || !CHECK(f != NULL, "a future")) goto done;
+  if (is_sync(r->mode)) {
+    /* The work ran inside ndx_invoke: nothing is left to time out. */
+    CHECK(invoke_ms >= 150.0, "SYNC invoke took %.1f ms, the kernel sleeps 200", invoke_ms);
+    CHECK(ndx_future_poll(f) == NDX_FUTURE_READY, "READY on return");
+    CHECK_OK(ndx_future_wait(f, 1 * MS));
+  } else {
+    int wline = __LINE__; ndx_error_t* w = ndx_future_wait(f, 1 * MS);
+    CHECK_LINK(w, NDX_ERROR_TIMEOUT, "did not complete within", NULL, 0);
+    CHECK_CONTAINS(ndx_error_message(w), "'sleepy'");
+    CHECK_CONTAINS(ndx_error_message(w), "#1");
+    CHECK(ndx_test_chain_length(w) == 1, "one link");
+    /* A failed call of ndx_future_wait: its site is the line that waited. */
+    CHECK_FRAME(w, 0, THIS_FILE, wline, "case_timeout", NDX_FRAME_NATIVE);
+    ndx_error_free(w);
+    CHECK(ndx_future_poll(f) == NDX_FUTURE_PENDING, "the future stays valid and pending");
+    ndx_error_t* fe = ndx_future_error(f);
+    CHECK(fe == NULL, "a timeout is not the future's error");
+    ndx_error_free(fe);
+    CHECK_OK(ndx_future_wait(f, -1));
+    CHECK(ndx_future_poll(f) == NDX_FUTURE_READY, "READY after waiting");
+  }
+  CHECK(load_int(&s.calls) == 1, "ran once");
+  ndx_tensor_t* t = ndx_test_output(f, 0);
+  if (t) check_i32(t, kA, 6);
+  ndx_tensor_release(t);
+done:
+  check_evaluate_clean(ctx);
+  ndx_future_release(f);
+  ndx_tensor_release(a);
+  ndx_context_release(ctx);
+}
+
+typedef void (*case_fn)(const run_t*);
+static int cases_run;
+
+/* Calls one case; not inlined and not a tail call, so it is frame 1 of deep captures. */
+static NDX_TEST_NOINLINE void run_case(case_fn fn, const run_t* r) {
+  fn(r);
+  cases_run++;
+}
+
+static NDX_TEST_NOINLINE void test_error_matrix(void) {
+  static const struct {
+    case_fn fn;
+    const char* name;
+  } cases[6] = {
+      {case_kernel_error, "kernel error"},       {case_injected_runtime, "injected runtime error"},
+      {case_injected_compile, "injected compile error"}, {case_dependency, "dependency failure"},
+      {case_host_error, "host operator error"},  {case_timeout, "timeout"},
+  };
+  static const struct {
+    int32_t policy;
+    int here;
+    const char* name;
+  } sites[4] = {
+      {NDX_CAPTURE_OFF, 0, "capture OFF"},
+      {NDX_CAPTURE_NATIVE, 0, "capture NATIVE"},
+      {NDX_CAPTURE_OFF, 1, "capture OFF + NDX_HERE"},
+      {NDX_CAPTURE_NATIVE, 1, "capture NATIVE + NDX_HERE"},
+  };
+  for (int m = 0; m < 4; m++) {
+    for (int c = 0; c < 6; c++) {
+      for (int s = 0; s < 4; s++) {
+        run_t r;
+        r.mode = kModes[m];
+        r.policy = sites[s].policy;
+        r.here = sites[s].here;
+        snprintf(r.label, sizeof r.label, "%s, %s, %s", mode_name(r.mode), cases[c].name,
+                 sites[s].name);
+        NDX_TEST_CONTEXT(r.label);
+        run_case(cases[c].fn, &r);
+      }
+    }
+  }
+  NDX_TEST_CONTEXT(NULL);
+  CHECK(cases_run == 96, "96 runs: %d", cases_run);
+}
+
+/* ---- success values ------------------------------------------------------------------------ */
+
+static NDX_TEST_NOINLINE void test_success_values(int32_t mode) {
+  ndx_context_t* ctx = make_ctx(mode, NDX_CAPTURE_NATIVE, NULL);
+  const int32_t va[6] = {1, 2, 3, 4, 5, 6};
+  const int32_t vb[6] = {10, 20, 30, 40, 50, 60};
+  const int32_t vsum[6] = {11, 22, 33, 44, 55, 66};
+  ndx_tensor_t* a = t_i32(va);
+  ndx_tensor_t* b = t_i32(vb);
+  ndx_input_t in[2] = {ndx_test_in(a), ndx_test_in(b)};
+  ndx_future_t *fadd = NULL, *fs1 = NULL, *fs2 = NULL, *fs3 = NULL, *fcast = NULL, *fdiv = NULL,
+               *fmul = NULL;
+  ndx_tensor_t *tadd = NULL, *ts1 = NULL, *ts2 = NULL, *ts3 = NULL, *tcast = NULL, *tdiv = NULL,
+               *tmul = NULL;
+  ndx_args_t *axes1 = NULL, *axes_keep = NULL, *to_f32 = NULL;
+  CHECK_OK(ndx_args_new(&axes1));
+  CHECK_OK(ndx_args_new(&axes_keep));
+  CHECK_OK(ndx_args_new(&to_f32));
+  const int64_t ax1[1] = {1}, axm1[1] = {-1};
+  CHECK_OK(ndx_args_set_int_array(axes1, "axes", ax1, 1));
+  CHECK_OK(ndx_args_set_int_array(axes_keep, "axes", axm1, 1));
+  CHECK_OK(ndx_args_set_bool(axes_keep, "keepdims", true));
+  CHECK_OK(ndx_args_set_dtype(to_f32, "dtype", NDX_DTYPE_FLOAT32));
+
+  if (!CHECK_OK(ndx_invoke(ctx, "add", in, 2, NULL, NULL, &fadd))) goto done;
+  if (is_sync(mode)) CHECK(ndx_future_poll(fadd) == NDX_FUTURE_READY, "READY on return");
+  tadd = ndx_test_output(fadd, 0);
+  check_meta(tadd, NDX_DTYPE_INT32, 2, kShape23);
+  ndx_input_t ia[1] = {ndx_test_in(tadd)};
+  CHECK_OK(ndx_invoke(ctx, "sum", ia, 1, axes1, NULL, &fs1));
+  CHECK_OK(ndx_invoke(ctx, "sum", ia, 1, axes_keep, NULL, &fs2));
+  CHECK_OK(ndx_invoke(ctx, "sum", ia, 1, NULL, NULL, &fs3));
+  CHECK_OK(ndx_invoke(ctx, "cast", ia, 1, to_f32, NULL, &fcast));
+  if (!fs1 || !fs2 || !fs3 || !fcast) goto done;
+  ts1 = ndx_test_output(fs1, 0);
+  ts2 = ndx_test_output(fs2, 0);
+  ts3 = ndx_test_output(fs3, 0);
+  tcast = ndx_test_output(fcast, 0);
+  {
+    const int64_t s2[1] = {2}, s21[2] = {2, 1};
+    check_meta(ts1, NDX_DTYPE_INT64, 1, s2);
+    check_meta(ts2, NDX_DTYPE_INT64, 2, s21);
+    check_meta(ts3, NDX_DTYPE_INT64, 0, NULL);
+    check_meta(tcast, NDX_DTYPE_FLOAT32, 2, kShape23);
+    const int64_t e1[2] = {66, 165}, e3[1] = {231};
+    check_i64(ts1, e1, 2);
+    check_i64(ts2, e1, 2);
+    check_i64(ts3, e3, 1);
+    const float ef[6] = {11.f, 22.f, 33.f, 44.f, 55.f, 66.f};
+    check_f32(tcast, ef, 6);
+    check_i32(tadd, vsum, 6);
+  }
+  {
+    /* Integer division floors; mul broadcasts. */
+    const int64_t s4[1] = {4}, s3[1] = {3};
+    const int32_t n[4] = {-7, 7, 7, -8}, d[4] = {2, 2, -2, 2}, q[4] = {-4, 3, -4, -4};
+    const int32_t row[3] = {1, 0, -1}, prod[6] = {1, 0, -3, 4, 0, -6};
+    ndx_tensor_t* tn = ndx_test_tensor(n, NDX_DTYPE_INT32, 1, s4);
+    ndx_tensor_t* td = ndx_test_tensor(d, NDX_DTYPE_INT32, 1, s4);
+    ndx_tensor_t* trow = ndx_test_tensor(row, NDX_DTYPE_INT32, 1, s3);
+    ndx_input_t idv[2] = {ndx_test_in(tn), ndx_test_in(td)};
+    ndx_input_t imul[2] = {ndx_test_in(a), ndx_test_in(trow)};
+    if (CHECK_OK(ndx_invoke(ctx, "div", idv, 2, NULL, NULL, &fdiv))) {
+      tdiv = ndx_test_output(fdiv, 0);
+      check_i32(tdiv, q, 4);
+    }
+    if (CHECK_OK(ndx_invoke(ctx, "mul", imul, 2, NULL, NULL, &fmul))) {
+      tmul = ndx_test_output(fmul, 0);
+      check_meta(tmul, NDX_DTYPE_INT32, 2, kShape23);
+      check_i32(tmul, prod, 6);
+    }
+    ndx_tensor_release(tn);
+    ndx_tensor_release(td);
+    ndx_tensor_release(trow);
+  }
+  {
+    ndx_future_t* all[7] = {fadd, fs1, fs2, fs3, fcast, fdiv, fmul};
+    for (int i = 0; i < 7; i++) {
+      if (!all[i]) continue;
+      CHECK_OK(ndx_future_wait(all[i], -1));
+      CHECK(ndx_future_poll(all[i]) == NDX_FUTURE_READY, "future %d READY", i);
+      ndx_error_t* fe = ndx_future_error(all[i]);
+      CHECK(fe == NULL, "no error on a READY future");
+      ndx_error_free(fe);
+    }
+  }
+done:
+  check_evaluate_clean(ctx);
+  ndx_tensor_release(tadd);
+  ndx_tensor_release(ts1);
+  ndx_tensor_release(ts2);
+  ndx_tensor_release(ts3);
+  ndx_tensor_release(tcast);
+  ndx_tensor_release(tdiv);
+  ndx_tensor_release(tmul);
+  ndx_future_release(fadd);
+  ndx_future_release(fs1);
+  ndx_future_release(fs2);
+  ndx_future_release(fs3);
+  ndx_future_release(fcast);
+  ndx_future_release(fdiv);
+  ndx_future_release(fmul);
+  ndx_args_free(axes1);
+  ndx_args_free(axes_keep);
+  ndx_args_free(to_f32);
+  ndx_tensor_release(a);
+  ndx_tensor_release(b);
+  ndx_context_release(ctx);
+}
+
+/* ---- DEFERRED: metadata without running; the first poll submits ------------------------ */
+
+static NDX_TEST_NOINLINE void test_deferred_metadata(void) {
+  NDX_TEST_CONTEXT("deferred metadata");
+  ndx_context_t* ctx = make_ctx(NDX_EVAL_DEFERRED, NDX_CAPTURE_OFF, NULL);
+  host_state s;
+  memset(&s, 0, sizeof s);
+  register_op(ctx, "count_copy", k_copy, &s);
+  ndx_tensor_t* a = t_i32(kA);
+  ndx_tensor_t* bz = t_i32(kBZero);
+  ndx_args_t* axes0 = NULL;
+  const int64_t ax0[1] = {0};
+  CHECK_OK(ndx_args_new(&axes0));
+  CHECK_OK(ndx_args_set_int_array(axes0, "axes", ax0, 1));
+  ndx_future_t *fh = NULL, *fd = NULL, *fs = NULL;
+  ndx_tensor_t *th = NULL, *td = NULL, *ts = NULL;
+  ndx_input_t ih[1] = {ndx_test_in(a)};
+  ndx_input_t idv[2] = {ndx_test_in(a), ndx_test_in(bz)};
+  if (!CHECK_OK(ndx_invoke(ctx, "count_copy", ih, 1, NULL, NULL, &fh))) goto done;
+  if (!CHECK_OK(ndx_invoke(ctx, "div", idv, 2, NULL, NULL, &fd))) goto done;
+  td = ndx_test_output(fd, 0);
+  ndx_input_t is[1] = {ndx_test_in(td)};
+  if (!CHECK_OK(ndx_invoke(ctx, "sum", is, 1, axes0, NULL, &fs))) goto done;
+  th = ndx_test_output(fh, 0);
+  ts = ndx_test_output(fs, 0);
+  size_t count = 0;
+  CHECK_OK(ndx_future_output_count(fh, &count));
+  CHECK(count == 1, "one output");
+
+  /* Built-in operators infer metadata at enqueue: answered without running. */
+  const int64_t s3[1] = {3};
+  check_meta(td, NDX_DTYPE_INT32, 2, kShape23);
+  check_meta(ts, NDX_DTYPE_INT64, 1, s3);
+  size_t numel = 0, nbytes = 0;
+  const int64_t* strides = NULL;
+  DLDevice dev;
+  CHECK_OK(ndx_tensor_numel(ts, &numel));
+  CHECK_OK(ndx_tensor_nbytes(ts, &nbytes));
+  CHECK_OK(ndx_tensor_strides(td, &strides));
+  CHECK_OK(ndx_tensor_device(ts, &dev));
+  CHECK(numel == 3 && nbytes == 24, "numel %zu nbytes %zu", numel, nbytes);
+  if (strides) {
+    const int64_t st[2] = {3, 1};
+    CHECK_I64_ARRAY(strides, st, 2);
+  }
+  CHECK(dev.device_type == kDLCPU, "host memory");
+  sleep_ms(20);
+  ndx_error_t* e1 = ndx_future_error(fd);
+  ndx_error_t* e2 = ndx_future_error(fs);
+  CHECK(e1 == NULL && e2 == NULL, "nothing ran: the div has not failed yet");
+  ndx_error_free(e1);
+  ndx_error_free(e2);
+  CHECK(load_int(&s.started) == 0, "the host operator has not run");
+
+  /* A host operator cannot infer: asking its output's shape forces it (and only it). */
+  const int64_t* shape = NULL;
+  CHECK_OK(ndx_tensor_shape(th, &shape));
+  if (shape) CHECK_I64_ARRAY(shape, kShape23, 2);
+  CHECK(load_int(&s.calls) == 1, "forced once: %d", load_int(&s.calls));
+  CHECK(ndx_future_poll(fh) == NDX_FUTURE_READY, "the host operator is READY");
+  e1 = ndx_future_error(fd);
+  CHECK(e1 == NULL, "forcing the host operator did not run the unrelated div");
+  ndx_error_free(e1);
+  ndx_error_t* w = ndx_future_wait(fs, -1);
+  CHECK_LINK(w, NDX_ERROR_VALUE, "input 0 of 'sum' (#3) failed: it is the output of 'div' (#2)",
+             "sum", 3);
+  ndx_error_free(w);
+done:
+  check_evaluate_clean(ctx);
+  ndx_tensor_release(th);
+  ndx_tensor_release(td);
+  ndx_tensor_release(ts);
+  ndx_future_release(fh);
+  ndx_future_release(fd);
+  ndx_future_release(fs);
+  ndx_args_free(axes0);
+  ndx_tensor_release(a);
+  ndx_tensor_release(bz);
+  ndx_context_release(ctx);
+  NDX_TEST_CONTEXT(NULL);
+}
+
+static NDX_TEST_NOINLINE void test_first_poll_submits(void) {
+  NDX_TEST_CONTEXT("first poll submits");
+  ndx_context_t* ctx = make_ctx(NDX_EVAL_DEFERRED, NDX_CAPTURE_OFF, NULL);
+  host_state s;
+  memset(&s, 0, sizeof s);
+  register_op(ctx, "count_copy", k_copy, &s);
+  ndx_tensor_t* a = t_i32(kA);
+  ndx_input_t in[1] = {ndx_test_in(a)};
+  ndx_future_t* f = NULL;
+  if (CHECK_OK(ndx_invoke(ctx, "count_copy", in, 1, NULL, NULL, &f))) {
+    sleep_ms(20);
+    CHECK(load_int(&s.started) == 0, "recorded, not run");
+    CHECK(ndx_future_poll(f) == NDX_FUTURE_PENDING, "the first poll answers PENDING");
+    /* ... and hands the work to the workers: it completes without a wait. */
+    double end = now_ms() + 5000;
+    int st = NDX_FUTURE_PENDING;
+    while ((st = ndx_future_poll(f)) == NDX_FUTURE_PENDING && now_ms() < end) sleep_ms(1);
+    CHECK(st == NDX_FUTURE_READY, "completed after polling alone: %d", st);
+    CHECK(load_int(&s.calls) == 1, "ran once");
+    CHECK(!pthread_equal(s.thread, main_thread), "on a worker");
+  }
+  check_evaluate_clean(ctx);
+  ndx_future_release(f);
+  ndx_tensor_release(a);
+  ndx_context_release(ctx);
+  NDX_TEST_CONTEXT(NULL);
+}
+
+/* ---- ndx_context_evaluate ------------------------------------------------------------------ */
+
+static NDX_TEST_NOINLINE void test_evaluate_reports_once(void) {
+  NDX_TEST_CONTEXT("evaluate");
+  ndx_context_t* ctx = make_ctx(NDX_EVAL_DEFERRED, NDX_CAPTURE_OFF, NULL);
+  ndx_tensor_t* a = t_i32(kA);
+  ndx_tensor_t* bz = t_i32(kBZero);
+  ndx_tensor_t* bo = t_i32(kBOk);
+  ndx_input_t bad[2] = {ndx_test_in(a), ndx_test_in(bz)};
+  ndx_input_t good[2] = {ndx_test_in(a), ndx_test_in(bo)};
+  ndx_invoke_options_t sync = mode_opts(NDX_EVAL_SYNC_CPU);
+  ndx_invoke_options_t eager = mode_opts(NDX_EVAL_EAGER);
+  ndx_future_t* f[8] = {NULL};
+  int line[8] = {0};
+  /* #1, #2: DEFERRED failures nobody looks at (released unobserved). */
+  line[1] = __LINE__; CHECK_OK(ndx_invoke(ctx, "div", bad, 2, NULL, NULL, &f[1]));
+  line[2] = __LINE__; CHECK_OK(ndx_invoke(ctx, "div", bad, 2, NULL, NULL, &f[2]));
+  /* #3: succeeds. */
+  CHECK_OK(ndx_invoke(ctx, "div", good, 2, NULL, NULL, &f[3]));
+  /* #4: observed through a wait. */
+  CHECK_OK(ndx_invoke(ctx, "div", bad, 2, NULL, NULL, &f[4]));
+  expect_error(ndx_future_wait(f[4], -1), NDX_ERROR_VALUE, "integer division by zero");
+  /* #5: observed through poll answering FAILED. */
+  CHECK_OK(ndx_invoke(ctx, "div", bad, 2, NULL, NULL, &f[5]));
+  {
+    double end = now_ms() + 5000;
+    int st;
+    while ((st = ndx_future_poll(f[5])) == NDX_FUTURE_PENDING && now_ms() < end) sleep_ms(1);
+    CHECK(st == NDX_FUTURE_FAILED, "#5 failed: %d", st);
+  }
+  /* #6: SYNC, observed through ndx_future_error. */
+  CHECK_OK(ndx_invoke(ctx, "div", bad, 2, NULL, &sync, &f[6]));
+  expect_error(ndx_future_error(f[6]), NDX_ERROR_VALUE, "integer division by zero");
+  /* #7: EAGER, released before anyone looked. */
+  line[7] = __LINE__; CHECK_OK(ndx_invoke(ctx, "div", bad, 2, NULL, &eager, &f[7]));
+  for (int i = 1; i <= 7; i++) {
+    if (i == 3 || i == 4) continue; /* kept: released after evaluate */
+    ndx_future_release(f[i]);
+    f[i] = NULL;
+  }
+
+  ndx_error_t* e = ndx_context_evaluate(ctx);
+  if (CHECK(e != NULL, "evaluate reports the unobserved failures")) {
+    CHECK(ndx_error_kind(e) == NDX_ERROR_RUNTIME, "kind %d", (int)ndx_error_kind(e));
+    CHECK_CONTAINS(ndx_error_message(e), "3 invocations failed without being observed");
+    size_t n = ndx_error_related_count(e);
+    CHECK(n == 3, "#1, #2 and #7: %zu related", n);
+    int seen[8] = {0};
+    for (size_t i = 0; i < n; i++) {
+      const ndx_error_t* r = ndx_error_related(e, i);
+      uint64_t seq = ndx_error_sequence(r);
+      CHECK_LINK(r, NDX_ERROR_VALUE, "integer division by zero", "div", seq);
+      if (CHECK(seq == 1 || seq == 2 || seq == 7, "unexpected related #%llu",
+                (unsigned long long)seq)) {
+        seen[seq]++;
+        CHECK_FRAME(r, 0, THIS_FILE, line[seq], "test_evaluate_reports_once", NDX_FRAME_NATIVE);
+      }
+    }
+    CHECK(seen[1] == 1 && seen[2] == 1 && seen[7] == 1, "each reported once");
+  }
+  ndx_error_free(e);
+  /* Reported once: the second call has nothing left. */
+  e = ndx_context_evaluate(ctx);
+  CHECK(e == NULL, "second evaluate: %s", NDX_TEST_S(ndx_error_message(e)));
+  ndx_error_free(e);
+  CHECK(ndx_future_poll(f[3]) == NDX_FUTURE_READY, "#3 ran during evaluate");
+
+  /* A new unobserved failure after that is reported alone. */
+  ndx_future_t* g = NULL;
+  CHECK_OK(ndx_invoke(ctx, "div", bad, 2, NULL, NULL, &g));
+  ndx_future_release(g);
+  e = ndx_context_evaluate(ctx);
+  if (CHECK(e != NULL, "the new failure")) {
+    CHECK(ndx_error_related_count(e) == 1, "only the new one: %zu", ndx_error_related_count(e));
+    CHECK_LINK(ndx_error_related(e, 0), NDX_ERROR_VALUE, "integer division by zero", "div", 8);
+    CHECK_CONTAINS(ndx_error_message(e), "1 invocation failed without being observed");
+  }
+  ndx_error_free(e);
+  check_evaluate_clean(ctx);
+  ndx_future_release(f[3]);
+  ndx_future_release(f[4]);
+  ndx_tensor_release(a);
+  ndx_tensor_release(bz);
+  ndx_tensor_release(bo);
+  ndx_context_release(ctx);
+  NDX_TEST_CONTEXT(NULL);
+}
+
+/* ---- cancellation ----------------------------------------------------------------------------- */
+
+static NDX_TEST_NOINLINE void test_cancel_deferred(void) {
+  NDX_TEST_CONTEXT("cancel");
+  ndx_context_t* ctx = make_ctx(NDX_EVAL_DEFERRED, NDX_CAPTURE_OFF, NULL);
+  ndx_tensor_t* a = t_i32(kA);
+  ndx_tensor_t* b = t_i32(kBOk);
+  ndx_input_t in1[2] = {ndx_test_in(a), ndx_test_in(b)};
+  ndx_future_t *f1 = NULL, *f2 = NULL;
+  ndx_tensor_t* t1 = NULL;
+  bool cancelled = false;
+  int l1 = __LINE__; CHECK_OK(ndx_invoke(ctx, "div", in1, 2, NULL, NULL, &f1));
+  if (!f1) goto done;
+  t1 = ndx_test_output(f1, 0);
+  ndx_input_t in2[2] = {ndx_test_in(t1), ndx_test_in(b)};
+  int l2 = __LINE__; CHECK_OK(ndx_invoke(ctx, "add", in2, 2, NULL, NULL, &f2));
+  if (!f2) goto done;
+
+  CHECK_OK(ndx_future_cancel(f1, &cancelled));
+  CHECK(cancelled, "a DEFERRED invocation that has not started is cancelled");
+  CHECK(ndx_future_poll(f1) == NDX_FUTURE_FAILED, "cancelled: FAILED");
+  ndx_error_t* e1 = ndx_future_error(f1);
+  CHECK_LINK(e1, NDX_ERROR_CANCELLED, "cancelled before it ran", "div", 1);
+  CHECK_FRAME(e1, 0, THIS_FILE, l1, "test_cancel_deferred", NDX_FRAME_NATIVE);
+  ndx_error_free(e1);
+
+  ndx_error_t* e2 = ndx_future_wait(f2, 5000 * MS);
+  CHECK_LINK(e2, NDX_ERROR_CANCELLED,
+             "input 0 of 'add' (#2) failed: it is the output of 'div' (#1), which failed", "add", 2);
+  CHECK_FRAME(e2, 0, THIS_FILE, l2, "test_cancel_deferred", NDX_FRAME_NATIVE);
+  if (CHECK(ndx_test_chain_length(e2) == 2, "add -> cancelled div")) {
+    CHECK_LINK(ndx_error_cause(e2), NDX_ERROR_CANCELLED, "cancelled before it ran", "div", 1);
+    CHECK_FRAME(ndx_error_cause(e2), 0, THIS_FILE, l1, "test_cancel_deferred", NDX_FRAME_NATIVE);
+  }
+  ndx_error_free(e2);
+
+  cancelled = true;
+  CHECK_OK(ndx_future_cancel(f1, &cancelled));
+  CHECK(!cancelled, "cancelling twice: false");
+  cancelled = true;
+  CHECK_OK(ndx_future_cancel(f2, &cancelled));
+  CHECK(!cancelled, "a completed invocation is not cancelled");
+  expect_error(ndx_future_cancel(NULL, &cancelled), NDX_ERROR_VALUE, "future");
+done:
+  check_evaluate_clean(ctx);
+  ndx_tensor_release(t1);
+  ndx_future_release(f1);
+  ndx_future_release(f2);
+  ndx_tensor_release(a);
+  ndx_tensor_release(b);
+  ndx_context_release(ctx);
+  NDX_TEST_CONTEXT(NULL);
+}
+
+/* Releasing a context cancels what has not started; callbacks still fire exactly once. */
+static NDX_TEST_NOINLINE void test_release_cancels_deferred(void) {
+  NDX_TEST_CONTEXT("release context with DEFERRED work");
+  ndx_context_t* ctx = make_ctx(NDX_EVAL_DEFERRED, NDX_CAPTURE_OFF, NULL);
+  host_state s;
+  memset(&s, 0, sizeof s);
+  register_op(ctx, "count_copy", k_copy, &s);
+  ndx_tensor_t* a = t_i32(kA);
+  ndx_tensor_t* b = t_i32(kBOk);
+  ndx_input_t ih[1] = {ndx_test_in(a)};
+  ndx_input_t ia[2] = {ndx_test_in(a), ndx_test_in(b)};
+  ndx_future_t *fh = NULL, *fa = NULL, *fd = NULL;
+  ndx_tensor_t* ta = NULL;
+  cb_state ch, ca, cd, late;
+  memset(&ch, 0, sizeof ch);
+  memset(&ca, 0, sizeof ca);
+  memset(&cd, 0, sizeof cd);
+  memset(&late, 0, sizeof late);
+  CHECK_OK(ndx_invoke(ctx, "count_copy", ih, 1, NULL, NULL, &fh));
+  CHECK_OK(ndx_invoke(ctx, "add", ia, 2, NULL, NULL, &fa));
+  if (!fh || !fa) goto fail;
+  ta = ndx_test_output(fa, 0);
+  ndx_input_t id[2] = {ndx_test_in(ta), ndx_test_in(b)};
+  CHECK_OK(ndx_invoke(ctx, "div", id, 2, NULL, NULL, &fd)); /* depends on the add */
+  if (!fd) goto fail;
+  CHECK_OK(ndx_future_on_ready(fh, cb_record, &ch, cb_free));
+  CHECK_OK(ndx_future_on_ready(fa, cb_record, &ca, cb_free));
+  CHECK_OK(ndx_future_on_ready(fd, cb_record, &cd, cb_free));
+  CHECK(load_int(&ch.fired) == 0 && load_int(&ca.fired) == 0, "nothing complete yet");
+
+  ndx_context_release(ctx);
+  ctx = NULL;
+  /* Cancelled by the release: complete (FAILED, CANCELLED) and notified once, at once. */
+  CHECK(load_int(&ch.fired) == 1, "host op callback fired %d times on release", load_int(&ch.fired));
+  CHECK(load_int(&ca.fired) == 1, "add callback fired %d times on release", load_int(&ca.fired));
+  CHECK(load_int(&cd.fired) == 1, "div callback fired %d times on release", load_int(&cd.fired));
+  CHECK(load_int(&ch.freed) == 1 && load_int(&ca.freed) == 1 && load_int(&cd.freed) == 1,
+        "user_free ran once each: %d %d %d", load_int(&ch.freed), load_int(&ca.freed),
+        load_int(&cd.freed));
+  {
+    ndx_error_t* eh = ndx_future_error(fh);
+    CHECK_LINK(eh, NDX_ERROR_CANCELLED, "its context was released", "count_copy", 1);
+    ndx_error_free(eh);
+    ndx_error_t* ea = ndx_future_error(fa);
+    CHECK_LINK(ea, NDX_ERROR_CANCELLED, NULL, "add", 2);
+    ndx_error_free(ea);
+    ndx_error_t* ed = ndx_future_error(fd);
+    CHECK(ndx_error_kind(ed) == NDX_ERROR_CANCELLED, "the dependent is cancelled too");
+    ndx_error_free(ed);
+  }
+  CHECK(ndx_future_poll(fh) == NDX_FUTURE_FAILED, "FAILED (cancelled), and poll runs nothing");
+  /* The futures stay usable; waiting must neither hang nor run the cancelled work. */
+  ndx_error_t* w = ndx_future_wait(fh, 5000 * MS);
+  CHECK(ndx_error_kind(w) == NDX_ERROR_CANCELLED, "wait after release: %s: %s",
+        NDX_TEST_S(ndx_error_kind_name(ndx_error_kind(w))), NDX_TEST_S(ndx_error_message(w)));
+  ndx_error_free(w);
+  w = ndx_future_wait(fd, 5000 * MS);
+  CHECK(ndx_error_kind(w) == NDX_ERROR_CANCELLED, "wait on the dependent: %s",
+        NDX_TEST_S(ndx_error_message(w)));
+  ndx_error_free(w);
+  sleep_ms(20);
+  CHECK(load_int(&s.started) == 0, "the cancelled host operator never ran: %d",
+        load_int(&s.started));
+  CHECK(load_int(&ch.fired) == 1 && load_int(&ca.fired) == 1 && load_int(&cd.fired) == 1,
+        "still once each: %d %d %d", load_int(&ch.fired), load_int(&ca.fired),
+        load_int(&cd.fired));
+  /* on_ready after completion, context gone: at once, on this thread. */
+  CHECK_OK(ndx_future_on_ready(fa, cb_record, &late, cb_free));
+  CHECK(load_int(&late.fired) == 1 && late.on_main && late.status == NDX_FUTURE_FAILED,
+        "late callback: fired %d on_main %d status %d", load_int(&late.fired), late.on_main,
+        late.status);
+  CHECK(load_int(&late.freed) == 1, "late user_free");
+fail:
+  ndx_context_release(ctx);
+  ndx_tensor_release(ta);
+  ndx_future_release(fh);
+  ndx_future_release(fa);
+  ndx_future_release(fd);
+  ndx_tensor_release(a);
+  ndx_tensor_release(b);
+  NDX_TEST_CONTEXT(NULL);
+}
+
+/* Opens a gate from another thread after a delay. */
+typedef struct {
+  gate_t* gate;
+  int delay_ms;
+} opener_t;
+
+static void* opener_main(void* p) {
+  opener_t* o = (opener_t*)p;
+  sleep_ms(o->delay_ms);
+  gate_open(o->gate);
+  return NULL;
+}
+
+/* An on_ready callback that takes a while. */
+static int slow_cb_done;
+static void cb_slow(void* user, const ndx_future_t* f) {
+  (void)user;
+  (void)f;
+  sleep_ms(100);
+  inc_int(&slow_cb_done);
+}
+
+/* Releasing a context waits for running work, its callbacks included (and cancels what
+ * has not started). */
+static NDX_TEST_NOINLINE void test_release_waits_running(void) {
+  NDX_TEST_CONTEXT("release context with running EAGER work");
+  ndx_context_t* ctx = make_ctx(NDX_EVAL_EAGER, NDX_CAPTURE_OFF, NULL);
+  gate_t gate;
+  gate_init(&gate);
+  register_op(ctx, "gate", k_gate, &gate);
+  ndx_tensor_t* a = t_i32(kA);
+  ndx_input_t in[1] = {ndx_test_in(a)};
+  ndx_input_t in2[2] = {ndx_test_in(a), ndx_test_in(a)};
+  ndx_invoke_options_t deferred = mode_opts(NDX_EVAL_DEFERRED);
+  ndx_future_t *fg = NULL, *fd = NULL;
+  ndx_tensor_t* tg = NULL;
+  cb_state cg, cd;
+  memset(&cg, 0, sizeof cg);
+  memset(&cd, 0, sizeof cd);
+  opener_t op = {&gate, 100};
+  pthread_t opener;
+  int started = 0;
+  CHECK_OK(ndx_invoke(ctx, "gate", in, 1, NULL, NULL, &fg));
+  CHECK_OK(ndx_invoke(ctx, "add", in2, 2, NULL, &deferred, &fd));
+  if (!fg || !fd) goto fail;
+  tg = ndx_test_output(fg, 0);
+  slow_cb_done = 0;
+  CHECK_OK(ndx_future_on_ready(fg, cb_slow, NULL, NULL)); /* runs first, for 100 ms */
+  CHECK_OK(ndx_future_on_ready(fg, cb_record, &cg, cb_free));
+  CHECK_OK(ndx_future_on_ready(fd, cb_record, &cd, cb_free));
+  if (!CHECK(spin_until(&gate.entered, 1, 5000), "the gate operator is running")) goto fail;
+  started = pthread_create(&opener, NULL, opener_main, &op) == 0;
+  CHECK(started, "opener thread");
+  double t0 = now_ms();
+  ndx_context_release(ctx);
+  double dt = now_ms() - t0;
+  ctx = NULL;
+  /* The running one finished before the release returned; the recorded one was cancelled. */
+  CHECK(dt >= 50.0, "the release waited for the running operator (%.1f ms)", dt);
+  CHECK(ndx_future_poll(fg) == NDX_FUTURE_READY, "running work finished: %d",
+        ndx_future_poll(fg));
+  CHECK(load_int(&slow_cb_done) == 1,
+        "the running work's callbacks finished before ndx_context_release returned");
+  CHECK(load_int(&cg.fired) == 1, "its callback fired once: %d", load_int(&cg.fired));
+  CHECK(gate.timed_out == 0, "opened by the opener thread");
+  CHECK(ndx_future_poll(fd) == NDX_FUTURE_FAILED, "recorded work cancelled");
+  ndx_error_t* e = ndx_future_error(fd);
+  CHECK_LINK(e, NDX_ERROR_CANCELLED, "its context was released", "add", 2);
+  ndx_error_free(e);
+  CHECK(load_int(&cd.fired) == 1, "the cancelled one's callback fired once: %d",
+        load_int(&cd.fired));
+  spin_until(&cg.fired, 1, 2000);
+  sleep_ms(20);
+  CHECK(load_int(&cg.fired) == 1 && load_int(&cd.fired) == 1, "once each in the end");
+  CHECK(load_int(&cg.freed) == 1 && load_int(&cd.freed) == 1, "user_free once each");
+  if (tg) check_i32(tg, kA, 6);
+fail:
+  if (started) pthread_join(opener, NULL);
+  ndx_context_release(ctx);
+  ndx_tensor_release(tg);
+  ndx_future_release(fg);
+  ndx_future_release(fd);
+  ndx_tensor_release(a);
+  gate_destroy(&gate);
+  NDX_TEST_CONTEXT(NULL);
+}
+
+/* A host operator needs no metadata of its inputs: invoking one on the pending output of
+ * another must not run (DEFERRED) or wait for (EAGER) the upstream one, and the
+ * upstream's failure travels in the downstream future, not out of ndx_invoke. */
+static NDX_TEST_NOINLINE void test_host_op_chains(void) {
+  NDX_TEST_CONTEXT("host operator on a pending host operator output");
+  ndx_tensor_t* a = t_i32(kA);
+  ndx_input_t in[1] = {ndx_test_in(a)};
+  {
+    ndx_context_t* ctx = make_ctx(NDX_EVAL_DEFERRED, NDX_CAPTURE_OFF, NULL);
+    host_state s1, s2;
+    memset(&s1, 0, sizeof s1);
+    memset(&s2, 0, sizeof s2);
+    register_op(ctx, "first", k_copy, &s1);
+    register_op(ctx, "second", k_copy, &s2);
+    ndx_future_t *f1 = NULL, *f2 = NULL;
+    ndx_tensor_t *t1 = NULL, *t2 = NULL;
+    if (CHECK_OK(ndx_invoke(ctx, "first", in, 1, NULL, NULL, &f1))) {
+      t1 = ndx_test_output(f1, 0);
+      ndx_input_t in2[1] = {ndx_test_in(t1)};
+      if (CHECK_OK(ndx_invoke(ctx, "second", in2, 1, NULL, NULL, &f2))) {
+        CHECK(load_int(&s1.started) == 0,
+              "DEFERRED: ndx_invoke of 'second' ran the upstream 'first' (%d runs)",
+              load_int(&s1.started));
+        t2 = ndx_test_output(f2, 0);
+        check_i32(t2, kA, 6);
+        CHECK(load_int(&s1.calls) == 1 && load_int(&s2.calls) == 1, "each ran once");
+      }
+    }
+    check_evaluate_clean(ctx);
+    ndx_tensor_release(t1);
+    ndx_tensor_release(t2);
+    ndx_future_release(f1);
+    ndx_future_release(f2);
+    ndx_context_release(ctx);
+  }
+  {
+    ndx_context_t* ctx = make_ctx(NDX_EVAL_EAGER, NDX_CAPTURE_OFF, NULL);
+    gate_t gate;
+    gate_init(&gate);
+    host_state s2;
+    memset(&s2, 0, sizeof s2);
+    register_op(ctx, "gate", k_gate, &gate);
+    register_op(ctx, "second", k_copy, &s2);
+    ndx_future_t *f1 = NULL, *f2 = NULL;
+    ndx_tensor_t *t1 = NULL, *t2 = NULL;
+    opener_t op = {&gate, 300};
+    pthread_t opener;
+    int started = 0;
+    if (CHECK_OK(ndx_invoke(ctx, "gate", in, 1, NULL, NULL, &f1))) {
+      t1 = ndx_test_output(f1, 0);
+      started = pthread_create(&opener, NULL, opener_main, &op) == 0;
+      ndx_input_t in2[1] = {ndx_test_in(t1)};
+      double t0 = now_ms();
+      if (CHECK_OK(ndx_invoke(ctx, "second", in2, 1, NULL, NULL, &f2))) {
+        double dt = now_ms() - t0;
+        CHECK(dt < 250.0, "EAGER: ndx_invoke of 'second' waited %.1f ms for the upstream", dt);
+        CHECK_OK(ndx_future_wait(f2, 5000 * MS));
+        t2 = ndx_test_output(f2, 0);
+        check_i32(t2, kA, 6);
+      }
+      if (started) pthread_join(opener, NULL);
+    }
+    check_evaluate_clean(ctx);
+    ndx_tensor_release(t1);
+    ndx_tensor_release(t2);
+    ndx_future_release(f1);
+    ndx_future_release(f2);
+    ndx_context_release(ctx);
+    gate_destroy(&gate);
+  }
+  {
+    ndx_context_t* ctx = make_ctx(NDX_EVAL_EAGER, NDX_CAPTURE_OFF, NULL);
+    host_state s1, s2;
+    memset(&s1, 0, sizeof s1);
+    memset(&s2, 0, sizeof s2);
+    register_op(ctx, "host_fail", host_fail_kernel, &s1);
+    register_op(ctx, "second", k_copy, &s2);
+    ndx_future_t *f1 = NULL, *f2 = NULL;
+    ndx_tensor_t* t1 = NULL;
+    int l1 = __LINE__; CHECK_OK(ndx_invoke(ctx, "host_fail", in, 1, NULL, NULL, &f1));
+    if (f1) {
+      t1 = ndx_test_output(f1, 0);
+      ndx_input_t in2[1] = {ndx_test_in(t1)};
+      int l2 = __LINE__; ndx_error_t* e = ndx_invoke(ctx, "second", in2, 1, NULL, NULL, &f2);
+      if (CHECK(e == NULL, "the upstream's failure came out of ndx_invoke: %s: %s",
+                NDX_TEST_S(ndx_error_kind_name(ndx_error_kind(e))),
+                NDX_TEST_S(ndx_error_message(e)))) {
+        ndx_error_t* w = ndx_future_wait(f2, 5000 * MS);
+        CHECK_LINK(w, NDX_ERROR_RUNTIME,
+                   "input 0 of 'second' (#2) failed: it is the output of 'host_fail' (#1), which failed",
+                   "second", 2);
+        CHECK_FRAME(w, 0, THIS_FILE, l2, "test_host_op_chains", NDX_FRAME_NATIVE);
+        CHECK(ndx_test_chain_length(w) == 3, "second -> host failed -> root cause: %zu",
+              ndx_test_chain_length(w));
+        const ndx_error_t* c = ndx_error_cause(w);
+        CHECK_LINK(c, NDX_ERROR_RUNTIME, "host failed", "host_fail", 1);
+        CHECK_FRAME(c, 0, THIS_FILE, l1, "test_host_op_chains", NDX_FRAME_NATIVE);
+        ndx_error_free(w);
+      } else {
+        ndx_error_free(e);
+      }
+      CHECK(load_int(&s2.started) == 0, "the downstream kernel never ran");
+    }
+    ndx_error_free(ndx_context_evaluate(ctx));
+    ndx_tensor_release(t1);
+    ndx_future_release(f1);
+    ndx_future_release(f2);
+    ndx_context_release(ctx);
+  }
+  ndx_tensor_release(a);
+  NDX_TEST_CONTEXT(NULL);
+}
+
+/* ndx_register_op: "user_free(user) runs when the context is freed" - once, even while
+ * futures of the operator's invocations are still alive (no kernel can run after the
+ * release: what had not started was cancelled, what ran has finished). */
+static int user_freed;
+static void count_user_free(void* user) {
+  (void)user;
+  inc_int(&user_freed);
+}
+
+static NDX_TEST_NOINLINE void test_host_user_free(void) {
+  NDX_TEST_CONTEXT("host operator user_free");
+  ndx_context_t* ctx = make_ctx(NDX_EVAL_SYNC_CPU, NDX_CAPTURE_OFF, NULL);
+  host_state s;
+  memset(&s, 0, sizeof s);
+  ndx_op_schema_t schema;
+  memset(&schema, 0, sizeof schema);
+  schema.struct_size = sizeof schema;
+  schema.n_inputs = 1;
+  schema.n_outputs = 1;
+  user_freed = 0;
+  CHECK_OK(ndx_register_op(ctx, "freeable", &schema, k_copy, &s, count_user_free));
+  /* A failed registration frees nothing it was not given... */
+  expect_error(ndx_register_op(ctx, "freeable", &schema, k_copy, &s, NULL), NDX_ERROR_VALUE,
+               "already registered");
+  ndx_tensor_t* a = t_i32(kA);
+  ndx_input_t in[1] = {ndx_test_in(a)};
+  ndx_future_t* f = NULL;
+  CHECK_OK(ndx_invoke(ctx, "freeable", in, 1, NULL, NULL, &f)); /* SYNC: done on return */
+  CHECK(ndx_future_poll(f) == NDX_FUTURE_READY, "ran");
+  CHECK(load_int(&user_freed) == 0, "not while the context lives");
+  ndx_context_release(ctx);
+  CHECK(load_int(&user_freed) == 1, "user_free ran %d times when the context was freed "
+        "(a future of the operator is still alive)", load_int(&user_freed));
+  ndx_tensor_t* t = ndx_test_output(f, 0);
+  if (t) check_i32(t, kA, 6); /* the future outlives its context */
+  ndx_tensor_release(t);
+  ndx_future_release(f);
+  CHECK(load_int(&user_freed) == 1, "exactly once: %d", load_int(&user_freed));
+  ndx_tensor_release(a);
+  NDX_TEST_CONTEXT(NULL);
+}
+
+/* ---- on_ready ------------------------------------------------------------------------------------ */
+
+static ndx_future_t* g_block_on; /* a pending future a callback must not wait on */
+static const ndx_context_t* g_eval_ctx;
+static int g_wait_kind, g_eval_kind, g_wait_fired;
+
+static void cb_try_to_block(void* user, const ndx_future_t* f) {
+  (void)user;
+  (void)f;
+  ndx_error_t* e = ndx_future_wait(g_block_on, -1);
+  g_wait_kind = ndx_error_kind(e);
+  ndx_error_free(e);
+  e = ndx_context_evaluate(g_eval_ctx);
+  g_eval_kind = ndx_error_kind(e);
+  ndx_error_free(e);
+  inc_int(&g_wait_fired);
+}
+
+static NDX_TEST_NOINLINE void test_on_ready(void) {
+  NDX_TEST_CONTEXT("on_ready");
+  ndx_tensor_t* a = t_i32(kA);
+  ndx_tensor_t* bz = t_i32(kBZero);
+  ndx_input_t in1[1] = {ndx_test_in(a)};
+  ndx_input_t in2[2] = {ndx_test_in(a), ndx_test_in(a)};
+  ndx_input_t bad[2] = {ndx_test_in(a), ndx_test_in(bz)};
+
+  /* SYNC: complete on return, so the callback runs at once, on this thread. */
+  {
+    ndx_context_t* ctx = make_ctx(NDX_EVAL_SYNC_CPU, NDX_CAPTURE_OFF, NULL);
+    ndx_future_t *ok = NULL, *ko = NULL;
+    cb_state c1, c2;
+    memset(&c1, 0, sizeof c1);
+    memset(&c2, 0, sizeof c2);
+    CHECK_OK(ndx_invoke(ctx, "add", in2, 2, NULL, NULL, &ok));
+    CHECK_OK(ndx_invoke(ctx, "div", bad, 2, NULL, NULL, &ko));
+    CHECK_OK(ndx_future_on_ready(ok, cb_record, &c1, cb_free));
+    CHECK_OK(ndx_future_on_ready(ko, cb_record, &c2, cb_free));
+    CHECK(load_int(&c1.fired) == 1 && c1.on_main && c1.status == NDX_FUTURE_READY,
+          "READY: fired %d on_main %d status %d", load_int(&c1.fired), c1.on_main, c1.status);
+    CHECK(load_int(&c2.fired) == 1 && c2.on_main && c2.status == NDX_FUTURE_FAILED,
+          "FAILED: fired %d on_main %d status %d", load_int(&c2.fired), c2.on_main, c2.status);
+    CHECK(load_int(&c1.freed) == 1 && load_int(&c2.freed) == 1, "user_free once each");
+    expect_error(ndx_future_on_ready(ok, NULL, NULL, NULL), NDX_ERROR_VALUE, "callback");
+    expect_error(ndx_future_on_ready(NULL, cb_record, &c1, NULL), NDX_ERROR_VALUE, "future");
+    CHECK(load_int(&c1.fired) == 1, "failed registrations call nothing");
+    ndx_future_release(ok);
+    ndx_future_release(ko);
+    check_evaluate_clean(ctx);
+    ndx_context_release(ctx);
+  }
+
+  /* EAGER behind a gate: registered before completion (one future released before it
+   * completes), after completion; each fires exactly once, on a worker or at once. */
+  {
+    ndx_context_t* ctx = make_ctx(NDX_EVAL_EAGER, NDX_CAPTURE_OFF, NULL);
+    gate_t gate;
+    gate_init(&gate);
+    register_op(ctx, "gate", k_gate, &gate);
+    ndx_future_t *f = NULL, *g = NULL;
+    cb_state before, released, after;
+    memset(&before, 0, sizeof before);
+    memset(&released, 0, sizeof released);
+    memset(&after, 0, sizeof after);
+    CHECK_OK(ndx_invoke(ctx, "gate", in1, 1, NULL, NULL, &f));
+    CHECK_OK(ndx_invoke(ctx, "gate", in1, 1, NULL, NULL, &g));
+    if (f && g) {
+      CHECK_OK(ndx_future_on_ready(f, cb_record, &before, cb_free));
+      CHECK_OK(ndx_future_on_ready(g, cb_record, &released, cb_free));
+      ndx_future_release(g); /* before completion: the work and the callback go on */
+      g = NULL;
+      CHECK(ndx_future_poll(f) == NDX_FUTURE_PENDING, "the gate holds it");
+      CHECK(load_int(&before.fired) == 0 && load_int(&released.fired) == 0, "not yet");
+      gate_open(&gate);
+      CHECK_OK(ndx_future_wait(f, 5000 * MS));
+      CHECK(spin_until(&before.fired, 1, 5000), "before: fired");
+      CHECK(spin_until(&released.fired, 1, 5000), "released: fired");
+      CHECK(spin_until(&released.freed, 1, 5000), "released: user_free");
+      sleep_ms(20);
+      CHECK(load_int(&before.fired) == 1 && load_int(&released.fired) == 1,
+            "exactly once: %d %d", load_int(&before.fired), load_int(&released.fired));
+      CHECK(load_int(&before.freed) == 1 && load_int(&released.freed) == 1,
+            "user_free once: %d %d", load_int(&before.freed), load_int(&released.freed));
+      CHECK(!before.on_main && !released.on_main, "on a worker thread");
+      CHECK(before.status == NDX_FUTURE_READY && released.status == NDX_FUTURE_READY,
+            "the callback sees READY");
+      CHECK_OK(ndx_future_on_ready(f, cb_record, &after, cb_free));
+      CHECK(load_int(&after.fired) == 1 && after.on_main, "after completion: at once, here");
+      CHECK(load_int(&after.freed) == 1, "after: user_free");
+      CHECK(gate.timed_out == 0, "the gate opened in time");
+    }
+    ndx_future_release(f);
+    ndx_future_release(g);
+    check_evaluate_clean(ctx);
+    ndx_context_release(ctx);
+    gate_destroy(&gate);
+  }
+
+  /* DEFERRED: the callback fires once the work runs (here: forced by a wait). */
+  {
+    ndx_context_t* ctx = make_ctx(NDX_EVAL_DEFERRED, NDX_CAPTURE_OFF, NULL);
+    ndx_future_t* f = NULL;
+    cb_state c;
+    memset(&c, 0, sizeof c);
+    CHECK_OK(ndx_invoke(ctx, "add", in2, 2, NULL, NULL, &f));
+    if (f) {
+      CHECK_OK(ndx_future_on_ready(f, cb_record, &c, cb_free));
+      CHECK_OK(ndx_future_wait(f, 5000 * MS));
+      CHECK(spin_until(&c.fired, 1, 5000), "fired");
+      sleep_ms(10);
+      CHECK(load_int(&c.fired) == 1 && load_int(&c.freed) == 1, "once: %d", load_int(&c.fired));
+    }
+    ndx_future_release(f);
+    check_evaluate_clean(ctx);
+    ndx_context_release(ctx);
+  }
+
+  /* A callback that waits (or evaluates) gets NDX_ERROR_RUNTIME instead of a deadlock. */
+  {
+    ndx_context_t* ctx = make_ctx(NDX_EVAL_EAGER, NDX_CAPTURE_OFF, NULL);
+    gate_t gate;
+    gate_init(&gate);
+    register_op(ctx, "gate", k_gate, &gate);
+    ndx_future_t *blocked = NULL, *f = NULL;
+    CHECK_OK(ndx_invoke(ctx, "gate", in1, 1, NULL, NULL, &blocked));
+    g_block_on = blocked;
+    g_eval_ctx = ctx;
+    g_wait_kind = g_eval_kind = 0;
+    g_wait_fired = 0;
+    CHECK_OK(ndx_invoke(ctx, "add", in2, 2, NULL, NULL, &f));
+    if (f && blocked) {
+      CHECK_OK(ndx_future_on_ready(f, cb_try_to_block, NULL, NULL));
+      CHECK(spin_until(&g_wait_fired, 1, 4000), "the blocking callback returned");
+      CHECK(g_wait_kind == NDX_ERROR_RUNTIME, "wait in a callback: kind %d", g_wait_kind);
+      CHECK(g_eval_kind == NDX_ERROR_RUNTIME, "evaluate in a callback: kind %d", g_eval_kind);
+      CHECK(ndx_future_poll(blocked) == NDX_FUTURE_PENDING, "the gate still holds");
+    }
+    gate_open(&gate);
+    CHECK_OK(ndx_future_wait(blocked, 5000 * MS));
+    CHECK(gate.timed_out == 0, "no gate timeout");
+    ndx_future_release(f);
+    ndx_future_release(blocked);
+    g_block_on = NULL;
+    check_evaluate_clean(ctx);
+    ndx_context_release(ctx);
+    gate_destroy(&gate);
+  }
+  ndx_tensor_release(a);
+  ndx_tensor_release(bz);
+  NDX_TEST_CONTEXT(NULL);
+}
+
+/* ---- backends --------------------------------------------------------------------------------- */
+
+static NDX_TEST_NOINLINE void test_noexcept(int32_t mode) {
+  char label[64];
+  snprintf(label, sizeof label, "noexcept, %s", mode_name(mode));
+  NDX_TEST_CONTEXT(label);
+  ndx_context_t* ctx = make_ctx(mode, NDX_CAPTURE_OFF, "noexcept");
+  host_state hs;
+  memset(&hs, 0, sizeof hs);
+  register_op(ctx, "host_fail", host_fail_kernel, &hs);
+  ndx_tensor_t* a = t_i32(kA);
+  ndx_tensor_t* bz = t_i32(kBZero);
+  ndx_tensor_t* bo = t_i32(kBOk);
+  ndx_input_t bad[2] = {ndx_test_in(a), ndx_test_in(bz)};
+  ndx_input_t good[2] = {ndx_test_in(a), ndx_test_in(bo)};
+  ndx_input_t one[1] = {ndx_test_in(a)};
+  ndx_future_t *fd = NULL, *fs = NULL, *fh = NULL, *fok = NULL;
+  ndx_tensor_t *td = NULL, *tok = NULL;
+
+  int ld = __LINE__; CHECK_OK(ndx_invoke(ctx, "div", bad, 2, NULL, NULL, &fd));
+  if (fd) {
+    ndx_error_t* w = ndx_future_wait(fd, -1);
+    CHECK_LINK(w, NDX_ERROR_BACKEND, "unexpected error when running div", "div", 1);
+    CHECK_STR_EQ(ndx_error_message(w), "unexpected error when running div");
+    CHECK_FRAME(w, 0, THIS_FILE, ld, "test_noexcept", NDX_FRAME_NATIVE);
+    if (CHECK(ndx_test_chain_length(w) == 2, "backend error -> original: %zu",
+              ndx_test_chain_length(w))) {
+      const ndx_error_t* c = ndx_error_cause(w);
+      CHECK_LINK(c, NDX_ERROR_VALUE, "integer division by zero (output element 1)", "div", 1);
+      CHECK_FRAME(c, 0, THIS_FILE, ld, "test_noexcept", NDX_FRAME_NATIVE);
+    }
+    ndx_error_free(w);
+    /* A dependent fails with the wrapped error as its cause. */
+    td = ndx_test_output(fd, 0);
+    ndx_input_t is[1] = {ndx_test_in(td)};
+    if (CHECK_OK(ndx_invoke(ctx, "sum", is, 1, NULL, NULL, &fs))) {
+      w = ndx_future_wait(fs, -1);
+      CHECK(ndx_error_kind(w) == NDX_ERROR_BACKEND, "dependent: kind %d", ndx_error_kind(w));
+      CHECK(ndx_test_str_eq(ndx_error_op(w), "sum"), "dependent op");
+      int saw_wrapper = 0;
+      for (const ndx_error_t* l = w; l; l = ndx_error_cause(l)) {
+        saw_wrapper |= ndx_test_str_eq(ndx_error_message(l), "unexpected error when running div");
+      }
+      CHECK(saw_wrapper, "the chain holds div's backend error");
+      const ndx_error_t* root = ndx_test_chain_link(w, ndx_test_chain_length(w) - 1);
+      CHECK_LINK(root, NDX_ERROR_VALUE, "integer division by zero", "div", 1);
+      ndx_error_free(w);
+    }
+  }
+  /* A host operator's error and its own cause, both kept under the backend error. */
+  int lh = __LINE__; CHECK_OK(ndx_invoke(ctx, "host_fail", one, 1, NULL, NULL, &fh));
+  if (fh) {
+    ndx_error_t* w = ndx_future_wait(fh, -1);
+    CHECK_LINK(w, NDX_ERROR_BACKEND, "unexpected error when running host_fail", "host_fail", 3);
+    CHECK_FRAME(w, 0, THIS_FILE, lh, "test_noexcept", NDX_FRAME_NATIVE);
+    if (CHECK(ndx_test_chain_length(w) == 3, "backend -> host failed -> root cause: %zu",
+              ndx_test_chain_length(w))) {
+      CHECK_LINK(ndx_test_chain_link(w, 1), NDX_ERROR_RUNTIME, "host failed", "host_fail", 3);
+      CHECK_LINK(ndx_test_chain_link(w, 2), NDX_ERROR_INDEX, "root cause", NULL, 0);
+    }
+    ndx_error_free(w);
+  }
+  /* Call-time errors are not execution failures: not wrapped. */
+  {
+    ndx_tensor_t* f32 = ndx_test_tensor((const float[6]){1, 2, 3, 4, 5, 6}, NDX_DTYPE_FLOAT32, 2,
+                                        kShape23);
+    ndx_input_t mixed[2] = {ndx_test_in(a), ndx_test_in(f32)};
+    ndx_future_t* fx = (ndx_future_t*)NDX_TEST_BOGUS_PTR;
+    expect_error(ndx_invoke(ctx, "add", mixed, 2, NULL, NULL, &fx), NDX_ERROR_TYPE,
+                 "input dtypes differ");
+    CHECK(fx == NULL, "out-param cleared");
+    ndx_tensor_release(f32);
+  }
+  /* Success is unaffected. */
+  if (CHECK_OK(ndx_invoke(ctx, "div", good, 2, NULL, NULL, &fok))) {
+    tok = ndx_test_output(fok, 0);
+    check_i32(tok, kAdivBOk, 6);
+  }
+  check_evaluate_clean(ctx);
+  ndx_tensor_release(td);
+  ndx_tensor_release(tok);
+  ndx_future_release(fd);
+  ndx_future_release(fs);
+  ndx_future_release(fh);
+  ndx_future_release(fok);
+  ndx_tensor_release(a);
+  ndx_tensor_release(bz);
+  ndx_tensor_release(bo);
+  ndx_context_release(ctx);
+  NDX_TEST_CONTEXT(NULL);
+}
+
+static NDX_TEST_NOINLINE void test_accuracy(int32_t mode) {
+  char label[64];
+  snprintf(label, sizeof label, "inject_accuracy_error, %s", mode_name(mode));
+  NDX_TEST_CONTEXT(label);
+  ndx_context_t* ctx = make_ctx(mode, NDX_CAPTURE_OFF, "inject_accuracy_error:add");
+  const int32_t va[6] = {1, 2, 3, 4, 5, 6};
+  const int32_t plus1[6] = {3, 5, 7, 9, 11, 13};  /* a + a + 1 */
+  const int32_t square[6] = {1, 4, 9, 16, 25, 36}; /* a * a, untouched */
+  const float fa[6] = {0.5f, 1.5f, -2.f, 4.f, 8.f, 16.f};
+  const float fplus1[6] = {2.f, 4.f, -3.f, 9.f, 17.f, 33.f};
+  ndx_tensor_t* a = t_i32(va);
+  ndx_tensor_t* f = ndx_test_tensor(fa, NDX_DTYPE_FLOAT32, 2, kShape23);
+  ndx_input_t ii[2] = {ndx_test_in(a), ndx_test_in(a)};
+  ndx_input_t ff[2] = {ndx_test_in(f), ndx_test_in(f)};
+  ndx_future_t *f1 = NULL, *f2 = NULL, *f3 = NULL;
+  if (CHECK_OK(ndx_invoke(ctx, "add", ii, 2, NULL, NULL, &f1))) {
+    ndx_tensor_t* t = ndx_test_output(f1, 0);
+    check_meta(t, NDX_DTYPE_INT32, 2, kShape23);
+    check_i32(t, plus1, 6);
+    ndx_tensor_release(t);
+    CHECK(ndx_future_poll(f1) == NDX_FUTURE_READY, "silently: READY");
+  }
+  if (CHECK_OK(ndx_invoke(ctx, "mul", ii, 2, NULL, NULL, &f2))) {
+    ndx_tensor_t* t = ndx_test_output(f2, 0);
+    check_i32(t, square, 6);
+    ndx_tensor_release(t);
+  }
+  if (CHECK_OK(ndx_invoke(ctx, "add", ff, 2, NULL, NULL, &f3))) {
+    ndx_tensor_t* t = ndx_test_output(f3, 0);
+    check_f32(t, fplus1, 6);
+    ndx_tensor_release(t);
+  }
+  check_evaluate_clean(ctx);
+  ndx_future_release(f1);
+  ndx_future_release(f2);
+  ndx_future_release(f3);
+  ndx_tensor_release(a);
+  ndx_tensor_release(f);
+  ndx_context_release(ctx);
+  NDX_TEST_CONTEXT(NULL);
+}
+
+/* ---- EAGER runs on workers, never inline -------------------------------------------------- */
+
+static NDX_TEST_NOINLINE void test_eager_on_worker(void) {
+  NDX_TEST_CONTEXT("EAGER on workers");
+  ndx_context_t* ctx = make_ctx(NDX_EVAL_EAGER, NDX_CAPTURE_OFF, NULL);
+  host_state s;
+  memset(&s, 0, sizeof s);
+  register_op(ctx, "where", k_copy, &s);
+  gate_t gate;
+  gate_init(&gate);
+  register_op(ctx, "gate", k_gate, &gate);
+  ndx_tensor_t* a = t_i32(kA);
+  ndx_input_t in[1] = {ndx_test_in(a)};
+
+  int inline_runs = 0;
+  for (int i = 0; i < 8; i++) {
+    ndx_future_t* f = NULL;
+    if (!CHECK_OK(ndx_invoke(ctx, "where", in, 1, NULL, NULL, &f))) break;
+    CHECK_OK(ndx_future_wait(f, 5000 * MS));
+    if (pthread_equal(s.thread, main_thread)) inline_runs++;
+    ndx_future_release(f);
+  }
+  CHECK(inline_runs == 0, "EAGER work ran on the calling thread %d times of 8", inline_runs);
+  CHECK(load_int(&s.calls) == 8, "8 runs: %d", load_int(&s.calls));
+
+  /* ndx_invoke returns while the work is blocked on a gate only this thread opens: had it
+   * run inline, it would have waited for the gate's 5 s timeout. */
+  ndx_future_t* g = NULL;
+  double t0 = now_ms();
+  if (CHECK_OK(ndx_invoke(ctx, "gate", in, 1, NULL, NULL, &g))) {
+    double dt = now_ms() - t0;
+    CHECK(gate.timed_out == 0 && dt < 4000.0, "ndx_invoke returned at once (%.1f ms)", dt);
+    CHECK(ndx_future_poll(g) == NDX_FUTURE_PENDING, "pending behind the gate");
+    gate_open(&gate);
+    CHECK_OK(ndx_future_wait(g, 5000 * MS));
+    CHECK(!pthread_equal(gate.thread, main_thread), "the gate ran on a worker");
+    CHECK(gate.timed_out == 0, "opened by this thread, after ndx_invoke returned");
+  }
+  ndx_future_release(g);
+
+  /* SYNC work, by contrast, runs on the calling thread. */
+  ndx_invoke_options_t sync = mode_opts(NDX_EVAL_SYNC_CPU);
+  ndx_future_t* f = NULL;
+  if (CHECK_OK(ndx_invoke(ctx, "where", in, 1, NULL, &sync, &f))) {
+    CHECK(ndx_future_poll(f) == NDX_FUTURE_READY, "SYNC: READY on return");
+    CHECK(pthread_equal(s.thread, main_thread), "SYNC: on the calling thread");
+  }
+  ndx_future_release(f);
+  check_evaluate_clean(ctx);
+  ndx_tensor_release(a);
+  ndx_context_release(ctx);
+  gate_destroy(&gate);
+  NDX_TEST_CONTEXT(NULL);
+}
+
+int main(void) {
+  main_thread = pthread_self();
+  test_error_matrix();
+  for (int m = 0; m < 4; m++) {
+    char label[64];
+    snprintf(label, sizeof label, "success values, %s", mode_name(kModes[m]));
+    NDX_TEST_CONTEXT(label);
+    test_success_values(kModes[m]);
+    NDX_TEST_CONTEXT(NULL);
+  }
+  test_deferred_metadata();
+  test_first_poll_submits();
+  test_evaluate_reports_once();
+  test_cancel_deferred();
+  test_release_cancels_deferred();
+  test_release_waits_running();
+  test_host_op_chains();
+  test_host_user_free();
+  test_on_ready();
+  for (int m = 0; m < 4; m++) {
+    test_noexcept(kModes[m]);
+    test_accuracy(kModes[m]);
+  }
+  test_eager_on_worker();
+  return NDX_TEST_SUMMARY("test_engine");
+}
