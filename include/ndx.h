@@ -45,7 +45,8 @@ enum ndx_frame_origin_t
    */
   NDX_FRAME_NATIVE = 1,
   /**
-   * A frame supplied by the embedder, such as a Python frame.
+   * A frame supplied by the caller: a frame provider's host-language frame (a
+   * Python frame, say) or an explicit location (`NDX_HERE`).
    */
   NDX_FRAME_HOST = 2,
 };
@@ -913,6 +914,14 @@ ndx_error_t *ndx_args_get_int_array(const ndx_args_t *args,
                                     const char *name,
                                     const int64_t **values,
                                     size_t *n);
+
+/**
+ * Reads float-array argument `name`: `*values` (borrowed from `args`) and `*n`.
+ */
+ndx_error_t *ndx_args_get_float_array(const ndx_args_t *args,
+                                      const char *name,
+                                      const double **values,
+                                      size_t *n);
 
 /**
  * Invokes operator `op` on `n_inputs` inputs with named `args` (NULL: none) and

@@ -248,3 +248,65 @@ fn the_provider_is_asked_for_the_current_depth() {
     }
     ndx_context_release(ctx);
 }
+
+#[test]
+fn args_round_trip_through_the_builder_and_getters() {
+    let mut args = std::ptr::null_mut();
+    ok(ndx_args_new(&mut args));
+    let floats = [0.5f64, 1.5];
+    let ints = [3i64, -1];
+    ok(ndx_args_set_float_array(
+        args,
+        c"mean".as_ptr(),
+        floats.as_ptr(),
+        2,
+    ));
+    ok(ndx_args_set_int_array(
+        args,
+        c"axes".as_ptr(),
+        ints.as_ptr(),
+        2,
+    ));
+    ok(ndx_args_set_string(
+        args,
+        c"mode".as_ptr(),
+        c"linear".as_ptr(),
+    ));
+    ok(ndx_args_set_int(args, c"n".as_ptr(), 7));
+    ok(ndx_args_set_int(args, c"n".as_ptr(), 8)); // replaces
+    let (mut fp, mut n) = (std::ptr::null(), 0usize);
+    ok(ndx_args_get_float_array(
+        args,
+        c"mean".as_ptr(),
+        &mut fp,
+        &mut n,
+    ));
+    // SAFETY: borrowed from the live builder.
+    assert_eq!(unsafe { std::slice::from_raw_parts(fp, n) }, floats);
+    let mut ip = std::ptr::null();
+    ok(ndx_args_get_int_array(
+        args,
+        c"axes".as_ptr(),
+        &mut ip,
+        &mut n,
+    ));
+    // SAFETY: as above.
+    assert_eq!(unsafe { std::slice::from_raw_parts(ip, n) }, ints);
+    let mut s = std::ptr::null();
+    ok(ndx_args_get_string(args, c"mode".as_ptr(), &mut s));
+    assert_eq!(cstr(s), "linear");
+    let mut v = 0i64;
+    ok(ndx_args_get_int(args, c"n".as_ptr(), &mut v));
+    assert_eq!(v, 8);
+    common::expect_err(
+        ndx_args_get_float_array(args, c"axes".as_ptr(), &mut fp, &mut n),
+        ndx_error_kind_t::NDX_ERROR_TYPE,
+        "argument 'axes' is an int array, not a float array",
+    );
+    common::expect_err(
+        ndx_args_get_int(args, c"missing".as_ptr(), &mut v),
+        ndx_error_kind_t::NDX_ERROR_VALUE,
+        "no argument 'missing' was given",
+    );
+    ndx_args_free(args);
+}

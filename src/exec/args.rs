@@ -53,6 +53,17 @@ impl ArgType {
             .find(|t| *t as i32 == raw)
     }
 
+    /// The name with its article, for messages: "an int", "a float array".
+    pub fn a(self) -> String {
+        let name = self.name();
+        let article = if matches!(self, ArgType::Int | ArgType::Ints) {
+            "an"
+        } else {
+            "a"
+        };
+        format!("{article} {name}")
+    }
+
     /// A name for messages.
     pub fn name(self) -> &'static str {
         match self {
@@ -120,9 +131,9 @@ impl Args {
 
     fn wrong(name: &str, want: ArgType, got: &ArgValue) -> Error {
         Error::type_error(format!(
-            "argument '{name}' is a {}, expected a {}",
-            got.arg_type().name(),
-            want.name()
+            "argument '{name}' is {}, expected {}",
+            got.arg_type().a(),
+            want.a()
         ))
     }
 

@@ -71,7 +71,8 @@ impl From<ErrorKind> for ndx_error_kind_t {
 pub enum ndx_frame_origin_t {
     /// A frame of the native stack (C, C++, Rust), captured by ndx.
     NDX_FRAME_NATIVE = 1,
-    /// A frame supplied by the embedder, such as a Python frame.
+    /// A frame supplied by the caller: a frame provider's host-language frame (a
+    /// Python frame, say) or an explicit location (`NDX_HERE`).
     NDX_FRAME_HOST = 2,
 }
 

@@ -635,9 +635,9 @@ fn get_arg<'a>(args: *const ndx_args_t, name: *const c_char) -> Result<&'a ArgVa
 fn wrong_type(name: *const c_char, want: ArgType, got: &ArgValue) -> Error {
     let name = host_str(name, "name").unwrap_or_default();
     Error::type_error(format!(
-        "argument '{name}' is a {}, not a {}",
-        got.arg_type().name(),
-        want.name()
+        "argument '{name}' is {}, not {}",
+        got.arg_type().a(),
+        want.a()
     ))
 }
 
@@ -738,6 +738,36 @@ pub extern "C" fn ndx_args_get_int_array(
         let got = get_arg(args, name)?;
         let ArgValue::Ints(v) = got else {
             return Err(wrong_type(name, ArgType::Ints, got));
+        };
+        // SAFETY: as above.
+        unsafe {
+            values.write(v.as_ptr());
+            n.write(v.len());
+        }
+        Ok(())
+    })
+}
+
+/// Reads float-array argument `name`: `*values` (borrowed from `args`) and `*n`.
+#[unsafe(no_mangle)]
+pub extern "C" fn ndx_args_get_float_array(
+    args: *const ndx_args_t,
+    name: *const c_char,
+    values: *mut *const f64,
+    n: *mut usize,
+) -> *mut ndx_error_t {
+    boundary("ndx_args_get_float_array", || {
+        if values.is_null() || n.is_null() {
+            return Err(Error::value("arguments 'values' and 'n' must not be NULL"));
+        }
+        // SAFETY: non-NULL out-params, cleared first so they are never half-filled.
+        unsafe {
+            values.write(std::ptr::null());
+            n.write(0);
+        }
+        let got = get_arg(args, name)?;
+        let ArgValue::Floats(v) = got else {
+            return Err(wrong_type(name, ArgType::Floats, got));
         };
         // SAFETY: as above.
         unsafe {

@@ -112,10 +112,10 @@ impl OpDef {
                 || (spec.ty == ArgType::Ints && matches!(value, ArgValue::Int(_)));
             if !ok {
                 return Err(Error::type_error(format!(
-                    "operator '{}': argument '{name}' is a {}, expected a {}",
+                    "operator '{}': argument '{name}' is {}, expected {}",
                     self.name,
-                    value.arg_type().name(),
-                    spec.ty.name()
+                    value.arg_type().a(),
+                    spec.ty.a()
                 )));
             }
         }
