@@ -487,9 +487,9 @@ fn poll_hands_deferred_work_to_the_workers() {
 fn eager_work_runs_on_a_worker_thread_never_inline() {
     let ctx = context(EvalMode::Eager, CapturePolicy::Off);
     let seen = Arc::new(Mutex::new(Vec::new()));
-    host_op(&ctx, "where", Arc::new(HostThread(seen.clone())));
+    host_op(&ctx, "whereami", Arc::new(HostThread(seen.clone())));
     for _ in 0..20 {
-        let f = call(&ctx, "where", vec![i32s(&[1], &[1])]);
+        let f = call(&ctx, "whereami", vec![i32s(&[1], &[1])]);
         f.wait(None).unwrap();
     }
     let me = std::thread::current().id();
@@ -499,8 +499,8 @@ fn eager_work_runs_on_a_worker_thread_never_inline() {
     // SYNC runs on the calling thread.
     let ctx = context(EvalMode::SyncCpu, CapturePolicy::Off);
     let inline = Arc::new(Mutex::new(Vec::new()));
-    host_op(&ctx, "where", Arc::new(HostThread(inline.clone())));
-    call(&ctx, "where", vec![i32s(&[1], &[1])]);
+    host_op(&ctx, "whereami", Arc::new(HostThread(inline.clone())));
+    call(&ctx, "whereami", vec![i32s(&[1], &[1])]);
     assert_eq!(*inline.lock().unwrap(), [me]);
 }
 
@@ -703,7 +703,7 @@ fn process_events_mode_runs_callbacks_and_host_ops_only_on_the_asking_thread() {
         2,
     );
     let seen = Arc::new(Mutex::new(Vec::new()));
-    host_op(&ctx, "where", Arc::new(HostThread(seen.clone())));
+    host_op(&ctx, "whereami", Arc::new(HostThread(seen.clone())));
     let fired = Arc::new(AtomicUsize::new(0));
     // A built-in runs on the workers; its callback waits for process_events.
     let f = call(&ctx, "add", vec![i32s(&[1], &[1]), i32s(&[1], &[1])]);
@@ -716,13 +716,13 @@ fn process_events_mode_runs_callbacks_and_host_ops_only_on_the_asking_thread() {
     assert_eq!(ctx.run_events(), 1);
     assert_eq!(fired.load(Ordering::SeqCst), 1);
     // A host operator waits for process_events too, and runs on this thread.
-    let h = call(&ctx, "where", vec![i32s(&[1], &[1])]);
+    let h = call(&ctx, "whereami", vec![i32s(&[1], &[1])]);
     std::thread::sleep(Duration::from_millis(20));
     assert!(!h.is_done(), "host op ran outside process_events");
     assert_eq!(ctx.run_events(), 1);
     assert!(h.is_done());
     // A wait processes events itself.
-    let h2 = call(&ctx, "where", vec![i32s(&[2], &[1])]);
+    let h2 = call(&ctx, "whereami", vec![i32s(&[2], &[1])]);
     h2.wait(None).unwrap();
     let me = std::thread::current().id();
     assert_eq!(*seen.lock().unwrap(), [me, me]);

@@ -456,7 +456,7 @@ fn infer(def: &OpDef, inputs: &[Input], args: &Args) -> Result<(Vec<OutMeta>, Op
             ));
         }
     }
-    let Some(infer) = def.infer else {
+    let Some(infer) = &def.infer else {
         let unknown = (0..def.n_outputs)
             .map(|_| {
                 if batch_len.is_some() {

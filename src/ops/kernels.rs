@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::tensor::{DType, Tensor, dims};
 
 /// Element types the kernels compute on.
-pub trait Elem: Pod + Copy + Send + Sync + PartialEq + 'static {
+pub trait Elem: Pod + Copy + Send + Sync + PartialEq + PartialOrd + 'static {
     /// The dtype of this element type.
     const DTYPE: DType;
     /// Whether this is an integer type.
@@ -31,6 +31,50 @@ pub trait Elem: Pod + Copy + Send + Sync + PartialEq + 'static {
     fn mul(self, o: Self) -> Self;
     /// Floor division for integers (None on division by zero); IEEE division for floats.
     fn div(self, o: Self) -> Option<Self>;
+    /// Wrapping/IEEE subtraction.
+    fn sub(self, o: Self) -> Self;
+    /// NumPy's `floor_divide` (None: integer division by zero).
+    fn floordiv(self, o: Self) -> Option<Self>;
+    /// NumPy's `remainder`, the sign of the divisor (None: integer modulo by zero).
+    fn rem(self, o: Self) -> Option<Self>;
+    /// NumPy's `power` (None: integer base with a negative integer exponent).
+    fn pow(self, o: Self) -> Option<Self>;
+    /// Wrapping negation.
+    fn neg(self) -> Self;
+    /// Wrapping absolute value.
+    fn abs(self) -> Self;
+    /// -1, 0 or 1 (NaN for NaN).
+    fn sign(self) -> Self;
+    /// Whether the value is NaN.
+    fn is_nan(self) -> bool;
+    /// Whether the value is finite.
+    fn is_finite(self) -> bool;
+    /// Whether the value is non-zero.
+    fn truthy(self) -> bool;
+}
+
+/// NumPy's float `divmod` (npy_divmod), in f64: (floor quotient, remainder).
+pub fn float_divmod(a: f64, b: f64) -> (f64, f64) {
+    if b == 0.0 {
+        return (a / b, f64::NAN);
+    }
+    let mut m = a % b;
+    let mut div = (a - m) / b;
+    if m != 0.0 {
+        if (b < 0.0) != (m < 0.0) {
+            m += b;
+            div -= 1.0;
+        }
+    } else {
+        m = 0f64.copysign(b);
+    }
+    let q = if div != 0.0 {
+        let f = div.floor();
+        if div - f > 0.5 { f + 1.0 } else { f }
+    } else {
+        0f64.copysign(a / b)
+    };
+    (q, m)
 }
 
 macro_rules! int_elem {
@@ -57,6 +101,12 @@ macro_rules! int_elem {
                 self.wrapping_mul(o)
             }
             fn div(self, o: Self) -> Option<Self> {
+                self.floordiv(o)
+            }
+            fn sub(self, o: Self) -> Self {
+                self.wrapping_sub(o)
+            }
+            fn floordiv(self, o: Self) -> Option<Self> {
                 if o == 0 {
                     return None;
                 }
@@ -66,6 +116,56 @@ macro_rules! int_elem {
                 #[allow(unused_comparisons)]
                 let adjust = r != 0 && ((r < 0) != (o < 0));
                 Some(if adjust { q.wrapping_sub(1) } else { q })
+            }
+            fn rem(self, o: Self) -> Option<Self> {
+                if o == 0 {
+                    return None;
+                }
+                let r = self.wrapping_rem(o);
+                #[allow(unused_comparisons)]
+                let adjust = r != 0 && ((r < 0) != (o < 0));
+                Some(if adjust { r.wrapping_add(o) } else { r })
+            }
+            fn pow(self, o: Self) -> Option<Self> {
+                #[allow(unused_comparisons)]
+                if o < 0 {
+                    return None;
+                }
+                let (mut base, mut exp, mut acc) = (self, o as u64, 1 as $t);
+                while exp > 0 {
+                    if exp & 1 == 1 {
+                        acc = acc.wrapping_mul(base);
+                    }
+                    base = base.wrapping_mul(base);
+                    exp >>= 1;
+                }
+                Some(acc)
+            }
+            fn neg(self) -> Self {
+                (0 as $t).wrapping_sub(self)
+            }
+            fn abs(self) -> Self {
+                #[allow(unused_comparisons)]
+                if self < 0 { Elem::neg(self) } else { self }
+            }
+            fn sign(self) -> Self {
+                #[allow(unused_comparisons)]
+                if self < 0 {
+                    (0 as $t).wrapping_sub(1)
+                } else if self == 0 {
+                    0
+                } else {
+                    1
+                }
+            }
+            fn is_nan(self) -> bool {
+                false
+            }
+            fn is_finite(self) -> bool {
+                true
+            }
+            fn truthy(self) -> bool {
+                self != 0
             }
         }
     };
@@ -105,6 +205,43 @@ macro_rules! float_elem {
             }
             fn div(self, o: Self) -> Option<Self> {
                 Some(self / o)
+            }
+            fn sub(self, o: Self) -> Self {
+                self - o
+            }
+            fn floordiv(self, o: Self) -> Option<Self> {
+                Some($from(float_divmod($to(self), $to(o)).0))
+            }
+            fn rem(self, o: Self) -> Option<Self> {
+                Some($from(float_divmod($to(self), $to(o)).1))
+            }
+            fn pow(self, o: Self) -> Option<Self> {
+                Some($from($to(self).powf($to(o))))
+            }
+            fn neg(self) -> Self {
+                $from(-$to(self))
+            }
+            fn abs(self) -> Self {
+                $from($to(self).abs())
+            }
+            fn sign(self) -> Self {
+                let v = $to(self);
+                $from(if v > 0.0 {
+                    1.0
+                } else if v < 0.0 {
+                    -1.0
+                } else {
+                    v
+                })
+            }
+            fn is_nan(self) -> bool {
+                $to(self).is_nan()
+            }
+            fn is_finite(self) -> bool {
+                $to(self).is_finite()
+            }
+            fn truthy(self) -> bool {
+                $to(self) != 0.0
             }
         }
     };
@@ -175,7 +312,7 @@ macro_rules! with_elem {
 pub(crate) use with_elem;
 
 /// The elements of `t` as a compact slice of `T`: borrowed when possible.
-fn typed<T: Elem>(t: &Tensor) -> Result<Cow<'_, [T]>> {
+pub(crate) fn typed<T: Elem>(t: &Tensor) -> Result<Cow<'_, [T]>> {
     let bytes = t.compact_bytes()?;
     Ok(match bytes {
         Cow::Borrowed(b) => match bytemuck::try_cast_slice::<u8, T>(b) {
@@ -187,7 +324,7 @@ fn typed<T: Elem>(t: &Tensor) -> Result<Cow<'_, [T]>> {
 }
 
 /// A new compact tensor of `T` filled by `fill`.
-fn make<T: Elem>(
+pub(crate) fn make<T: Elem>(
     shape: &[i64],
     layout: &str,
     fill: impl FnOnce(&mut [T]) -> Result<()>,
@@ -233,7 +370,7 @@ pub fn broadcast_shapes(a: &[i64], b: &[i64]) -> Result<Vec<i64>> {
 }
 
 /// Element strides of a compact `shape` broadcast to `out` (0 where broadcast).
-fn broadcast_strides(shape: &[i64], out: &[i64]) -> Vec<usize> {
+pub(crate) fn broadcast_strides(shape: &[i64], out: &[i64]) -> Vec<usize> {
     let mut strides = vec![0usize; out.len()];
     let mut acc = 1usize;
     for i in (0..shape.len()).rev() {

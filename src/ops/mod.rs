@@ -1,6 +1,7 @@
 //! Operators: schemas (inputs, outputs, named arguments), metadata inference at
 //! enqueue, and kernels; the registry of built-ins and host operators.
 
+pub mod elementwise;
 pub mod kernels;
 
 use std::collections::HashMap;
@@ -35,9 +36,9 @@ impl TMeta {
 }
 
 /// Infers output metadata from input metadata at enqueue.
-pub type InferFn = fn(&[&TMeta], &Args) -> Result<Vec<TMeta>>;
+pub type InferFn = Arc<dyn Fn(&[&TMeta], &Args) -> Result<Vec<TMeta>> + Send + Sync>;
 /// A built-in CPU kernel: inputs to outputs.
-pub type KernelFn = fn(&[&Tensor], &Args) -> Result<Vec<Tensor>>;
+pub type KernelFn = Arc<dyn Fn(&[&Tensor], &Args) -> Result<Vec<Tensor>> + Send + Sync>;
 
 /// A kernel implemented by the host (a C callback).
 pub trait HostKernel: Send + Sync {
@@ -200,25 +201,15 @@ pub fn builtin(name: &str) -> Option<Arc<OpDef>> {
     static BUILTINS: OnceLock<Vec<Arc<OpDef>>> = OnceLock::new();
     BUILTINS
         .get_or_init(|| {
-            let binary = |name: &str, kernel: KernelFn| OpDef {
-                name: name.to_string(),
-                n_inputs: 2,
-                n_outputs: 1,
-                args: vec![],
-                infer: Some(infer_binary),
-                kernel: Kernel::Builtin(kernel),
-            };
-            let ops = vec![
-                binary("add", kernel_add),
-                binary("mul", kernel_mul),
-                binary("div", kernel_div),
+            let mut ops = elementwise::ops();
+            ops.extend([
                 OpDef {
                     name: "cast".into(),
                     n_inputs: 1,
                     n_outputs: 1,
                     args: vec![arg("dtype", ArgType::DType, true)],
-                    infer: Some(infer_cast),
-                    kernel: Kernel::Builtin(kernel_cast),
+                    infer: Some(Arc::new(infer_cast)),
+                    kernel: Kernel::Builtin(Arc::new(kernel_cast)),
                 },
                 OpDef {
                     name: "sum".into(),
@@ -228,70 +219,15 @@ pub fn builtin(name: &str) -> Option<Arc<OpDef>> {
                         arg("axes", ArgType::Ints, false),
                         arg("keepdims", ArgType::Bool, false),
                     ],
-                    infer: Some(infer_sum),
-                    kernel: Kernel::Builtin(kernel_sum),
+                    infer: Some(Arc::new(infer_sum)),
+                    kernel: Kernel::Builtin(Arc::new(kernel_sum)),
                 },
-            ];
+            ]);
             ops.into_iter().map(Arc::new).collect()
         })
         .iter()
         .find(|op| op.name == name)
         .cloned()
-}
-
-fn infer_binary(inputs: &[&TMeta], _args: &Args) -> Result<Vec<TMeta>> {
-    let (a, b) = (inputs[0], inputs[1]);
-    if a.dtype != b.dtype {
-        return Err(Error::type_error(format!(
-            "input dtypes differ: {} and {} (ndx does not promote types yet: cast one input first)",
-            a.dtype.name(),
-            b.dtype.name()
-        )));
-    }
-    if a.dtype == DType::Bool {
-        return Err(Error::type_error(
-            "bool inputs are not supported by arithmetic operators",
-        ));
-    }
-    let shape = kernels::broadcast_shapes(&a.shape, &b.shape)?;
-    let layout = [a, b]
-        .iter()
-        .find(|m| m.shape == shape && !m.layout.is_empty())
-        .map_or(String::new(), |m| m.layout.clone());
-    Ok(vec![TMeta {
-        dtype: a.dtype,
-        shape,
-        layout,
-    }])
-}
-
-fn binary_kernel(inputs: &[&Tensor], op: &'static str) -> Result<Vec<Tensor>> {
-    let (a, b) = (inputs[0], inputs[1]);
-    let layout = infer_binary(&[&TMeta::of(a), &TMeta::of(b)], &Args::new())?
-        .remove(0)
-        .layout;
-    let out = kernels::with_elem!(a.dtype(), T => {
-        use kernels::Elem;
-        let f = match op {
-            "add" => |x: T, y: T| Some(x.add(y)),
-            "mul" => |x: T, y: T| Some(x.mul(y)),
-            _ => |x: T, y: T| x.div(y),
-        };
-        kernels::binary::<T>(a, b, &layout, f, |i| {
-            Error::value(format!("integer division by zero (output element {i})"))
-        })?
-    }, bool => return Err(Error::type_error("bool inputs are not supported by arithmetic operators")));
-    Ok(vec![out])
-}
-
-fn kernel_add(inputs: &[&Tensor], _args: &Args) -> Result<Vec<Tensor>> {
-    binary_kernel(inputs, "add")
-}
-fn kernel_mul(inputs: &[&Tensor], _args: &Args) -> Result<Vec<Tensor>> {
-    binary_kernel(inputs, "mul")
-}
-fn kernel_div(inputs: &[&Tensor], _args: &Args) -> Result<Vec<Tensor>> {
-    binary_kernel(inputs, "div")
 }
 
 fn infer_cast(inputs: &[&TMeta], args: &Args) -> Result<Vec<TMeta>> {

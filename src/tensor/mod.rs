@@ -158,8 +158,8 @@ pub fn validate_layout(layout: &str, ndim: usize, what: &str) -> Result<CString>
     Ok(CString::new(layout).unwrap_or_default())
 }
 
-/// An n-dimensional view of a [`Storage`].
-#[derive(Debug)]
+/// An n-dimensional view of a [`Storage`]. Cloning copies the view, not the data.
+#[derive(Debug, Clone)]
 pub struct Tensor {
     storage: Arc<Storage>,
     dtype: DType,

@@ -1,0 +1,634 @@
+//! Elementwise operators with NumPy broadcasting and NEP 50 type promotion:
+//! arithmetic, comparisons, logical operators, unary math, `clamp` and `where`.
+
+use std::sync::Arc;
+
+use super::kernels::{self, Elem, broadcast_shapes, make, typed, with_elem};
+use super::{ArgSpec, Kernel, OpDef, TMeta};
+use crate::error::{Error, Result};
+use crate::exec::args::{ArgType, Args};
+use crate::tensor::{DType, Tensor};
+
+/// The dtype NumPy 2 gives an operation on arrays of dtypes `a` and `b` (NEP 50).
+pub fn promote(a: DType, b: DType) -> DType {
+    use DType::*;
+    if a == b {
+        return a;
+    }
+    let rank_int = |d: DType| match d {
+        I8 => Some((true, 8)),
+        I16 => Some((true, 16)),
+        I32 => Some((true, 32)),
+        I64 => Some((true, 64)),
+        U8 => Some((false, 8)),
+        U16 => Some((false, 16)),
+        U32 => Some((false, 32)),
+        U64 => Some((false, 64)),
+        _ => None,
+    };
+    let int_of = |signed: bool, bits: u32| match (signed, bits) {
+        (true, 8) => I8,
+        (true, 16) => I16,
+        (true, 32) => I32,
+        (true, 64) => I64,
+        (false, 8) => U8,
+        (false, 16) => U16,
+        (false, 32) => U32,
+        (false, 64) => U64,
+        _ => F64, // int64 with uint64
+    };
+    match (a, b) {
+        (Bool, x) | (x, Bool) => x,
+        _ => match (rank_int(a), rank_int(b)) {
+            (Some((sa, ba)), Some((sb, bb))) => {
+                if sa == sb {
+                    int_of(sa, ba.max(bb))
+                } else {
+                    // Mixed signedness: a signed type wide enough for the unsigned one.
+                    let (signed_bits, unsigned_bits) = if sa { (ba, bb) } else { (bb, ba) };
+                    if signed_bits > unsigned_bits {
+                        int_of(true, signed_bits)
+                    } else {
+                        int_of(true, unsigned_bits * 2)
+                    }
+                }
+            }
+            // bfloat16 holds every 8-bit integer exactly (ml_dtypes' rule).
+            (Some((_, 8)), None) if b == BF16 => BF16,
+            (None, Some((_, 8))) if a == BF16 => BF16,
+            (Some(_), None) => promote(float_for(a), b),
+            (None, Some(_)) => promote(a, float_for(b)),
+            (None, None) => match (a, b) {
+                (F16, BF16) | (BF16, F16) => F32,
+                (F64, _) | (_, F64) => F64,
+                (F32, _) | (_, F32) => F32,
+                (F16, x) | (x, F16) => x,
+                _ => BF16,
+            },
+        },
+    }
+}
+
+/// The float type NumPy computes math functions of `d` in (the smallest float that
+/// holds every value of an integer type; floats stay).
+pub fn float_for(d: DType) -> DType {
+    use DType::*;
+    match d {
+        Bool | I8 | U8 => F16,
+        I16 | U16 => F32,
+        I32 | U32 | I64 | U64 => F64,
+        f => f,
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Arith {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    FloorDiv,
+    Mod,
+    Pow,
+    Minimum,
+    Maximum,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Cmp {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Logic {
+    And,
+    Or,
+    Xor,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Unary {
+    Neg,
+    Abs,
+    Sign,
+    Relu,
+    Floor,
+    Ceil,
+    Round,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Math {
+    Sqrt,
+    Rsqrt,
+    Exp,
+    Log,
+    Sin,
+    Cos,
+    Tanh,
+    Sigmoid,
+}
+
+fn no_bool(op: &str, d: DType) -> Result<()> {
+    if d == DType::Bool {
+        return Err(Error::type_error(format!(
+            "operator '{op}' does not support bool inputs"
+        )));
+    }
+    Ok(())
+}
+
+fn layout_of(inputs: &[&TMeta], shape: &[i64]) -> String {
+    inputs
+        .iter()
+        .find(|m| m.shape == shape && !m.layout.is_empty())
+        .map_or(String::new(), |m| m.layout.clone())
+}
+
+fn broadcast_all(inputs: &[&TMeta]) -> Result<Vec<i64>> {
+    inputs
+        .iter()
+        .skip(1)
+        .try_fold(inputs[0].shape.clone(), |acc, m| {
+            broadcast_shapes(&acc, &m.shape)
+        })
+}
+
+/// Output metadata of an n-ary elementwise op whose output dtype is `dtype`.
+fn meta_out(inputs: &[&TMeta], dtype: DType) -> Result<Vec<TMeta>> {
+    let shape = broadcast_all(inputs)?;
+    let layout = layout_of(inputs, &shape);
+    Ok(vec![TMeta {
+        dtype,
+        shape,
+        layout,
+    }])
+}
+
+/// `t` as `dtype` (a no-op view when it already is).
+fn as_dtype(t: &Tensor, dtype: DType) -> Result<std::borrow::Cow<'_, Tensor>> {
+    if t.dtype() == dtype {
+        Ok(std::borrow::Cow::Borrowed(t))
+    } else {
+        kernels::cast(t, dtype).map(std::borrow::Cow::Owned)
+    }
+}
+
+/// Calls `f(out_index, offsets)` for every element of `shape`, with each input's
+/// element offset under broadcasting.
+fn for_each_broadcast(
+    shape: &[i64],
+    strides: &[Vec<usize>],
+    mut f: impl FnMut(usize, &[usize]) -> Result<()>,
+) -> Result<()> {
+    let n: usize = shape.iter().map(|&d| d as usize).product();
+    let mut index = vec![0i64; shape.len()];
+    let mut offs = vec![0usize; strides.len()];
+    for i in 0..n {
+        f(i, &offs)?;
+        for d in (0..shape.len()).rev() {
+            index[d] += 1;
+            for (o, s) in offs.iter_mut().zip(strides) {
+                *o += s[d];
+            }
+            if index[d] < shape[d] {
+                break;
+            }
+            for (o, s) in offs.iter_mut().zip(strides) {
+                *o -= s[d] * shape[d] as usize;
+            }
+            index[d] = 0;
+        }
+    }
+    Ok(())
+}
+
+/// Names the output element an elementwise failure happened at.
+fn at_element(e: Error, i: usize) -> Error {
+    Error::new(e.kind(), format!("{} (output element {i})", e.message()))
+}
+
+/// `out[i] = f(a, b)` over broadcast inputs of one element type.
+fn zip2<T: Elem, O: Elem>(
+    a: &Tensor,
+    b: &Tensor,
+    shape: &[i64],
+    layout: &str,
+    f: impl Fn(T, T) -> Result<O>,
+) -> Result<Tensor> {
+    let (va, vb) = (typed::<T>(a)?, typed::<T>(b)?);
+    make::<O>(shape, layout, |out| {
+        if a.shape() == shape && b.shape() == shape {
+            for (i, ((o, &x), &y)) in out.iter_mut().zip(va.iter()).zip(vb.iter()).enumerate() {
+                *o = f(x, y).map_err(|e| at_element(e, i))?;
+            }
+            return Ok(());
+        }
+        let strides = [
+            kernels::broadcast_strides(a.shape(), shape),
+            kernels::broadcast_strides(b.shape(), shape),
+        ];
+        for_each_broadcast(shape, &strides, |i, offs| {
+            out[i] = f(va[offs[0]], vb[offs[1]]).map_err(|e| at_element(e, i))?;
+            Ok(())
+        })
+    })
+}
+
+fn as_bool(t: Tensor) -> Tensor {
+    t.with_dtype_of_same_size(DType::Bool)
+}
+
+fn arith_kernel(op: Arith, name: &'static str, inputs: &[&Tensor]) -> Result<Tensor> {
+    let metas = [TMeta::of(inputs[0]), TMeta::of(inputs[1])];
+    let out = arith_infer(op, name, &[&metas[0], &metas[1]])?.remove(0);
+    let (a, b) = (
+        as_dtype(inputs[0], out.dtype)?,
+        as_dtype(inputs[1], out.dtype)?,
+    );
+    with_elem!(out.dtype, T => zip2::<T, T>(&a, &b, &out.shape, &out.layout, |x, y| {
+        let r = match op {
+            Arith::Add => Some(Elem::add(x, y)),
+            Arith::Sub => Some(Elem::sub(x, y)),
+            Arith::Mul => Some(Elem::mul(x, y)),
+            Arith::Div => Elem::div(x, y),
+            Arith::FloorDiv => Elem::floordiv(x, y),
+            Arith::Mod => Elem::rem(x, y),
+            Arith::Pow => Elem::pow(x, y),
+            Arith::Minimum => Some(if Elem::is_nan(x) || x < y { x } else { y }),
+            Arith::Maximum => Some(if Elem::is_nan(x) || x > y { x } else { y }),
+        };
+        r.ok_or_else(|| match op {
+            Arith::Pow => Error::value("integers to negative integer powers are not allowed"),
+            Arith::Mod => Error::value("integer modulo by zero"),
+            _ => Error::value("integer division by zero"),
+        })
+    }), bool => unreachable!("rejected at inference"))
+}
+
+fn arith_infer(op: Arith, name: &str, inputs: &[&TMeta]) -> Result<Vec<TMeta>> {
+    let _ = op;
+    no_bool(name, inputs[0].dtype)?;
+    no_bool(name, inputs[1].dtype)?;
+    meta_out(inputs, promote(inputs[0].dtype, inputs[1].dtype))
+}
+
+fn compare<T: PartialOrd>(op: Cmp, x: T, y: T) -> u8 {
+    u8::from(match op {
+        Cmp::Eq => x == y,
+        Cmp::Ne => x != y,
+        Cmp::Lt => x < y,
+        Cmp::Le => x <= y,
+        Cmp::Gt => x > y,
+        Cmp::Ge => x >= y,
+    })
+}
+
+fn cmp_kernel(op: Cmp, inputs: &[&Tensor]) -> Result<Tensor> {
+    let metas = [TMeta::of(inputs[0]), TMeta::of(inputs[1])];
+    let refs = [&metas[0], &metas[1]];
+    let common = promote(metas[0].dtype, metas[1].dtype);
+    let out = meta_out(&refs, DType::Bool)?.remove(0);
+    let (a, b) = (as_dtype(inputs[0], common)?, as_dtype(inputs[1], common)?);
+    let t = with_elem!(common, T => zip2::<T, u8>(&a, &b, &out.shape, &out.layout, |x, y| Ok(compare(op, x, y))),
+        bool => zip2::<u8, u8>(&a, &b, &out.shape, &out.layout, |x, y| Ok(compare(op, x, y))))?;
+    Ok(as_bool(t))
+}
+
+fn logic_kernel(op: Logic, inputs: &[&Tensor]) -> Result<Tensor> {
+    let metas = [TMeta::of(inputs[0]), TMeta::of(inputs[1])];
+    let out = meta_out(&[&metas[0], &metas[1]], DType::Bool)?.remove(0);
+    let (a, b) = (
+        as_dtype(inputs[0], DType::Bool)?,
+        as_dtype(inputs[1], DType::Bool)?,
+    );
+    let t = zip2::<u8, u8>(&a, &b, &out.shape, &out.layout, |x, y| {
+        let (x, y) = (x != 0, y != 0);
+        Ok(u8::from(match op {
+            Logic::And => x && y,
+            Logic::Or => x || y,
+            Logic::Xor => x != y,
+        }))
+    })?;
+    Ok(as_bool(t))
+}
+
+fn map<T: Elem, O: Elem>(t: &Tensor, f: impl Fn(T) -> O) -> Result<Tensor> {
+    let src = typed::<T>(t)?;
+    make::<O>(t.shape(), t.layout(), |out| {
+        for (o, &v) in out.iter_mut().zip(src.iter()) {
+            *o = f(v);
+        }
+        Ok(())
+    })
+}
+
+fn unary_kernel(op: Unary, t: &Tensor) -> Result<Tensor> {
+    with_elem!(t.dtype(), T => map::<T, T>(t, |v| match op {
+        Unary::Neg => Elem::neg(v),
+        Unary::Abs => Elem::abs(v),
+        Unary::Sign => Elem::sign(v),
+        Unary::Relu => {
+            let zero = T::from_i128(0);
+            if Elem::is_nan(v) || v > zero { v } else { zero }
+        }
+        Unary::Floor if !T::INT => T::from_f64(Elem::to_f64(v).floor()),
+        Unary::Ceil if !T::INT => T::from_f64(Elem::to_f64(v).ceil()),
+        Unary::Round if !T::INT => T::from_f64(Elem::to_f64(v).round_ties_even()),
+        Unary::Floor | Unary::Ceil | Unary::Round => v,
+    }), bool => unreachable!("rejected at inference"))
+}
+
+fn math_kernel(op: Math, t: &Tensor) -> Result<Tensor> {
+    let dtype = float_for(t.dtype());
+    let x = as_dtype(t, dtype)?;
+    let f = move |v: f64| match op {
+        Math::Sqrt => v.sqrt(),
+        Math::Rsqrt => 1.0 / v.sqrt(),
+        Math::Exp => v.exp(),
+        Math::Log => v.ln(),
+        Math::Sin => v.sin(),
+        Math::Cos => v.cos(),
+        Math::Tanh => v.tanh(),
+        Math::Sigmoid => 1.0 / (1.0 + (-v).exp()),
+    };
+    with_elem!(dtype, T => map::<T, T>(&x, |v| T::from_f64(f(Elem::to_f64(v)))), bool => unreachable!("floats only"))
+}
+
+fn predicate_kernel(name: &str, t: &Tensor) -> Result<Tensor> {
+    let out = with_elem!(t.dtype(), T => map::<T, u8>(t, |v| u8::from(match name {
+        "isnan" => Elem::is_nan(v),
+        "isfinite" => Elem::is_finite(v),
+        _ => !Elem::truthy(v),
+    })), bool => map::<u8, u8>(t, |v| u8::from(match name {
+        "isnan" => false,
+        "isfinite" => true,
+        _ => v == 0,
+    })))?;
+    Ok(as_bool(out))
+}
+
+fn clamp_bounds(args: &Args) -> Result<(Option<f64>, Option<f64>)> {
+    let get = |name: &str| -> Result<Option<f64>> {
+        match args.get(name) {
+            None => Ok(None),
+            Some(crate::exec::ArgValue::Float(v)) => Ok(Some(*v)),
+            Some(crate::exec::ArgValue::Int(v)) => Ok(Some(*v as f64)),
+            Some(v) => Err(Error::type_error(format!(
+                "argument '{name}' is {}, expected a float",
+                v.arg_type().a()
+            ))),
+        }
+    };
+    let (lo, hi) = (get("lo")?, get("hi")?);
+    if let (Some(l), Some(h)) = (lo, hi) {
+        if l > h {
+            return Err(Error::value(format!(
+                "clamp bounds are reversed: lo = {l} is greater than hi = {h}"
+            )));
+        }
+    }
+    Ok((lo, hi))
+}
+
+fn clamp_kernel(t: &Tensor, args: &Args) -> Result<Tensor> {
+    let (lo, hi) = clamp_bounds(args)?;
+    with_elem!(t.dtype(), T => {
+        // Bounds in the element type: integers round inwards (lo up, hi down).
+        let lo = lo.map(|l| T::from_f64(if T::INT { l.ceil() } else { l }));
+        let hi = hi.map(|h| T::from_f64(if T::INT { h.floor() } else { h }));
+        map::<T, T>(t, |v| {
+            if Elem::is_nan(v) {
+                return v;
+            }
+            let v = match lo { Some(l) if v < l => l, _ => v };
+            match hi { Some(h) if v > h => h, _ => v }
+        })
+    }, bool => Err(Error::type_error("operator 'clamp' does not support bool inputs")))
+}
+
+fn where_kernel(inputs: &[&Tensor]) -> Result<Tensor> {
+    let metas: Vec<TMeta> = inputs.iter().map(|t| TMeta::of(t)).collect();
+    let refs: Vec<&TMeta> = metas.iter().collect();
+    let out = where_infer(&refs)?.remove(0);
+    let cond = as_dtype(inputs[0], DType::Bool)?;
+    let (a, b) = (
+        as_dtype(inputs[1], out.dtype)?,
+        as_dtype(inputs[2], out.dtype)?,
+    );
+    let c = typed::<u8>(&cond)?;
+    let strides: Vec<Vec<usize>> = [cond.shape(), a.shape(), b.shape()]
+        .iter()
+        .map(|s| kernels::broadcast_strides(s, &out.shape))
+        .collect();
+    let pick = |shape: &[i64], layout: &str| -> Result<Tensor> {
+        with_elem!(out.dtype, T => {
+            let (va, vb) = (typed::<T>(&a)?, typed::<T>(&b)?);
+            make::<T>(shape, layout, |o| for_each_broadcast(shape, &strides, |i, offs| {
+                o[i] = if c[offs[0]] != 0 { va[offs[1]] } else { vb[offs[2]] };
+                Ok(())
+            }))
+        }, bool => {
+            let (va, vb) = (typed::<u8>(&a)?, typed::<u8>(&b)?);
+            make::<u8>(shape, layout, |o| for_each_broadcast(shape, &strides, |i, offs| {
+                o[i] = if c[offs[0]] != 0 { va[offs[1]] } else { vb[offs[2]] };
+                Ok(())
+            })).map(as_bool)
+        })
+    };
+    pick(&out.shape, &out.layout)
+}
+
+fn where_infer(inputs: &[&TMeta]) -> Result<Vec<TMeta>> {
+    meta_out(inputs, promote(inputs[1].dtype, inputs[2].dtype))
+}
+
+fn op(
+    name: &str,
+    n_inputs: usize,
+    args: Vec<ArgSpec>,
+    infer: super::InferFn,
+    kernel: super::KernelFn,
+) -> OpDef {
+    OpDef {
+        name: name.to_string(),
+        n_inputs,
+        n_outputs: 1,
+        args,
+        infer: Some(infer),
+        kernel: Kernel::Builtin(kernel),
+    }
+}
+
+/// The elementwise operators.
+pub fn ops() -> Vec<OpDef> {
+    let mut ops = Vec::new();
+    let arith = [
+        ("add", Arith::Add),
+        ("sub", Arith::Sub),
+        ("mul", Arith::Mul),
+        ("div", Arith::Div),
+        ("floordiv", Arith::FloorDiv),
+        ("mod", Arith::Mod),
+        ("pow", Arith::Pow),
+        ("minimum", Arith::Minimum),
+        ("maximum", Arith::Maximum),
+    ];
+    for (name, a) in arith {
+        ops.push(op(
+            name,
+            2,
+            vec![],
+            Arc::new(move |i, _| arith_infer(a, name, i)),
+            Arc::new(move |i, _| Ok(vec![arith_kernel(a, name, i)?])),
+        ));
+    }
+    let cmps = [
+        ("eq", Cmp::Eq),
+        ("ne", Cmp::Ne),
+        ("lt", Cmp::Lt),
+        ("le", Cmp::Le),
+        ("gt", Cmp::Gt),
+        ("ge", Cmp::Ge),
+    ];
+    for (name, c) in cmps {
+        ops.push(op(
+            name,
+            2,
+            vec![],
+            Arc::new(|i, _| meta_out(i, DType::Bool)),
+            Arc::new(move |i, _| Ok(vec![cmp_kernel(c, i)?])),
+        ));
+    }
+    for (name, l) in [
+        ("logical_and", Logic::And),
+        ("logical_or", Logic::Or),
+        ("logical_xor", Logic::Xor),
+    ] {
+        ops.push(op(
+            name,
+            2,
+            vec![],
+            Arc::new(|i, _| meta_out(i, DType::Bool)),
+            Arc::new(move |i, _| Ok(vec![logic_kernel(l, i)?])),
+        ));
+    }
+    let unary = [
+        ("neg", Unary::Neg),
+        ("abs", Unary::Abs),
+        ("sign", Unary::Sign),
+        ("relu", Unary::Relu),
+        ("floor", Unary::Floor),
+        ("ceil", Unary::Ceil),
+        ("round", Unary::Round),
+    ];
+    for (name, u) in unary {
+        ops.push(op(
+            name,
+            1,
+            vec![],
+            Arc::new(move |i, _| {
+                no_bool(name, i[0].dtype)?;
+                Ok(vec![i[0].clone()])
+            }),
+            Arc::new(move |i, _| Ok(vec![unary_kernel(u, i[0])?])),
+        ));
+    }
+    let math = [
+        ("sqrt", Math::Sqrt),
+        ("rsqrt", Math::Rsqrt),
+        ("exp", Math::Exp),
+        ("log", Math::Log),
+        ("sin", Math::Sin),
+        ("cos", Math::Cos),
+        ("tanh", Math::Tanh),
+        ("sigmoid", Math::Sigmoid),
+    ];
+    for (name, m) in math {
+        ops.push(op(
+            name,
+            1,
+            vec![],
+            Arc::new(move |i, _| {
+                no_bool(name, i[0].dtype)?;
+                Ok(vec![TMeta {
+                    dtype: float_for(i[0].dtype),
+                    ..i[0].clone()
+                }])
+            }),
+            Arc::new(move |i, _| Ok(vec![math_kernel(m, i[0])?])),
+        ));
+    }
+    for name in ["isnan", "isfinite", "logical_not"] {
+        ops.push(op(
+            name,
+            1,
+            vec![],
+            Arc::new(|i, _| {
+                Ok(vec![TMeta {
+                    dtype: DType::Bool,
+                    ..i[0].clone()
+                }])
+            }),
+            Arc::new(move |i, _| Ok(vec![predicate_kernel(name, i[0])?])),
+        ));
+    }
+    let bound = |name: &str| ArgSpec {
+        name: name.to_string(),
+        ty: ArgType::Float,
+        required: false,
+    };
+    ops.push(op(
+        "clamp",
+        1,
+        vec![bound("lo"), bound("hi")],
+        Arc::new(|i, args| {
+            no_bool("clamp", i[0].dtype)?;
+            clamp_bounds(args)?;
+            Ok(vec![i[0].clone()])
+        }),
+        Arc::new(|i, args| Ok(vec![clamp_kernel(i[0], args)?])),
+    ));
+    ops.push(op(
+        "where",
+        3,
+        vec![],
+        Arc::new(|i, _| where_infer(i)),
+        Arc::new(|i, _| Ok(vec![where_kernel(i)?])),
+    ));
+    ops
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use DType::*;
+
+    #[test]
+    fn promotion_follows_numpy() {
+        assert_eq!(promote(I8, U8), I16);
+        assert_eq!(promote(I64, U64), F64);
+        assert_eq!(promote(I16, F16), F32);
+        assert_eq!(promote(U8, F16), F16);
+        assert_eq!(promote(I32, F32), F64);
+        assert_eq!(promote(Bool, I8), I8);
+        assert_eq!(promote(U32, I32), I64);
+        assert_eq!(promote(U8, I64), I64);
+        assert_eq!(promote(BF16, F16), F32);
+        assert_eq!(promote(U8, BF16), BF16);
+        assert_eq!(float_for(I16), F32);
+    }
+
+    #[test]
+    fn float_divmod_matches_python() {
+        assert_eq!(kernels::float_divmod(7.0, 2.0), (3.0, 1.0));
+        assert_eq!(kernels::float_divmod(-7.0, 2.0), (-4.0, 1.0));
+        assert_eq!(kernels::float_divmod(7.0, -2.0), (-4.0, -1.0));
+        assert_eq!(kernels::float_divmod(-0.5, 1.0), (-1.0, 0.5));
+    }
+}
