@@ -624,6 +624,36 @@ mod tests {
         assert_eq!(float_for(I16), F32);
     }
 
+    fn i32s(values: &[i32], shape: &[i64]) -> Tensor {
+        make::<i32>(shape, "", |o| {
+            o.copy_from_slice(values);
+            Ok(())
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn broadcasting_and_promotion_compute_numpy_values() {
+        let a = i32s(&[1, 2, 3, 4, 5, 6], &[2, 3]);
+        let col = i32s(&[100, 200], &[2, 1]);
+        let c = arith_kernel(Arith::Add, "add", &[&a, &col]).unwrap();
+        assert_eq!(
+            typed::<i32>(&c).unwrap().to_vec(),
+            [101, 102, 103, 204, 205, 206]
+        );
+        let f = kernels::cast(&i32s(&[1, 2, 3], &[3]), F16).unwrap();
+        let m = arith_kernel(Arith::Mul, "mul", &[&a, &f]).unwrap();
+        assert_eq!(m.dtype(), F64, "int32 with float16 promotes to float64");
+        let e =
+            arith_kernel(Arith::FloorDiv, "floordiv", &[&a, &i32s(&[1, 0, 1], &[3])]).unwrap_err();
+        assert_eq!(e.message(), "integer division by zero (output element 1)");
+        let lt = cmp_kernel(Cmp::Lt, &[&a, &i32s(&[3], &[1])]).unwrap();
+        assert_eq!(
+            (lt.dtype(), lt.to_bytes().unwrap()),
+            (Bool, vec![1, 1, 0, 0, 0, 0])
+        );
+    }
+
     #[test]
     fn float_divmod_matches_python() {
         assert_eq!(kernels::float_divmod(7.0, 2.0), (3.0, 1.0));

@@ -14,6 +14,7 @@
  *   CHECK_FRAME(e, i, file_suffix, line, function, origin)   frame i of e (NULL/0: any).
  *   ndx_test_chain_length / ndx_test_chain_link / ndx_test_get_frame   chain and frames.
  *   ndx_test_tensor / ndx_test_in / ndx_test_output   host tensors, inputs, outputs.
+ *   ndx_test_watchdog_start/_phase/_stop   turns a hang into a failure (POSIX tests only).
  *
  * DLPack producer: ndx_test_versioned() / ndx_test_legacy() build a heap-allocated
  * managed tensor that owns malloc'd shape, strides and data. Its deleter frees all of
@@ -481,6 +482,73 @@ static inline ndx_tensor_t* ndx_test_output(const ndx_future_t* f, size_t index)
   }
   return t;
 }
+
+/* ---- watchdog (POSIX tests only) -------------------------------------------------------
+ *
+ * ndx_test_watchdog_start(seconds, name): if the test has not called
+ * ndx_test_watchdog_stop() within `seconds`, a thread prints "name: watchdog: ... hang in
+ * PHASE", the summary line with one more failure, and ends the process with status 1 - a
+ * hang becomes a failure instead of stalling the test run. ndx_test_watchdog_phase(text)
+ * names what the test is doing (a string literal or other static string). Available when
+ * the test defines _POSIX_C_SOURCE >= 200809L before including this header (link
+ * Threads::Threads). */
+#if defined(_POSIX_C_SOURCE) && _POSIX_C_SOURCE >= 200809L
+#include <pthread.h>
+#include <time.h>
+#include <unistd.h>
+
+static pthread_mutex_t ndx_test_wd_mu_ = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t ndx_test_wd_cv_ = PTHREAD_COND_INITIALIZER;
+static int ndx_test_wd_stop_ = 0;
+static int ndx_test_wd_seconds_ = 0;
+static const char* ndx_test_wd_name_ = "test";
+static const char* volatile ndx_test_wd_phase_ = "start";
+static pthread_t ndx_test_wd_thread_;
+static int ndx_test_wd_started_ = 0;
+
+static inline void ndx_test_watchdog_phase(const char* phase) { ndx_test_wd_phase_ = phase; }
+
+static inline void* ndx_test_watchdog_main_(void* arg) {
+  (void)arg;
+  struct timespec deadline;
+  clock_gettime(CLOCK_REALTIME, &deadline);
+  deadline.tv_sec += ndx_test_wd_seconds_;
+  pthread_mutex_lock(&ndx_test_wd_mu_);
+  int timed_out = 0;
+  while (!ndx_test_wd_stop_ && !timed_out) {
+    timed_out = pthread_cond_timedwait(&ndx_test_wd_cv_, &ndx_test_wd_mu_, &deadline) != 0 &&
+                !ndx_test_wd_stop_;
+  }
+  pthread_mutex_unlock(&ndx_test_wd_mu_);
+  if (timed_out) {
+    fprintf(stderr, "%s: watchdog: not finished after %d s: a hang in %s\n", ndx_test_wd_name_,
+            ndx_test_wd_seconds_, ndx_test_wd_phase_);
+    printf("%s: %d passed, %d failed\n", ndx_test_wd_name_, ndx_test_passed_,
+           ndx_test_failed_ + 1);
+    fflush(stdout);
+    fflush(stderr);
+    _exit(1);
+  }
+  return NULL;
+}
+
+static inline void ndx_test_watchdog_start(int seconds, const char* name) {
+  ndx_test_wd_seconds_ = seconds;
+  ndx_test_wd_name_ = name;
+  ndx_test_wd_started_ =
+      pthread_create(&ndx_test_wd_thread_, NULL, ndx_test_watchdog_main_, NULL) == 0;
+  if (!ndx_test_wd_started_) fprintf(stderr, "%s: could not start the watchdog thread\n", name);
+}
+
+static inline void ndx_test_watchdog_stop(void) {
+  pthread_mutex_lock(&ndx_test_wd_mu_);
+  ndx_test_wd_stop_ = 1;
+  pthread_cond_broadcast(&ndx_test_wd_cv_);
+  pthread_mutex_unlock(&ndx_test_wd_mu_);
+  if (ndx_test_wd_started_) pthread_join(ndx_test_wd_thread_, NULL);
+  ndx_test_wd_started_ = 0;
+}
+#endif
 
 /* A sentinel for out-params that must be reset on error. */
 #define NDX_TEST_BOGUS_PTR ((void*)(uintptr_t)0x5a5a5a5a)

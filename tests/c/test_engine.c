@@ -667,6 +667,7 @@ static NDX_TEST_NOINLINE void test_error_matrix(void) {
         snprintf(r.label, sizeof r.label, "%s, %s, %s", mode_name(r.mode), cases[c].name,
                  sites[s].name);
         NDX_TEST_CONTEXT(r.label);
+        ndx_test_watchdog_phase(r.label);
         run_case(cases[c].fn, &r);
       }
     }
@@ -1702,29 +1703,38 @@ static NDX_TEST_NOINLINE void test_eager_on_worker(void) {
   NDX_TEST_CONTEXT(NULL);
 }
 
+/* Runs one test with its name as the watchdog's phase. */
+#define RUN(call)                       \
+  do {                                  \
+    ndx_test_watchdog_phase(#call);     \
+    call;                               \
+  } while (0)
+
 int main(void) {
   main_thread = pthread_self();
-  test_error_matrix();
+  ndx_test_watchdog_start(120, "test_engine");
+  RUN(test_error_matrix());
   for (int m = 0; m < 4; m++) {
     char label[64];
     snprintf(label, sizeof label, "success values, %s", mode_name(kModes[m]));
     NDX_TEST_CONTEXT(label);
-    test_success_values(kModes[m]);
+    RUN(test_success_values(kModes[m]));
     NDX_TEST_CONTEXT(NULL);
   }
-  test_deferred_metadata();
-  test_first_poll_submits();
-  test_evaluate_reports_once();
-  test_cancel_deferred();
-  test_release_cancels_deferred();
-  test_release_waits_running();
-  test_host_op_chains();
-  test_host_user_free();
-  test_on_ready();
+  RUN(test_deferred_metadata());
+  RUN(test_first_poll_submits());
+  RUN(test_evaluate_reports_once());
+  RUN(test_cancel_deferred());
+  RUN(test_release_cancels_deferred());
+  RUN(test_release_waits_running());
+  RUN(test_host_op_chains());
+  RUN(test_host_user_free());
+  RUN(test_on_ready());
   for (int m = 0; m < 4; m++) {
-    test_noexcept(kModes[m]);
-    test_accuracy(kModes[m]);
+    RUN(test_noexcept(kModes[m]));
+    RUN(test_accuracy(kModes[m]));
   }
-  test_eager_on_worker();
+  RUN(test_eager_on_worker());
+  ndx_test_watchdog_stop();
   return NDX_TEST_SUMMARY("test_engine");
 }

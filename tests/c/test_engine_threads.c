@@ -7,6 +7,9 @@
  *  - no failure was lost or reported twice: the final ndx_context_evaluate reports exactly
  *    the failures no thread observed, each once, and a second evaluate reports nothing;
  *  - the host operators' user_free ran once the context and every future were released.
+ * Then a stress phase: 4 threads x 3000 EAGER "add -> add of its output" chains on a
+ * second context, and one ndx_context_evaluate that must return.
+ * A watchdog turns a hang into a failure naming the phase (60 s).
  * CMake runs the -O0 build under valgrind too (it must stay well under 20 s there).
  *
  * Worker threads do not use CHECK (the harness counters are not atomic): each counts its
@@ -292,8 +295,71 @@ static void* worker_main(void* p) {
   return NULL;
 }
 
+/* ---- stress: EAGER chains, then ndx_context_evaluate ----------------------------------
+ *
+ * Each thread enqueues N_CHAINS pairs "add -> add of its output" in EAGER mode and
+ * releases them at once; then one ndx_context_evaluate must see all of them complete.
+ * The child is often submitted while its parent completes on a worker: the bookkeeping
+ * of that moment must not lose the child (or keep it "pending" forever). */
+#define N_CHAINS 3000
+
+static ndx_context_t* stress_ctx;
+
+static void* chains_main(void* p) {
+  worker_t* w = (worker_t*)p;
+  ndx_input_t in[2] = {ndx_test_in(ta), ndx_test_in(tb_ok)};
+  for (int i = 0; i < N_CHAINS; i++) {
+    ndx_future_t *parent = NULL, *child = NULL;
+    ndx_tensor_t* t = NULL;
+    if (TOK(w, ndx_invoke(stress_ctx, "add", in, 2, NULL, NULL, &parent)) &&
+        TOK(w, ndx_future_tensor(parent, 0, &t))) {
+      ndx_input_t in2[2] = {ndx_test_in(t), ndx_test_in(tb_ok)};
+      TOK(w, ndx_invoke(stress_ctx, "add", in2, 2, NULL, NULL, &child));
+    }
+    ndx_tensor_release(t);
+    ndx_future_release(parent);
+    ndx_future_release(child);
+  }
+  return NULL;
+}
+
+static void stress_chains(void) {
+  ndx_context_options_t o;
+  memset(&o, 0, sizeof o);
+  o.struct_size = sizeof o;
+  o.eval_mode = NDX_EVAL_EAGER;
+  o.capture_policy = NDX_CAPTURE_OFF;
+  if (!CHECK_OK(ndx_context_new(&o, &stress_ctx))) return;
+  ndx_test_watchdog_phase("the chain stress");
+  worker_t workers[N_THREADS];
+  pthread_t threads[N_THREADS];
+  int started[N_THREADS];
+  memset(workers, 0, sizeof workers);
+  for (int i = 0; i < N_THREADS; i++) {
+    workers[i].index = i;
+    started[i] = pthread_create(&threads[i], NULL, chains_main, &workers[i]) == 0;
+    CHECK(started[i], "stress thread %d started", i);
+  }
+  for (int i = 0; i < N_THREADS; i++) {
+    if (started[i]) pthread_join(threads[i], NULL);
+    ndx_test_passed_ += workers[i].passed;
+    ndx_test_failed_ += workers[i].failed;
+  }
+  ndx_test_watchdog_phase(
+      "ndx_context_evaluate after the chain stress (an EAGER invocation submitted while its "
+      "input completed stays 'pending' forever)");
+  ndx_error_t* e = ndx_context_evaluate(stress_ctx);
+  CHECK(e == NULL, "the chains all succeed: %s", NDX_TEST_S(ndx_error_message(e)));
+  ndx_error_free(e);
+  ndx_test_watchdog_phase("ndx_context_release after the chain stress");
+  ndx_context_release(stress_ctx);
+  stress_ctx = NULL;
+}
+
 int main(void) {
   double t0 = now_ms();
+  ndx_test_watchdog_start(60, "test_engine_threads");
+  ndx_test_watchdog_phase("the worker threads");
   ndx_context_options_t o;
   memset(&o, 0, sizeof o);
   o.struct_size = sizeof o;
@@ -336,6 +402,7 @@ int main(void) {
         failures);
 
   /* Every failure nobody observed, once; runs the DEFERRED work left behind first. */
+  ndx_test_watchdog_phase("the final ndx_context_evaluate");
   ndx_error_t* e = ndx_context_evaluate(ctx);
   size_t n = ndx_error_related_count(e);
   CHECK(n == (size_t)unobserved, "evaluate reports %zu failures, %d were left unobserved", n,
@@ -365,7 +432,9 @@ int main(void) {
   CHECK(e == NULL, "a second evaluate has nothing left: %zu", ndx_error_related_count(e));
   ndx_error_free(e);
 
+  ndx_test_watchdog_phase("ndx_context_release");
   ndx_context_release(ctx);
+  stress_chains();
   ndx_tensor_release(ta);
   ndx_tensor_release(tb_ok);
   ndx_tensor_release(tb_zero);
@@ -398,5 +467,6 @@ int main(void) {
   printf("test_engine_threads: %d threads x %d iterations, %d failures (%d unobserved), "
          "%d callbacks, %.0f ms\n",
          N_THREADS, N_ITERS, failures, unobserved, n_registered, now_ms() - t0);
+  ndx_test_watchdog_stop();
   return NDX_TEST_SUMMARY("test_engine_threads");
 }

@@ -274,6 +274,8 @@ _proto("ndx_args_set_float", _err, c_void_p, c_char_p, ctypes.c_double)
 _proto("ndx_args_set_bool", _err, c_void_p, c_char_p, c_bool)
 _proto("ndx_args_set_string", _err, c_void_p, c_char_p, c_char_p)
 _proto("ndx_args_set_dtype", _err, c_void_p, c_char_p, c_int32)
+_proto("ndx_args_set_int_array", _err, c_void_p, c_char_p, POINTER(c_int64), c_size_t)
+_proto("ndx_args_set_float_array", _err, c_void_p, c_char_p, POINTER(ctypes.c_double), c_size_t)
 # invocations and futures
 _proto(
     "ndx_invoke",
@@ -307,6 +309,18 @@ _proto("ndx_tensor_dtype", _err, c_void_p, POINTER(c_int32))
 _proto("ndx_tensor_ndim", _err, c_void_p, POINTER(c_int32))
 _proto("ndx_tensor_shape", _err, c_void_p, POINTER(POINTER(c_int64)))
 _proto("ndx_tensor_nbytes", _err, c_void_p, POINTER(c_size_t))
+_proto("ndx_tensor_strides", _err, c_void_p, POINTER(POINTER(c_int64)))
+_proto(
+    "ndx_tensor_from_host",
+    _err,
+    c_void_p,  # data
+    c_int32,  # dtype
+    c_int32,  # ndim
+    POINTER(c_int64),  # shape
+    POINTER(c_int64),  # strides (elements; NULL: compact)
+    POINTER(ndx_import_options_t),
+    POINTER(c_void_p),
+)
 _proto("ndx_tensor_is_read_only", _err, c_void_p, POINTER(c_bool))
 _proto("ndx_dtype_name", c_char_p, c_int32)
 
@@ -588,6 +602,13 @@ _NP_DTYPES = {
     NDX_DTYPE_FLOAT64: "float64",
 }
 
+try:  # bfloat16 has a NumPy dtype only through ml_dtypes (optional)
+    import ml_dtypes as _ml_dtypes
+
+    _NP_DTYPES[NDX_DTYPE_BFLOAT16] = _ml_dtypes.bfloat16
+except ImportError:
+    _ml_dtypes = None
+
 # Capsule names. PyCapsule_SetName stores the pointer it is given, so the new names
 # must outlive every capsule: module-level bytes objects, never collected.
 _DLTENSOR = b"dltensor"
@@ -634,6 +655,15 @@ class Tensor:
         shape = POINTER(c_int64)()
         check(lib.ndx_tensor_shape(self.ptr, byref(shape)))
         return tuple(shape[i] for i in range(ndim.value))
+
+    @property
+    def strides(self) -> tuple:
+        """The strides in elements."""
+        ndim = c_int32()
+        check(lib.ndx_tensor_ndim(self.ptr, byref(ndim)))
+        strides = POINTER(c_int64)()
+        check(lib.ndx_tensor_strides(self.ptr, byref(strides)))
+        return tuple(strides[i] for i in range(ndim.value))
 
     @property
     def read_only(self) -> bool:
@@ -694,6 +724,26 @@ def tensor_from_numpy(arr, versioned: bool = True, **kw) -> Tensor:
     else:
         capsule = arr.__dlpack__()
     return dlpack_import(capsule, **kw)
+
+
+def tensor_from_host(arr, dtype: int) -> Tensor:
+    """A new compact ndx tensor of ndx dtype `dtype` holding a copy of the NumPy array
+    `arr`'s elements, read with its own strides (`ndx_tensor_from_host`). `arr`'s
+    items must have the size of `dtype` (e.g. the raw bits of bfloat16, which
+    DLPack export from NumPy does not support)."""
+    import numpy as np
+
+    arr = np.asarray(arr)
+    item = arr.dtype.itemsize
+    if any(st % item for st in arr.strides):
+        raise ValueError("strides that are not a multiple of the item size")
+    ndim = arr.ndim
+    shape = (c_int64 * max(ndim, 1))(*arr.shape)
+    strides = (c_int64 * max(ndim, 1))(*[st // item for st in arr.strides])
+    data = arr.ctypes.data if arr.size else None
+    out = c_void_p()
+    check(lib.ndx_tensor_from_host(data, dtype, ndim, shape, strides, None, byref(out)))
+    return Tensor(out.value)
 
 
 def tensor_to_numpy(tensor: Tensor):
@@ -764,6 +814,101 @@ class Future:
             return t.numpy()
 
 
+# --------------------------------------------------------------------------- arguments
+
+
+class Args:
+    """An owned `ndx_args_t` builder. `Args(lo=0.5, keepdims=True)` sets each keyword
+    by its Python type: bool, int, float, str, or a list/tuple of ints or of floats;
+    the `set_*` methods set one explicitly (`set_dtype` for a dtype argument).
+    Methods return `self`, so calls chain. Pass it as `args=` to `Context.invoke` /
+    `Context.prepare`; `ndx_invoke` copies it, so it may be changed or freed after."""
+
+    __slots__ = ("ptr",)
+
+    def __init__(self, **values):
+        out = c_void_p()
+        check(lib.ndx_args_new(byref(out)))
+        self.ptr = out.value
+        for name, value in values.items():
+            self.set(name, value)
+
+    def release(self) -> None:
+        ptr, self.ptr = self.ptr, None
+        if ptr:
+            lib.ndx_args_free(ptr)
+
+    def __del__(self):
+        try:
+            self.release()
+        except Exception:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def set(self, name: str, value) -> "Args":
+        if isinstance(value, bool):
+            return self.set_bool(name, value)
+        if isinstance(value, int):
+            return self.set_int(name, value)
+        if isinstance(value, float):
+            return self.set_float(name, value)
+        if isinstance(value, str):
+            return self.set_string(name, value)
+        if isinstance(value, (list, tuple)):
+            if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+                return self.set_int_array(name, value)
+            return self.set_float_array(name, value)
+        # NumPy scalars and other numbers
+        if hasattr(value, "dtype") and getattr(value.dtype, "kind", "") in "iu":
+            return self.set_int(name, int(value))
+        return self.set_float(name, float(value))
+
+    def set_int(self, name: str, value: int) -> "Args":
+        check(lib.ndx_args_set_int(self.ptr, name.encode(), int(value)))
+        return self
+
+    def set_float(self, name: str, value: float) -> "Args":
+        check(lib.ndx_args_set_float(self.ptr, name.encode(), float(value)))
+        return self
+
+    def set_bool(self, name: str, value: bool) -> "Args":
+        check(lib.ndx_args_set_bool(self.ptr, name.encode(), bool(value)))
+        return self
+
+    def set_string(self, name: str, value: str) -> "Args":
+        check(lib.ndx_args_set_string(self.ptr, name.encode(), value.encode()))
+        return self
+
+    def set_dtype(self, name: str, dtype: int) -> "Args":
+        check(lib.ndx_args_set_dtype(self.ptr, name.encode(), int(dtype)))
+        return self
+
+    def set_int_array(self, name: str, values) -> "Args":
+        arr = (c_int64 * max(len(values), 1))(*[int(v) for v in values])
+        check(lib.ndx_args_set_int_array(self.ptr, name.encode(), arr, len(values)))
+        return self
+
+    def set_float_array(self, name: str, values) -> "Args":
+        arr = (ctypes.c_double * max(len(values), 1))(*[float(v) for v in values])
+        check(lib.ndx_args_set_float_array(self.ptr, name.encode(), arr, len(values)))
+        return self
+
+
+def _args_ptr(args) -> tuple:
+    """The `ndx_args_t*` for `args`: None, an Args, a dict (built into a temporary
+    Args, returned with it to keep it alive), or a raw pointer (int)."""
+    if args is None or isinstance(args, int):
+        return args, None
+    if isinstance(args, dict):
+        args = Args(**args)
+    return args.ptr, args
+
+
 # --------------------------------------------------------------------------- contexts
 
 
@@ -784,7 +929,7 @@ class Invocation:
         self.opts = ndx_invoke_options_t()
         self.opts.struct_size = ctypes.sizeof(ndx_invoke_options_t)
         self.opts.mode = mode
-        self.args = args
+        self.args, self._args_keep = _args_ptr(args)
         self._out = c_void_p()
         self._out_ref = byref(self._out)
         self._opts_ref = byref(self.opts)
@@ -878,8 +1023,10 @@ class Context:
     def prepare(self, op: str, inputs, mode: int = NDX_EVAL_CONTEXT_DEFAULT, args=None) -> Invocation:
         return Invocation(self, op, inputs, mode, args)
 
-    def invoke(self, op: str, inputs, mode: int = NDX_EVAL_CONTEXT_DEFAULT) -> Future:
-        """Invokes `op` on `inputs` (Tensors, or arrays imported through DLPack)."""
+    def invoke(self, op: str, inputs, mode: int = NDX_EVAL_CONTEXT_DEFAULT, args=None) -> Future:
+        """Invokes `op` on `inputs` (Tensors, or arrays imported through DLPack) with
+        named `args` (None, an `Args`, or a dict of keyword values for `Args`)."""
+        args_ptr, _keep = _args_ptr(args)
         tensors = [as_tensor(x) for x in inputs]
         arr = (ndx_input_t * max(len(tensors), 1))()
         for i, t in enumerate(tensors):
@@ -888,7 +1035,7 @@ class Context:
         opts.struct_size = ctypes.sizeof(ndx_invoke_options_t)
         opts.mode = mode
         out = c_void_p()
-        check(lib.ndx_invoke(self.ptr, op.encode(), arr, len(tensors), None, byref(opts), byref(out)))
+        check(lib.ndx_invoke(self.ptr, op.encode(), arr, len(tensors), args_ptr, byref(opts), byref(out)))
         return Future(out.value)
 
     def evaluate(self) -> None:
