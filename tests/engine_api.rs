@@ -727,3 +727,31 @@ fn process_events_mode_runs_callbacks_and_host_ops_only_on_the_asking_thread() {
     let me = std::thread::current().id();
     assert_eq!(*seen.lock().unwrap(), [me, me]);
 }
+
+/// Regression: a child enqueued while its parent completed on a worker used to lose
+/// the parent's wake-up and stay pending forever.
+#[test]
+fn chains_enqueued_while_parents_complete_all_run() {
+    let ctx = context(EvalMode::Eager, CapturePolicy::Off);
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let ctx = ctx.clone();
+            std::thread::spawn(move || {
+                for _ in 0..2000 {
+                    let parent = call(&ctx, "add", vec![i32s(&[1], &[1]), i32s(&[2], &[1])]);
+                    call(&ctx, "add", vec![out(&parent), i32s(&[3], &[1])]);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let c = ctx.clone();
+    std::thread::spawn(move || tx.send(c.evaluate().is_ok()).unwrap());
+    let ok = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("evaluate hung: a chained invocation never ran");
+    assert!(ok);
+}

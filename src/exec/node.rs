@@ -183,17 +183,17 @@ impl Node {
             observed: AtomicBool::new(false),
             failed_inputs: Mutex::new(Vec::new()),
         });
-        let mut deps = 0;
         for input in &spec.inputs {
             if let Some(up) = input.producer() {
                 let mut s = up.state.lock();
                 if s.phase != Phase::Done {
+                    // Count the dependency before the upstream can see it: it may
+                    // complete (and decrement) as soon as its lock is released.
+                    node.state.lock().deps_left += 1;
                     s.dependents.push(node.clone());
-                    deps += 1;
                 }
             }
         }
-        node.state.lock().deps_left = deps;
         *node.inputs.lock() = spec.inputs;
         node
     }
