@@ -357,6 +357,11 @@ impl Node {
                 if s.phase != Phase::Recorded {
                     continue;
                 }
+                // Tracked before it can run: once Waiting, an upstream completing on a
+                // worker may run and complete it before this thread goes on.
+                if let Some(ctx) = node.ctx.upgrade() {
+                    ctx.node_started(&node);
+                }
                 s.phase = if s.deps_left == 0 {
                     Phase::Queued
                 } else {
@@ -364,9 +369,6 @@ impl Node {
                 };
                 s.phase == Phase::Queued
             };
-            if let Some(ctx) = node.ctx.upgrade() {
-                ctx.node_started(&node);
-            }
             for input in node.inputs.lock().iter() {
                 if let Some(up) = input.producer() {
                     stack.push(up.clone());
