@@ -421,135 +421,6 @@ fn cast_from<S: Elem>(t: &Tensor, to: DType) -> Result<Tensor> {
     }).map(|t| t.with_dtype_of_same_size(DType::Bool)))
 }
 
-/// The dtype `sum` produces: int64 for signed integers and bool, uint64 for unsigned,
-/// the input dtype for floats (accumulated in f64).
-pub fn sum_dtype(d: DType) -> DType {
-    match d {
-        DType::Bool | DType::I8 | DType::I16 | DType::I32 | DType::I64 => DType::I64,
-        DType::U8 | DType::U16 | DType::U32 | DType::U64 => DType::U64,
-        f => f,
-    }
-}
-
-/// Validates reduction axes against `ndim`: unique, in range (negative counts from
-/// the end). `None` means every axis.
-pub fn normalize_axes(axes: Option<&[i64]>, ndim: usize) -> Result<Vec<usize>> {
-    let Some(axes) = axes else {
-        return Ok((0..ndim).collect());
-    };
-    let mut out = Vec::with_capacity(axes.len());
-    for &a in axes {
-        let n = ndim as i64;
-        if a < -n || a >= n {
-            return Err(Error::index(format!(
-                "axis {a} is out of range for a tensor of ndim {ndim}"
-            )));
-        }
-        let a = if a < 0 { a + n } else { a } as usize;
-        if out.contains(&a) {
-            return Err(Error::value(format!(
-                "axis {a} is repeated in axes {}",
-                dims(axes)
-            )));
-        }
-        out.push(a);
-    }
-    out.sort_unstable();
-    Ok(out)
-}
-
-/// The shape of a reduction over `axes`.
-pub fn reduced_shape(shape: &[i64], axes: &[usize], keepdims: bool) -> Vec<i64> {
-    shape
-        .iter()
-        .enumerate()
-        .filter_map(|(i, &d)| match (axes.contains(&i), keepdims) {
-            (true, true) => Some(1),
-            (true, false) => None,
-            (false, _) => Some(d),
-        })
-        .collect()
-}
-
-/// Sums `t` over `axes`.
-pub fn sum(t: &Tensor, axes: &[usize], keepdims: bool) -> Result<Tensor> {
-    let out_shape = reduced_shape(t.shape(), axes, keepdims);
-    let src = cast(
-        t,
-        match t.dtype() {
-            DType::Bool => DType::I64,
-            d => d,
-        },
-    )?;
-    with_elem!(src.dtype(), S => sum_typed::<S>(&src, axes, &out_shape), bool => unreachable!("cast above"))
-}
-
-fn sum_typed<S: Elem>(t: &Tensor, axes: &[usize], out_shape: &[i64]) -> Result<Tensor> {
-    let src = typed::<S>(t)?;
-    let shape = t.shape();
-    // Output offset of every input element: the kept dimensions' compact strides.
-    let kept: Vec<usize> = (0..shape.len()).filter(|i| !axes.contains(i)).collect();
-    let mut out_strides = vec![0usize; shape.len()];
-    let mut acc = 1usize;
-    for &i in kept.iter().rev() {
-        out_strides[i] = acc;
-        acc *= shape[i] as usize;
-    }
-    let n_out = acc;
-    let dtype = sum_dtype(S::DTYPE);
-    let layout = if out_shape.len() == shape.len() {
-        t.layout()
-    } else {
-        ""
-    };
-    if S::INT {
-        let mut accs = vec![0i128; n_out];
-        for_each_offset(shape, &out_strides, src.len(), |i, o| {
-            accs[o] = accs[o].wrapping_add(src[i].to_i128())
-        });
-        with_elem!(dtype, D => make::<D>(out_shape, layout, |out| {
-            for (o, a) in out.iter_mut().zip(accs) {
-                *o = D::from_i128(a);
-            }
-            Ok(())
-        }), bool => unreachable!("sum never yields bool"))
-    } else {
-        let mut accs = vec![0f64; n_out];
-        for_each_offset(shape, &out_strides, src.len(), |i, o| {
-            accs[o] += src[i].to_f64()
-        });
-        make::<S>(out_shape, layout, |out| {
-            for (o, a) in out.iter_mut().zip(accs) {
-                *o = S::from_f64(a);
-            }
-            Ok(())
-        })
-    }
-}
-
-/// Calls `f(input_index, output_offset)` for every element of a compact `shape`.
-fn for_each_offset(
-    shape: &[i64],
-    out_strides: &[usize],
-    n: usize,
-    mut f: impl FnMut(usize, usize),
-) {
-    let mut index = vec![0i64; shape.len()];
-    let mut o = 0usize;
-    for i in 0..n {
-        f(i, o);
-        for d in (0..shape.len()).rev() {
-            index[d] += 1;
-            o += out_strides[d];
-            if index[d] < shape[d] {
-                break;
-            }
-            o -= out_strides[d] * shape[d] as usize;
-            index[d] = 0;
-        }
-    }
-}
-
 /// Adds one to every element (the `inject_accuracy_error` backend).
 pub fn add_one(t: &Tensor) -> Result<Tensor> {
     with_elem!(t.dtype(), T => {
@@ -600,7 +471,6 @@ mod tests {
             _ => unreachable!(),
         });
         assert_eq!(c.unwrap()[0].shape(), [0, 3]);
-        assert_eq!(sum(&a, &[0], false).unwrap().shape(), [3]);
     }
 
     #[test]
@@ -638,30 +508,5 @@ mod tests {
         assert_eq!(b.to_bytes().unwrap(), [1, 1]);
         let h = cast(&t::<f32>(&[0.1], &[1]), DType::F16).unwrap();
         assert_eq!(vals::<f16>(&h), [f16::from_f32(0.1)]);
-    }
-
-    #[test]
-    fn sum_over_axes_with_keepdims() {
-        let a = t::<i32>(&[1, 2, 3, 4, 5, 6], &[2, 3]);
-        let all = sum(&a, &[0, 1], false).unwrap();
-        assert_eq!(
-            (all.dtype(), all.shape().to_vec(), vals::<i64>(&all)),
-            (DType::I64, vec![], vec![21])
-        );
-        let rows = sum(&a, &[1], true).unwrap();
-        assert_eq!(
-            (rows.shape().to_vec(), vals::<i64>(&rows)),
-            (vec![2, 1], vec![6, 15])
-        );
-        let cols = sum(&a, &[0], false).unwrap();
-        assert_eq!(vals::<i64>(&cols), [5, 7, 9]);
-        let f = sum(&t::<f32>(&[0.5, 0.25], &[2]), &[0], false).unwrap();
-        assert_eq!(vals::<f32>(&f), [0.75]);
-        assert!(
-            normalize_axes(Some(&[2]), 2)
-                .unwrap_err()
-                .message()
-                .contains("axis 2 is out of range")
-        );
     }
 }

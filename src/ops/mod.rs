@@ -3,6 +3,7 @@
 
 pub mod elementwise;
 pub mod kernels;
+pub mod reduce;
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -202,27 +203,15 @@ pub fn builtin(name: &str) -> Option<Arc<OpDef>> {
     BUILTINS
         .get_or_init(|| {
             let mut ops = elementwise::ops();
-            ops.extend([
-                OpDef {
-                    name: "cast".into(),
-                    n_inputs: 1,
-                    n_outputs: 1,
-                    args: vec![arg("dtype", ArgType::DType, true)],
-                    infer: Some(Arc::new(infer_cast)),
-                    kernel: Kernel::Builtin(Arc::new(kernel_cast)),
-                },
-                OpDef {
-                    name: "sum".into(),
-                    n_inputs: 1,
-                    n_outputs: 1,
-                    args: vec![
-                        arg("axes", ArgType::Ints, false),
-                        arg("keepdims", ArgType::Bool, false),
-                    ],
-                    infer: Some(Arc::new(infer_sum)),
-                    kernel: Kernel::Builtin(Arc::new(kernel_sum)),
-                },
-            ]);
+            ops.extend(reduce::ops());
+            ops.extend([OpDef {
+                name: "cast".into(),
+                n_inputs: 1,
+                n_outputs: 1,
+                args: vec![arg("dtype", ArgType::DType, true)],
+                infer: Some(Arc::new(infer_cast)),
+                kernel: Kernel::Builtin(Arc::new(kernel_cast)),
+            }]);
             ops.into_iter().map(Arc::new).collect()
         })
         .iter()
@@ -245,33 +234,6 @@ fn kernel_cast(inputs: &[&Tensor], args: &Args) -> Result<Vec<Tensor>> {
         .dtype("dtype")?
         .ok_or_else(|| Error::value("cast needs argument 'dtype'"))?;
     Ok(vec![kernels::cast(inputs[0], dtype)?])
-}
-
-fn sum_axes(shape: &[i64], args: &Args) -> Result<(Vec<usize>, bool)> {
-    let axes = args.ints("axes")?;
-    let axes = kernels::normalize_axes(axes.as_deref(), shape.len())?;
-    Ok((axes, args.bool_or("keepdims", false)?))
-}
-
-fn infer_sum(inputs: &[&TMeta], args: &Args) -> Result<Vec<TMeta>> {
-    let m = inputs[0];
-    let (axes, keepdims) = sum_axes(&m.shape, args)?;
-    let shape = kernels::reduced_shape(&m.shape, &axes, keepdims);
-    let layout = if keepdims {
-        m.layout.clone()
-    } else {
-        String::new()
-    };
-    Ok(vec![TMeta {
-        dtype: kernels::sum_dtype(m.dtype),
-        shape,
-        layout,
-    }])
-}
-
-fn kernel_sum(inputs: &[&Tensor], args: &Args) -> Result<Vec<Tensor>> {
-    let (axes, keepdims) = sum_axes(inputs[0].shape(), args)?;
-    Ok(vec![kernels::sum(inputs[0], &axes, keepdims)?])
 }
 
 /// Describes a shape mismatch between a kernel's declared and actual output.
