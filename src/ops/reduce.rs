@@ -62,7 +62,7 @@ pub fn normalize_axes(axes: Option<&[i64]>, ndim: usize) -> Result<Vec<usize>> {
     let mut out = Vec::with_capacity(axes.len());
     for &a in axes {
         let n = ndim as i64;
-        if a < -n || a >= n || (ndim == 0 && a != 0) {
+        if a < -n || a >= n {
             return Err(Error::index(format!(
                 "axis {a} is out of range for a tensor of ndim {ndim}"
             )));

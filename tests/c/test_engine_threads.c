@@ -7,7 +7,7 @@
  *  - no failure was lost or reported twice: the final ndx_context_evaluate reports exactly
  *    the failures no thread observed, each once, and a second evaluate reports nothing;
  *  - the host operators' user_free ran once the context and every future were released.
- * Then a stress phase: 4 threads x 3000 EAGER "add -> add of its output" chains on a
+ * Then a stress phase: 4 threads x 2000 EAGER "add -> add of its output" chains on a
  * second context, and one ndx_context_evaluate that must return.
  * A watchdog turns a hang into a failure naming the phase (30 s).
  * CMake runs the -O0 build under valgrind too (it must stay well under 20 s there).
@@ -301,7 +301,7 @@ static void* worker_main(void* p) {
  * releases them at once; then one ndx_context_evaluate must see all of them complete.
  * The child is often submitted while its parent completes on a worker: the bookkeeping
  * of that moment must not lose the child (or keep it "pending" forever). */
-#define N_CHAINS 3000
+#define N_CHAINS 2000
 
 static ndx_context_t* stress_ctx;
 
