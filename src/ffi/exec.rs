@@ -727,24 +727,10 @@ pub extern "C" fn ndx_args_get_int_array(
     n: *mut usize,
 ) -> *mut ndx_error_t {
     boundary("ndx_args_get_int_array", || {
-        if values.is_null() || n.is_null() {
-            return Err(Error::value("arguments 'values' and 'n' must not be NULL"));
-        }
-        // SAFETY: non-NULL out-params, cleared first so they are never half-filled.
-        unsafe {
-            values.write(std::ptr::null());
-            n.write(0);
-        }
-        let got = get_arg(args, name)?;
-        let ArgValue::Ints(v) = got else {
-            return Err(wrong_type(name, ArgType::Ints, got));
-        };
-        // SAFETY: as above.
-        unsafe {
-            values.write(v.as_ptr());
-            n.write(v.len());
-        }
-        Ok(())
+        array_out(values, n, || match get_arg(args, name)? {
+            ArgValue::Ints(v) => Ok(v.as_slice()),
+            v => Err(wrong_type(name, ArgType::Ints, v)),
+        })
     })
 }
 
@@ -757,25 +743,34 @@ pub extern "C" fn ndx_args_get_float_array(
     n: *mut usize,
 ) -> *mut ndx_error_t {
     boundary("ndx_args_get_float_array", || {
-        if values.is_null() || n.is_null() {
-            return Err(Error::value("arguments 'values' and 'n' must not be NULL"));
-        }
-        // SAFETY: non-NULL out-params, cleared first so they are never half-filled.
-        unsafe {
-            values.write(std::ptr::null());
-            n.write(0);
-        }
-        let got = get_arg(args, name)?;
-        let ArgValue::Floats(v) = got else {
-            return Err(wrong_type(name, ArgType::Floats, got));
-        };
-        // SAFETY: as above.
-        unsafe {
-            values.write(v.as_ptr());
-            n.write(v.len());
-        }
-        Ok(())
+        array_out(values, n, || match get_arg(args, name)? {
+            ArgValue::Floats(v) => Ok(v.as_slice()),
+            v => Err(wrong_type(name, ArgType::Floats, v)),
+        })
     })
+}
+
+/// Writes a borrowed array and its length to two out-params (cleared first).
+fn array_out<'a, T: 'a>(
+    values: *mut *const T,
+    n: *mut usize,
+    get: impl FnOnce() -> Result<&'a [T]>,
+) -> Result<()> {
+    if values.is_null() || n.is_null() {
+        return Err(Error::value("arguments 'values' and 'n' must not be NULL"));
+    }
+    // SAFETY: non-NULL out-params, cleared first so they are never half-filled.
+    unsafe {
+        values.write(std::ptr::null());
+        n.write(0);
+    }
+    let v = get()?;
+    // SAFETY: as above.
+    unsafe {
+        values.write(v.as_ptr());
+        n.write(v.len());
+    }
+    Ok(())
 }
 
 fn input_list(inputs: *const ndx_input_t, n: usize) -> Result<Vec<Input>> {

@@ -12,11 +12,15 @@
  *
  * Then: success values, metadata of pending outputs, the first poll submitting DEFERRED
  * work, ndx_context_evaluate reporting unobserved failures once, cancellation, releasing
- * a context with pending work, on_ready exactly once, the noexcept and
- * inject_accuracy_error backends, and EAGER work never running on the caller's thread.
+ * a context with pending or running work (callbacks exactly once, finished before the
+ * release returns), host operators chained on pending host-operator outputs (nothing
+ * forced at invoke; an upstream failure travels in the future), the host operator's
+ * user_free, on_ready exactly once, the noexcept and inject_accuracy_error backends, and
+ * EAGER work never running on the caller's thread.
  *
  * CMake compiles this at -O0 and -O2 (both -g) and runs the -O0 build under valgrind.
- * Case functions are NDX_TEST_NOINLINE so that their frames and names survive -O2. */
+ * Case functions are NDX_TEST_NOINLINE so that their frames and names survive -O2. A
+ * watchdog (120 s) turns a hang into a failure naming the test that hung. */
 #define _POSIX_C_SOURCE 200809L
 
 #include <errno.h>
