@@ -4,6 +4,7 @@
 pub mod elementwise;
 pub mod kernels;
 pub mod reduce;
+pub mod shape;
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -204,6 +205,7 @@ pub fn builtin(name: &str) -> Option<Arc<OpDef>> {
         .get_or_init(|| {
             let mut ops = elementwise::ops();
             ops.extend(reduce::ops());
+            ops.extend(shape::ops());
             ops.extend([OpDef {
                 name: "cast".into(),
                 n_inputs: 1,

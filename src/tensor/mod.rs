@@ -381,6 +381,24 @@ impl Tensor {
         self
     }
 
+    /// Another view of the same storage: `shape` and `strides` (elements) from element
+    /// `origin` (counted in elements from this view's element 0). The caller keeps every
+    /// element inside this view's span.
+    pub(crate) fn restride(&self, shape: Vec<i64>, strides: Vec<i64>, origin: i64) -> Tensor {
+        let numel = shape.iter().map(|&d| d.max(0) as usize).product();
+        let byte_offset = (self.byte_offset as i64 + origin * self.dtype.itemsize() as i64) as u64;
+        Tensor {
+            storage: self.storage.clone(),
+            dtype: self.dtype,
+            shape,
+            strides,
+            byte_offset,
+            numel,
+            layout: CString::default(),
+            read_only: self.read_only,
+        }
+    }
+
     /// The same view, read-only.
     pub fn into_read_only(mut self) -> Tensor {
         self.read_only = true;

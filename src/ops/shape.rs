@@ -1,0 +1,428 @@
+//! Shape operators: `reshape transpose slice flip squeeze expand_dims pad`. Each is a
+//! strided view of its input (computed at enqueue for the metadata) compacted once;
+//! the output owns its data.
+
+use std::sync::Arc;
+
+use super::kernels::{self, make};
+use super::reduce::normalize_axes;
+use super::{ArgSpec, Kernel, OpDef, TMeta};
+use crate::error::{Error, Result};
+use crate::exec::args::{ArgType, ArgValue, Args};
+use crate::tensor::{DType, Tensor, compact_strides, dims};
+
+/// A view description: shape, strides and origin, in elements of the input, whose
+/// own strides are given.
+struct View {
+    shape: Vec<i64>,
+    strides: Vec<i64>,
+    origin: i64,
+}
+
+fn ints(args: &Args, name: &str) -> Result<Option<Vec<i64>>> {
+    args.ints(name)
+}
+
+fn reshape_view(shape: &[i64], args: &Args) -> Result<Vec<i64>> {
+    let target =
+        ints(args, "shape")?.ok_or_else(|| Error::value("reshape needs argument 'shape'"))?;
+    let numel: i64 = shape.iter().product();
+    let unknown: Vec<usize> = target
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| **d == -1)
+        .map(|(i, _)| i)
+        .collect();
+    if unknown.len() > 1 {
+        return Err(Error::value(format!(
+            "reshape: only one dimension may be -1, got shape {}",
+            dims(&target)
+        )));
+    }
+    if let Some(&d) = target.iter().find(|&&d| d < -1) {
+        return Err(Error::value(format!(
+            "reshape: dimension {d} is negative in shape {}",
+            dims(&target)
+        )));
+    }
+    let known: i64 = target.iter().filter(|&&d| d != -1).product();
+    let mut out = target.clone();
+    if let Some(&i) = unknown.first() {
+        if known == 0 || numel % known != 0 {
+            return Err(Error::value(format!(
+                "cannot reshape a tensor of shape {} ({numel} elements) into shape {}",
+                dims(shape),
+                dims(&target)
+            )));
+        }
+        out[i] = numel / known;
+    } else if known != numel {
+        return Err(Error::value(format!(
+            "cannot reshape a tensor of shape {} ({numel} elements) into shape {}",
+            dims(shape),
+            dims(&target)
+        )));
+    }
+    Ok(out)
+}
+
+fn transpose_view(shape: &[i64], strides: &[i64], args: &Args) -> Result<View> {
+    let n = shape.len();
+    let perm = match ints(args, "perm")? {
+        Some(p) => p,
+        None => (0..n as i64).rev().collect(),
+    };
+    let bad = || {
+        Error::value(format!(
+            "transpose: perm {} is not a permutation of the {n} axes",
+            dims(&perm)
+        ))
+    };
+    if perm.len() != n {
+        return Err(bad());
+    }
+    let perm: Vec<usize> = perm
+        .iter()
+        .map(|&p| if p < 0 { p + n as i64 } else { p })
+        .map(|p| usize::try_from(p).ok().filter(|&p| p < n))
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(bad)?;
+    let mut seen = vec![false; n];
+    for &p in &perm {
+        if std::mem::replace(&mut seen[p], true) {
+            return Err(bad());
+        }
+    }
+    Ok(View {
+        shape: perm.iter().map(|&p| shape[p]).collect(),
+        strides: perm.iter().map(|&p| strides[p]).collect(),
+        origin: 0,
+    })
+}
+
+/// Python's `slice(start, stop, step).indices(len)` followed by the length.
+fn slice_indices(start: i64, stop: i64, step: i64, len: i64) -> (i64, i64) {
+    let clamp = |v: i64, lo: i64, hi: i64| v.max(lo).min(hi);
+    let adjust = |v: i64| if v < 0 { v + len } else { v };
+    let (lo, hi) = if step > 0 { (0, len) } else { (-1, len - 1) };
+    let start = clamp(adjust(start), lo, hi);
+    let stop = clamp(adjust(stop), lo, hi);
+    let count = if step > 0 {
+        if stop > start {
+            (stop - start + step - 1) / step
+        } else {
+            0
+        }
+    } else if start > stop {
+        (start - stop + (-step) - 1) / (-step)
+    } else {
+        0
+    };
+    (start, count)
+}
+
+fn slice_view(shape: &[i64], strides: &[i64], args: &Args) -> Result<View> {
+    let start = ints(args, "start")?.ok_or_else(|| Error::value("slice needs argument 'start'"))?;
+    let end = ints(args, "end")?.ok_or_else(|| Error::value("slice needs argument 'end'"))?;
+    let step = ints(args, "step")?.unwrap_or_else(|| vec![1; start.len()]);
+    let axes = match ints(args, "axes")? {
+        Some(a) => a,
+        None => (0..start.len() as i64).collect(),
+    };
+    if end.len() != start.len() || step.len() != start.len() || axes.len() != start.len() {
+        return Err(Error::value(format!(
+            "slice: start, end, step and axes must have one entry per sliced axis; got {}, {}, {} and {}",
+            start.len(),
+            end.len(),
+            step.len(),
+            axes.len()
+        )));
+    }
+    let axes = normalize_axes(Some(&axes), shape.len())?;
+    let given = ints(args, "axes")?.unwrap_or_else(|| (0..start.len() as i64).collect());
+    let mut view = View {
+        shape: shape.to_vec(),
+        strides: strides.to_vec(),
+        origin: 0,
+    };
+    for (k, &g) in given.iter().enumerate() {
+        let axis = if g < 0 {
+            (g + shape.len() as i64) as usize
+        } else {
+            g as usize
+        };
+        debug_assert!(axes.contains(&axis));
+        if step[k] == 0 {
+            return Err(Error::value(format!("slice: step for axis {axis} is 0")));
+        }
+        let (s, count) = slice_indices(start[k], end[k], step[k], shape[axis]);
+        if count > 0 {
+            view.origin += s * strides[axis];
+        }
+        view.shape[axis] = count;
+        view.strides[axis] = strides[axis] * step[k];
+    }
+    Ok(view)
+}
+
+fn flip_view(shape: &[i64], strides: &[i64], args: &Args) -> Result<View> {
+    let axes = normalize_axes(ints(args, "axes")?.as_deref(), shape.len())?;
+    let mut view = View {
+        shape: shape.to_vec(),
+        strides: strides.to_vec(),
+        origin: 0,
+    };
+    for a in axes {
+        if shape[a] > 0 {
+            view.origin += (shape[a] - 1) * strides[a];
+        }
+        view.strides[a] = -strides[a];
+    }
+    Ok(view)
+}
+
+fn squeeze_shape(shape: &[i64], args: &Args) -> Result<Vec<i64>> {
+    let axes = match ints(args, "axes")? {
+        None => (0..shape.len()).filter(|&i| shape[i] == 1).collect(),
+        Some(a) => normalize_axes(Some(&a), shape.len())?,
+    };
+    if let Some(&a) = axes.iter().find(|&&a| shape[a] != 1) {
+        return Err(Error::value(format!(
+            "squeeze: axis {a} has size {}, not 1 (shape {})",
+            shape[a],
+            dims(shape)
+        )));
+    }
+    Ok(shape
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !axes.contains(i))
+        .map(|(_, &d)| d)
+        .collect())
+}
+
+fn expand_shape(shape: &[i64], args: &Args) -> Result<Vec<i64>> {
+    let axis = args.int_or("axis", i64::MIN)?;
+    if axis == i64::MIN {
+        return Err(Error::value("expand_dims needs argument 'axis'"));
+    }
+    let n = shape.len() as i64 + 1;
+    if axis < -n || axis >= n {
+        return Err(Error::index(format!(
+            "axis {axis} is out of range for the result of ndim {n}"
+        )));
+    }
+    let at = if axis < 0 { axis + n } else { axis } as usize;
+    let mut out = shape.to_vec();
+    out.insert(at, 1);
+    Ok(out)
+}
+
+fn pad_widths(shape: &[i64], args: &Args) -> Result<Vec<(i64, i64)>> {
+    let w = ints(args, "widths")?.ok_or_else(|| Error::value("pad needs argument 'widths'"))?;
+    if w.len() != 2 * shape.len() {
+        return Err(Error::value(format!(
+            "pad: widths has {} entries, expected {} (before and after for each of {} axes)",
+            w.len(),
+            2 * shape.len(),
+            shape.len()
+        )));
+    }
+    if let Some(&v) = w.iter().find(|&&v| v < 0) {
+        return Err(Error::value(format!("pad: width {v} is negative")));
+    }
+    Ok(w.chunks(2).map(|c| (c[0], c[1])).collect())
+}
+
+fn pad_value(args: &Args) -> Result<f64> {
+    match args.get("value") {
+        None => Ok(0.0),
+        Some(ArgValue::Float(v)) => Ok(*v),
+        Some(ArgValue::Int(v)) => Ok(*v as f64),
+        Some(v) => Err(Error::type_error(format!(
+            "argument 'value' is {}, expected a float",
+            v.arg_type().a()
+        ))),
+    }
+}
+
+fn pad(t: &Tensor, widths: &[(i64, i64)], value: f64) -> Result<Tensor> {
+    let shape: Vec<i64> = t
+        .shape()
+        .iter()
+        .zip(widths)
+        .map(|(&d, (b, a))| d + b + a)
+        .collect();
+    // The fill value in the element type, then the input copied into the interior.
+    let fill = kernels::cast(
+        &make::<f64>(&[], "", |o| {
+            o[0] = value;
+            Ok(())
+        })?,
+        t.dtype(),
+    )?
+    .to_bytes()?;
+    let item = t.dtype().itemsize();
+    let src = t.to_bytes()?;
+    let out_strides = compact_strides(&shape).unwrap_or_default();
+    Tensor::new_host(t.dtype(), &shape, Default::default(), |out| {
+        for chunk in out.chunks_mut(item) {
+            chunk.copy_from_slice(&fill);
+        }
+        let n = t.numel();
+        let mut index = vec![0i64; shape.len()];
+        for i in 0..n {
+            let o: i64 = index
+                .iter()
+                .zip(&out_strides)
+                .zip(widths)
+                .map(|((&x, &s), (b, _))| (x + b) * s)
+                .sum();
+            let o = o as usize * item;
+            out[o..o + item].copy_from_slice(&src[i * item..(i + 1) * item]);
+            for d in (0..index.len()).rev() {
+                index[d] += 1;
+                if index[d] < t.shape()[d] {
+                    break;
+                }
+                index[d] = 0;
+            }
+        }
+        Ok(())
+    })
+}
+
+fn meta(dtype: DType, shape: Vec<i64>) -> Vec<TMeta> {
+    vec![TMeta {
+        dtype,
+        shape,
+        layout: String::new(),
+    }]
+}
+
+fn spec(name: &str, ty: ArgType, required: bool) -> ArgSpec {
+    ArgSpec {
+        name: name.to_string(),
+        ty,
+        required,
+    }
+}
+
+fn view_op(
+    name: &str,
+    args: Vec<ArgSpec>,
+    view: fn(&[i64], &[i64], &Args) -> Result<View>,
+) -> OpDef {
+    OpDef {
+        name: name.to_string(),
+        n_inputs: 1,
+        n_outputs: 1,
+        args,
+        infer: Some(Arc::new(move |i: &[&TMeta], a: &Args| {
+            let strides = compact_strides(&i[0].shape).unwrap_or_default();
+            Ok(meta(i[0].dtype, view(&i[0].shape, &strides, a)?.shape))
+        })),
+        kernel: Kernel::Builtin(Arc::new(move |i: &[&Tensor], a: &Args| {
+            let t = i[0];
+            let v = view(t.shape(), t.strides(), a)?;
+            Ok(vec![t.restride(v.shape, v.strides, v.origin).to_compact()?])
+        })),
+    }
+}
+
+fn reshape_op(
+    name: &str,
+    args: Vec<ArgSpec>,
+    new_shape: fn(&[i64], &Args) -> Result<Vec<i64>>,
+) -> OpDef {
+    OpDef {
+        name: name.to_string(),
+        n_inputs: 1,
+        n_outputs: 1,
+        args,
+        infer: Some(Arc::new(move |i: &[&TMeta], a: &Args| {
+            Ok(meta(i[0].dtype, new_shape(&i[0].shape, a)?))
+        })),
+        kernel: Kernel::Builtin(Arc::new(move |i: &[&Tensor], a: &Args| {
+            let t = i[0].to_compact()?;
+            let shape = new_shape(t.shape(), a)?;
+            let strides = compact_strides(&shape).unwrap_or_default();
+            Ok(vec![t.restride(shape, strides, 0)])
+        })),
+    }
+}
+
+/// The shape operators.
+pub fn ops() -> Vec<OpDef> {
+    vec![
+        reshape_op(
+            "reshape",
+            vec![spec("shape", ArgType::Ints, true)],
+            reshape_view,
+        ),
+        reshape_op(
+            "squeeze",
+            vec![spec("axes", ArgType::Ints, false)],
+            squeeze_shape,
+        ),
+        reshape_op(
+            "expand_dims",
+            vec![spec("axis", ArgType::Int, true)],
+            expand_shape,
+        ),
+        view_op(
+            "transpose",
+            vec![spec("perm", ArgType::Ints, false)],
+            transpose_view,
+        ),
+        view_op(
+            "slice",
+            vec![
+                spec("start", ArgType::Ints, true),
+                spec("end", ArgType::Ints, true),
+                spec("step", ArgType::Ints, false),
+                spec("axes", ArgType::Ints, false),
+            ],
+            slice_view,
+        ),
+        view_op("flip", vec![spec("axes", ArgType::Ints, false)], flip_view),
+        OpDef {
+            name: "pad".into(),
+            n_inputs: 1,
+            n_outputs: 1,
+            args: vec![
+                spec("widths", ArgType::Ints, true),
+                spec("value", ArgType::Float, false),
+            ],
+            infer: Some(Arc::new(|i: &[&TMeta], a: &Args| {
+                let w = pad_widths(&i[0].shape, a)?;
+                pad_value(a)?;
+                let shape = i[0]
+                    .shape
+                    .iter()
+                    .zip(&w)
+                    .map(|(&d, (b, af))| d + b + af)
+                    .collect();
+                Ok(meta(i[0].dtype, shape))
+            })),
+            kernel: Kernel::Builtin(Arc::new(|i: &[&Tensor], a: &Args| {
+                let w = pad_widths(i[0].shape(), a)?;
+                Ok(vec![pad(i[0], &w, pad_value(a)?)?])
+            })),
+        },
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn python_slice_indices() {
+        assert_eq!(slice_indices(1, 4, 1, 5), (1, 3));
+        assert_eq!(slice_indices(-100, 100, 2, 5), (0, 3));
+        assert_eq!(slice_indices(100, -100, -1, 5), (4, 5));
+        assert_eq!(slice_indices(-1, -6, -2, 5), (4, 3));
+        assert_eq!(slice_indices(3, 1, 1, 5), (3, 0));
+    }
+}
