@@ -991,7 +991,9 @@ ndx_error_t *ndx_future_batch(const ndx_future_t *future, size_t index, ndx_batc
  * or — with `process_events_callbacks` — inside `ndx_context_process_events` or a
  * wait. Then `user_free(user)` if not NULL. The callback may call ndx (poll, read
  * errors and outputs, invoke) but must not wait: waits there return
- * NDX_ERROR_RUNTIME. It does not submit DEFERRED work; poll or wait for that.
+ * NDX_ERROR_RUNTIME. Registering does not run DEFERRED work (poll, wait or evaluate
+ * does), so callbacks can be attached to a recorded graph before it is run or
+ * released.
  */
 ndx_error_t *ndx_future_on_ready(const ndx_future_t *future,
                                  ndx_future_callback_t callback,

@@ -649,7 +649,9 @@ impl Node {
     pub fn on_ready(self: &Arc<Self>, cb: Callback) {
         {
             let mut s = self.state.lock();
-            if s.phase != Phase::Done {
+            // The result is set just before the phase turns Done: once it is set (as
+            // a wait that returned has seen), the callback runs here and now.
+            if s.phase != Phase::Done && self.result.get().is_none() {
                 s.callbacks.push(cb);
                 return;
             }

@@ -984,7 +984,9 @@ pub extern "C" fn ndx_future_batch(
 /// or — with `process_events_callbacks` — inside `ndx_context_process_events` or a
 /// wait. Then `user_free(user)` if not NULL. The callback may call ndx (poll, read
 /// errors and outputs, invoke) but must not wait: waits there return
-/// NDX_ERROR_RUNTIME. It does not submit DEFERRED work; poll or wait for that.
+/// NDX_ERROR_RUNTIME. Registering does not run DEFERRED work (poll, wait or evaluate
+/// does), so callbacks can be attached to a recorded graph before it is run or
+/// released.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_future_on_ready(
     future: *const ndx_future_t,

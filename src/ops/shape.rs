@@ -45,7 +45,18 @@ fn reshape_view(shape: &[i64], args: &Args) -> Result<Vec<i64>> {
             dims(&target)
         )));
     }
-    let known: i64 = target.iter().filter(|&&d| d != -1).product();
+    let too_large = || {
+        Error::value(format!(
+            "cannot reshape a tensor of shape {} ({numel} elements) into shape {}: its size overflows",
+            dims(shape),
+            dims(&target)
+        ))
+    };
+    let known = target
+        .iter()
+        .filter(|&&d| d != -1)
+        .try_fold(1i64, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(too_large)?;
     let mut out = target.clone();
     if let Some(&i) = unknown.first() {
         if known == 0 || numel % known != 0 {
@@ -56,7 +67,9 @@ fn reshape_view(shape: &[i64], args: &Args) -> Result<Vec<i64>> {
             )));
         }
         out[i] = numel / known;
-    } else if known != numel {
+        // A zero-size target with other large dimensions must still be addressable.
+        compact_strides(&out).ok_or_else(too_large)?;
+    } else if known != numel || compact_strides(&out).is_none() {
         return Err(Error::value(format!(
             "cannot reshape a tensor of shape {} ({numel} elements) into shape {}",
             dims(shape),
@@ -102,23 +115,25 @@ fn transpose_view(shape: &[i64], strides: &[i64], args: &Args) -> Result<View> {
 
 /// Python's `slice(start, stop, step).indices(len)` followed by the length.
 fn slice_indices(start: i64, stop: i64, step: i64, len: i64) -> (i64, i64) {
-    let clamp = |v: i64, lo: i64, hi: i64| v.max(lo).min(hi);
-    let adjust = |v: i64| if v < 0 { v + len } else { v };
+    // In i128 so that bounds and steps at the i64 limits cannot overflow.
+    let (start, stop, step, len) = (start as i128, stop as i128, step as i128, len as i128);
+    let clamp = |v: i128, lo: i128, hi: i128| v.max(lo).min(hi);
+    let adjust = |v: i128| if v < 0 { v + len } else { v };
     let (lo, hi) = if step > 0 { (0, len) } else { (-1, len - 1) };
     let start = clamp(adjust(start), lo, hi);
     let stop = clamp(adjust(stop), lo, hi);
     let count = if step > 0 {
         if stop > start {
-            (stop - start + step - 1) / step
+            (stop - start - 1) / step + 1
         } else {
             0
         }
     } else if start > stop {
-        (start - stop + (-step) - 1) / (-step)
+        (start - stop - 1) / (-step) + 1
     } else {
         0
     };
-    (start, count)
+    (start as i64, count as i64)
 }
 
 fn slice_view(shape: &[i64], strides: &[i64], args: &Args) -> Result<View> {
@@ -160,7 +175,12 @@ fn slice_view(shape: &[i64], strides: &[i64], args: &Args) -> Result<View> {
             view.origin += s * strides[axis];
         }
         view.shape[axis] = count;
-        view.strides[axis] = strides[axis] * step[k];
+        // A step larger than the axis takes at most one element: its stride is moot.
+        view.strides[axis] = if count <= 1 {
+            strides[axis]
+        } else {
+            strides[axis] * step[k]
+        };
     }
     Ok(view)
 }
@@ -202,10 +222,10 @@ fn squeeze_shape(shape: &[i64], args: &Args) -> Result<Vec<i64>> {
 }
 
 fn expand_shape(shape: &[i64], args: &Args) -> Result<Vec<i64>> {
-    let axis = args.int_or("axis", i64::MIN)?;
-    if axis == i64::MIN {
+    if args.get("axis").is_none() {
         return Err(Error::value("expand_dims needs argument 'axis'"));
     }
+    let axis = args.int_or("axis", 0)?;
     let n = shape.len() as i64 + 1;
     if axis < -n || axis >= n {
         return Err(Error::index(format!(
@@ -231,7 +251,26 @@ fn pad_widths(shape: &[i64], args: &Args) -> Result<Vec<(i64, i64)>> {
     if let Some(&v) = w.iter().find(|&&v| v < 0) {
         return Err(Error::value(format!("pad: width {v} is negative")));
     }
-    Ok(w.chunks(2).map(|c| (c[0], c[1])).collect())
+    let widths: Vec<(i64, i64)> = w.chunks(2).map(|c| (c[0], c[1])).collect();
+    let padded: Option<Vec<i64>> = shape
+        .iter()
+        .zip(&widths)
+        .map(|(&d, (b, a))| d.checked_add(*b)?.checked_add(*a))
+        .collect();
+    let addressable = padded.as_deref().is_some_and(|p| {
+        compact_strides(p).is_some()
+            && p.iter()
+                .try_fold(1i64, |acc, &d| acc.checked_mul(d))
+                .is_some()
+    });
+    if !addressable {
+        return Err(Error::value(format!(
+            "pad: widths {} make a tensor of shape {} too large to address",
+            dims(&w),
+            dims(shape)
+        )));
+    }
+    Ok(widths)
 }
 
 fn pad_value(args: &Args) -> Result<f64> {
@@ -424,5 +463,8 @@ mod tests {
         assert_eq!(slice_indices(100, -100, -1, 5), (4, 5));
         assert_eq!(slice_indices(-1, -6, -2, 5), (4, 3));
         assert_eq!(slice_indices(3, 1, 1, 5), (3, 0));
+        assert_eq!(slice_indices(0, 6, i64::MAX, 6), (0, 1));
+        assert_eq!(slice_indices(i64::MAX, i64::MIN, i64::MIN, 6), (5, 1));
+        assert_eq!(slice_indices(i64::MIN, i64::MAX, i64::MAX, 6), (0, 1));
     }
 }
