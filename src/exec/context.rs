@@ -409,7 +409,11 @@ impl Drop for ContextInner {
 
 /// Checks inputs against the schema and infers the outputs' metadata.
 fn infer(def: &OpDef, inputs: &[Input], args: &Args) -> Result<(Vec<OutMeta>, Option<usize>)> {
-    if inputs.len() != def.n_inputs {
+    if def.n_inputs == crate::ops::VARIADIC {
+        if inputs.is_empty() {
+            return Err(Error::value("expected at least 1 input, got 0"));
+        }
+    } else if inputs.len() != def.n_inputs {
         return Err(Error::value(format!(
             "expected {} input{}, got {}",
             def.n_inputs,

@@ -1162,6 +1162,11 @@ pub extern "C" fn ndx_register_op(
         )?;
         // SAFETY: at least as large as ours.
         let s = unsafe { &*schema };
+        if s.n_inputs == usize::MAX {
+            return Err(Error::value(
+                "schema->n_inputs is SIZE_MAX: give the exact number of inputs",
+            ));
+        }
         if s.n_outputs == 0 {
             return Err(Error::value(
                 "schema->n_outputs is 0: an operator needs at least one output",

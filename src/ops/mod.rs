@@ -2,6 +2,7 @@
 //! enqueue, and kernels; the registry of built-ins and host operators.
 
 pub mod elementwise;
+pub mod image;
 pub mod kernels;
 pub mod reduce;
 pub mod shape;
@@ -76,12 +77,15 @@ pub struct ArgSpec {
     pub required: bool,
 }
 
+/// `OpDef::n_inputs` of operators that take one or more inputs (`concat`, `stack`).
+pub const VARIADIC: usize = usize::MAX;
+
 /// An operator.
 #[derive(Clone)]
 pub struct OpDef {
     /// Its name.
     pub name: String,
-    /// Exact number of inputs.
+    /// Exact number of inputs, or [`VARIADIC`] for one or more.
     pub n_inputs: usize,
     /// Exact number of outputs.
     pub n_outputs: usize,
@@ -206,6 +210,7 @@ pub fn builtin(name: &str) -> Option<Arc<OpDef>> {
             let mut ops = elementwise::ops();
             ops.extend(reduce::ops());
             ops.extend(shape::ops());
+            ops.extend(image::ops());
             ops.extend([OpDef {
                 name: "cast".into(),
                 n_inputs: 1,

@@ -399,6 +399,12 @@ impl Tensor {
         }
     }
 
+    /// The same view with another layout string.
+    pub(crate) fn with_layout(mut self, layout: CString) -> Tensor {
+        self.layout = layout;
+        self
+    }
+
     /// The same view, read-only.
     pub fn into_read_only(mut self) -> Tensor {
         self.read_only = true;

@@ -1,0 +1,394 @@
+//! `concat` and `stack` (one or more inputs), and image operators on HWC or CHW
+//! tensors: `crop`, `flip_horizontal`, `flip_vertical`, `normalize`.
+
+use std::sync::Arc;
+
+use super::elementwise::promote;
+use super::kernels::{self, make, typed};
+use super::{ArgSpec, Kernel, OpDef, TMeta, VARIADIC};
+use crate::error::{Error, Result};
+use crate::exec::args::{ArgType, ArgValue, Args};
+use crate::tensor::{DType, Tensor, dims};
+
+fn axis_in(axis: i64, ndim: usize) -> Result<usize> {
+    let n = ndim as i64;
+    if axis < -n || axis >= n {
+        return Err(Error::index(format!(
+            "axis {axis} is out of range for ndim {ndim}"
+        )));
+    }
+    Ok((if axis < 0 { axis + n } else { axis }) as usize)
+}
+
+fn promoted(inputs: &[&TMeta]) -> DType {
+    inputs
+        .iter()
+        .skip(1)
+        .fold(inputs[0].dtype, |d, m| promote(d, m.dtype))
+}
+
+/// Output shape of `concat`, checking that inputs agree outside the axis.
+fn concat_meta(inputs: &[&TMeta], args: &Args) -> Result<(usize, Vec<i64>)> {
+    let first = &inputs[0].shape;
+    if first.is_empty() {
+        return Err(Error::value("concat: 0-d tensors cannot be concatenated"));
+    }
+    let axis = axis_in(args.int_or("axis", 0)?, first.len())?;
+    let mut shape = first.clone();
+    for (i, m) in inputs.iter().enumerate().skip(1) {
+        let same = m.shape.len() == first.len()
+            && m.shape
+                .iter()
+                .zip(first)
+                .enumerate()
+                .all(|(d, (a, b))| d == axis || a == b);
+        if !same {
+            return Err(Error::value(format!(
+                "concat: input {i} has shape {}, which does not match input 0's {} outside axis {axis}",
+                dims(&m.shape),
+                dims(first)
+            )));
+        }
+        shape[axis] += m.shape[axis];
+    }
+    Ok((axis, shape))
+}
+
+fn stack_meta(inputs: &[&TMeta], args: &Args) -> Result<(usize, Vec<i64>)> {
+    let first = &inputs[0].shape;
+    let axis = args.int_or("axis", 0)?;
+    let n = first.len() as i64 + 1;
+    if axis < -n || axis >= n {
+        return Err(Error::index(format!(
+            "axis {axis} is out of range for the result of ndim {n}"
+        )));
+    }
+    let axis = (if axis < 0 { axis + n } else { axis }) as usize;
+    if let Some((i, m)) = inputs.iter().enumerate().find(|(_, m)| &m.shape != first) {
+        return Err(Error::value(format!(
+            "stack: input {i} has shape {}, input 0 has {}",
+            dims(&m.shape),
+            dims(first)
+        )));
+    }
+    let mut shape = first.clone();
+    shape.insert(axis, inputs.len() as i64);
+    Ok((axis, shape))
+}
+
+/// Copies each input (cast to `dtype`, compacted) into consecutive slabs: for every
+/// index of the output's dimensions before `axis`, each input's block from `axis` on
+/// (a concatenated input's extent along `axis` times the rest; a stacked input's
+/// whole sample).
+fn join(inputs: &[&Tensor], dtype: DType, axis: usize, shape: &[i64]) -> Result<Tensor> {
+    let item = dtype.itemsize();
+    let outer: usize = shape[..axis].iter().map(|&d| d as usize).product();
+    let parts: Vec<Vec<u8>> = inputs
+        .iter()
+        .map(|t| kernels::cast(t, dtype)?.to_bytes())
+        .collect::<Result<_>>()?;
+    // Bytes of one input per outer index: its extent along the axis times the inner size.
+    let slab: Vec<usize> = inputs
+        .iter()
+        .map(|t| {
+            let s = t.shape();
+            s[axis..].iter().map(|&d| d as usize).product::<usize>() * item
+        })
+        .collect();
+    Tensor::new_host(dtype, shape, Default::default(), |out| {
+        let mut at = 0;
+        for o in 0..outer {
+            for (p, &len) in parts.iter().zip(&slab) {
+                out[at..at + len].copy_from_slice(&p[o * len..(o + 1) * len]);
+                at += len;
+            }
+        }
+        Ok(())
+    })
+}
+
+/// The (H, W, C) axes of a 3-d image tensor, from its layout.
+fn hwc_axes(layout: &str, shape: &[i64], op: &str) -> Result<(usize, usize, usize)> {
+    match (layout, shape.len()) {
+        ("HWC", 3) => Ok((0, 1, 2)),
+        ("CHW", 3) => Ok((1, 2, 0)),
+        _ => Err(Error::value(format!(
+            "operator '{op}' needs a 3-d image with layout \"HWC\" or \"CHW\"; got layout \"{layout}\" and shape {}",
+            dims(shape)
+        ))),
+    }
+}
+
+fn crop_window(m: &TMeta, args: &Args) -> Result<(usize, usize, [i64; 4])> {
+    let (h_ax, w_ax, _) = hwc_axes(&m.layout, &m.shape, "crop")?;
+    let get = |n: &str| -> Result<i64> {
+        match args.get(n) {
+            Some(ArgValue::Int(v)) => Ok(*v),
+            _ => Err(Error::value(format!("crop needs integer argument '{n}'"))),
+        }
+    };
+    let (x, y, w, h) = (get("x")?, get("y")?, get("w")?, get("h")?);
+    let (img_h, img_w) = (m.shape[h_ax], m.shape[w_ax]);
+    let inside = x >= 0
+        && y >= 0
+        && w > 0
+        && h > 0
+        && x.checked_add(w).is_some_and(|e| e <= img_w)
+        && y.checked_add(h).is_some_and(|e| e <= img_h);
+    if !inside {
+        return Err(Error::value(format!(
+            "crop window x={x} y={y} w={w} h={h} is not inside the {img_w}x{img_h} image"
+        )));
+    }
+    Ok((h_ax, w_ax, [x, y, w, h]))
+}
+
+fn normalize_params(m: &TMeta, args: &Args) -> Result<(usize, Vec<f64>, Vec<f64>)> {
+    let (_, _, c_ax) = hwc_axes(&m.layout, &m.shape, "normalize")?;
+    let c = m.shape[c_ax] as usize;
+    let get = |n: &str| -> Result<Vec<f64>> {
+        let v = match args.get(n) {
+            Some(ArgValue::Floats(v)) => v.clone(),
+            Some(ArgValue::Float(v)) => vec![*v],
+            Some(ArgValue::Int(v)) => vec![*v as f64],
+            _ => {
+                return Err(Error::value(format!(
+                    "normalize needs float-array argument '{n}'"
+                )));
+            }
+        };
+        match v.len() {
+            1 => Ok(vec![v[0]; c]),
+            k if k == c => Ok(v),
+            k => Err(Error::value(format!(
+                "normalize: '{n}' has {k} values, the image has {c} channels"
+            ))),
+        }
+    };
+    let (mean, std) = (get("mean")?, get("std")?);
+    if std.contains(&0.0) {
+        return Err(Error::value("normalize: 'std' contains 0"));
+    }
+    Ok((c_ax, mean, std))
+}
+
+fn normalize(t: &Tensor, c_ax: usize, mean: &[f64], std: &[f64]) -> Result<Tensor> {
+    let x = kernels::cast(t, DType::F64)?;
+    let v = typed::<f64>(&x)?;
+    let inner: usize = t.shape()[c_ax + 1..].iter().map(|&d| d as usize).product();
+    let c = t.shape()[c_ax] as usize;
+    make::<f32>(t.shape(), t.layout(), |out| {
+        for (i, (o, &val)) in out.iter_mut().zip(v.iter()).enumerate() {
+            let ch = (i / inner) % c;
+            *o = ((val - mean[ch]) / std[ch]) as f32;
+        }
+        Ok(())
+    })
+}
+
+fn int_arg(name: &str) -> ArgSpec {
+    ArgSpec {
+        name: name.into(),
+        ty: ArgType::Int,
+        required: true,
+    }
+}
+
+fn one_in(name: &str, args: Vec<ArgSpec>, infer: super::InferFn, kernel: super::KernelFn) -> OpDef {
+    OpDef {
+        name: name.into(),
+        n_inputs: 1,
+        n_outputs: 1,
+        args,
+        infer: Some(infer),
+        kernel: Kernel::Builtin(kernel),
+    }
+}
+
+fn flip_op(name: &'static str, horizontal: bool) -> OpDef {
+    one_in(
+        name,
+        vec![],
+        Arc::new(move |i: &[&TMeta], _: &Args| {
+            hwc_axes(&i[0].layout, &i[0].shape, name)?;
+            Ok(vec![i[0].clone()])
+        }),
+        Arc::new(move |i: &[&Tensor], _: &Args| {
+            let t = i[0];
+            let (h, w, _) = hwc_axes(t.layout(), t.shape(), name)?;
+            let a = if horizontal { w } else { h };
+            let mut strides = t.strides().to_vec();
+            let origin = (t.shape()[a] - 1).max(0) * strides[a];
+            strides[a] = -strides[a];
+            let flipped = t.restride(t.shape().to_vec(), strides, origin);
+            Ok(vec![
+                flipped.to_compact()?.with_layout(t.c_layout().to_owned()),
+            ])
+        }),
+    )
+}
+
+/// The image and joining operators.
+pub fn ops() -> Vec<OpDef> {
+    let axis = || {
+        vec![ArgSpec {
+            name: "axis".into(),
+            ty: ArgType::Int,
+            required: false,
+        }]
+    };
+    vec![
+        OpDef {
+            name: "concat".into(),
+            n_inputs: VARIADIC,
+            n_outputs: 1,
+            args: axis(),
+            infer: Some(Arc::new(|i: &[&TMeta], a: &Args| {
+                let (_, shape) = concat_meta(i, a)?;
+                Ok(vec![TMeta {
+                    dtype: promoted(i),
+                    shape,
+                    layout: i[0].layout.clone(),
+                }])
+            })),
+            kernel: Kernel::Builtin(Arc::new(|i: &[&Tensor], a: &Args| {
+                let metas: Vec<TMeta> = i.iter().map(|t| TMeta::of(t)).collect();
+                let refs: Vec<&TMeta> = metas.iter().collect();
+                let (axis, shape) = concat_meta(&refs, a)?;
+                Ok(vec![join(i, promoted(&refs), axis, &shape)?])
+            })),
+        },
+        OpDef {
+            name: "stack".into(),
+            n_inputs: VARIADIC,
+            n_outputs: 1,
+            args: axis(),
+            infer: Some(Arc::new(|i: &[&TMeta], a: &Args| {
+                let (_, shape) = stack_meta(i, a)?;
+                Ok(vec![TMeta {
+                    dtype: promoted(i),
+                    shape,
+                    layout: String::new(),
+                }])
+            })),
+            kernel: Kernel::Builtin(Arc::new(|i: &[&Tensor], a: &Args| {
+                let metas: Vec<TMeta> = i.iter().map(|t| TMeta::of(t)).collect();
+                let refs: Vec<&TMeta> = metas.iter().collect();
+                let (axis, shape) = stack_meta(&refs, a)?;
+                Ok(vec![join(i, promoted(&refs), axis, &shape)?])
+            })),
+        },
+        one_in(
+            "crop",
+            vec![int_arg("x"), int_arg("y"), int_arg("w"), int_arg("h")],
+            Arc::new(|i: &[&TMeta], a: &Args| {
+                let (h_ax, w_ax, [_, _, w, h]) = crop_window(i[0], a)?;
+                let mut shape = i[0].shape.clone();
+                shape[h_ax] = h;
+                shape[w_ax] = w;
+                Ok(vec![TMeta {
+                    shape,
+                    ..i[0].clone()
+                }])
+            }),
+            Arc::new(|i: &[&Tensor], a: &Args| {
+                let t = i[0];
+                let (h_ax, w_ax, [x, y, w, h]) = crop_window(&TMeta::of(t), a)?;
+                let mut shape = t.shape().to_vec();
+                shape[h_ax] = h;
+                shape[w_ax] = w;
+                let origin = y * t.strides()[h_ax] + x * t.strides()[w_ax];
+                let view = t.restride(shape, t.strides().to_vec(), origin);
+                Ok(vec![
+                    view.to_compact()?.with_layout(t.c_layout().to_owned()),
+                ])
+            }),
+        ),
+        flip_op("flip_horizontal", true),
+        flip_op("flip_vertical", false),
+        one_in(
+            "normalize",
+            vec![
+                ArgSpec {
+                    name: "mean".into(),
+                    ty: ArgType::Floats,
+                    required: true,
+                },
+                ArgSpec {
+                    name: "std".into(),
+                    ty: ArgType::Floats,
+                    required: true,
+                },
+            ],
+            Arc::new(|i: &[&TMeta], a: &Args| {
+                normalize_params(i[0], a)?;
+                Ok(vec![TMeta {
+                    dtype: DType::F32,
+                    ..i[0].clone()
+                }])
+            }),
+            Arc::new(|i: &[&Tensor], a: &Args| {
+                let (c_ax, mean, std) = normalize_params(&TMeta::of(i[0]), a)?;
+                Ok(vec![normalize(i[0], c_ax, &mean, &std)?])
+            }),
+        ),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hwc(h: i64, w: i64, c: i64) -> Tensor {
+        make::<u8>(&[h, w, c], "HWC", |o| {
+            for (i, v) in o.iter_mut().enumerate() {
+                *v = i as u8;
+            }
+            Ok(())
+        })
+        .unwrap()
+    }
+
+    fn run(op: &str, t: &Tensor, args: Args) -> Result<Tensor> {
+        let def = crate::ops::builtin(op).unwrap();
+        (def.infer.as_ref().unwrap())(&[&TMeta::of(t)], &args)?;
+        match &def.kernel {
+            Kernel::Builtin(f) => Ok(f(&[t], &args)?.remove(0)),
+            Kernel::Host(_) => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn crop_flip_and_normalize_follow_the_layout() {
+        let img = hwc(3, 4, 2);
+        let args = Args::new()
+            .with("x", ArgValue::Int(1))
+            .with("y", ArgValue::Int(1))
+            .with("w", ArgValue::Int(2))
+            .with("h", ArgValue::Int(2));
+        let c = run("crop", &img, args.clone()).unwrap();
+        assert_eq!((c.shape(), c.layout()), (&[2i64, 2, 2][..], "HWC"));
+        assert_eq!(c.to_bytes().unwrap(), [10, 11, 12, 13, 18, 19, 20, 21]);
+        let f = run("flip_horizontal", &img, Args::new()).unwrap();
+        assert_eq!(&f.to_bytes().unwrap()[..4], &[6, 7, 4, 5]);
+        let outside = args.with("x", ArgValue::Int(3));
+        assert!(
+            run("crop", &img, outside)
+                .unwrap_err()
+                .message()
+                .contains("not inside the 4x3 image")
+        );
+        let n = run(
+            "normalize",
+            &img,
+            Args::new()
+                .with("mean", ArgValue::Floats(vec![1.0, 2.0]))
+                .with("std", ArgValue::Floats(vec![2.0])),
+        )
+        .unwrap();
+        assert_eq!(typed::<f32>(&n).unwrap()[..2], [-0.5, -0.5]);
+        let plain = make::<u8>(&[3, 4, 2], "", |_| Ok(())).unwrap();
+        let e = run("flip_vertical", &plain, Args::new()).unwrap_err();
+        assert!(e.message().contains("layout \"HWC\" or \"CHW\""), "{e}");
+    }
+}
