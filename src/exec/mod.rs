@@ -3,7 +3,7 @@
 pub mod args;
 mod context;
 mod node;
-mod pool;
+pub(crate) mod pool;
 mod value;
 
 pub use args::{ArgType, ArgValue, Args};

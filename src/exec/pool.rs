@@ -1,25 +1,18 @@
-//! The one process-wide worker pool every context shares.
+//! The one process-wide worker pool every context shares, for invocations and for the
+//! pieces of a large kernel alike.
 //!
 //! Its size comes from the first context that needs it (its `num_threads` option), else
 //! `NDX_NUM_THREADS`, else the number of available cores. Workers live for the
-//! process; jobs never block a worker on another worker (dependencies are counted, and
-//! a node is queued only when all its inputs are complete).
+//! process. No job blocks a worker on another worker: dependencies are counted (a node
+//! is queued only when all its inputs are complete), and a kernel split into pieces
+//! (`ops::par`) runs them with work stealing, so the thread that waits for a piece runs
+//! pieces (or other queued work) itself. The pool is a rayon thread pool: rayon does
+//! the stealing; the scheduling of invocations stays ndx's.
 
 use std::cell::Cell;
 use std::sync::OnceLock;
 
-use std::time::{Duration, Instant};
-
-use crossbeam_channel::{Receiver, Sender, TryRecvError, unbounded};
-
-type Job = Box<dyn FnOnce() + Send + 'static>;
-
-struct Pool {
-    sender: Sender<Job>,
-    threads: usize,
-}
-
-static POOL: OnceLock<Pool> = OnceLock::new();
+static POOL: OnceLock<rayon::ThreadPool> = OnceLock::new();
 
 thread_local! {
     static ON_WORKER: Cell<bool> = const { Cell::new(false) };
@@ -38,53 +31,35 @@ fn default_threads() -> usize {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()))
 }
 
-fn pool(requested: usize) -> &'static Pool {
+fn pool(requested: usize) -> &'static rayon::ThreadPool {
     POOL.get_or_init(|| {
         let threads = if requested > 0 {
             requested
         } else {
             default_threads()
         };
-        let (sender, receiver) = unbounded::<Job>();
-        for i in 0..threads {
-            let receiver = receiver.clone();
-            std::thread::Builder::new()
-                .name(format!("ndx-worker-{i}"))
-                .spawn(move || {
-                    ON_WORKER.with(|w| w.set(true));
-                    while let Some(job) = next_job(&receiver) {
-                        job();
-                    }
-                })
-                .expect("spawning an ndx worker thread");
-        }
-        Pool { sender, threads }
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("ndx-worker-{i}"))
+            .start_handler(|_| ON_WORKER.with(|w| w.set(true)))
+            .build()
+            .expect("starting the ndx worker pool")
     })
 }
 
-/// How long an idle worker keeps looking for work before it sleeps: waking a
-/// sleeping thread costs tens of microseconds, which would dominate small invocations.
-const SPIN: Duration = Duration::from_micros(50);
-
-fn next_job(receiver: &Receiver<Job>) -> Option<Job> {
-    let until = Instant::now() + SPIN;
-    loop {
-        match receiver.try_recv() {
-            Ok(job) => return Some(job),
-            Err(TryRecvError::Disconnected) => return None,
-            Err(TryRecvError::Empty) if Instant::now() < until => std::thread::yield_now(),
-            Err(TryRecvError::Empty) => return receiver.recv().ok(),
-        }
-    }
-}
-
-/// Starts the pool (if not started) with `requested` threads (0: the default).
+/// Starts the pool (if not started) with `requested` threads (0: the default), and
+/// says how many it has.
 pub fn init(requested: usize) -> usize {
-    pool(requested).threads
+    pool(requested).current_num_threads()
 }
 
-/// Queues a job on the pool.
+/// Queues a job on the pool, first come first served.
 pub fn submit(job: impl FnOnce() + Send + 'static) {
-    // The receiving side lives as long as the workers, which live for the process.
-    let _ = pool(0).sender.send(Box::new(job));
+    pool(0).spawn_fifo(job);
+}
+
+/// Runs `f` inside the pool, so that parallel iterators in it use the pool's workers
+/// (directly when called from a worker).
+pub fn install<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    pool(0).install(f)
 }

@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use super::kernels::{self, Elem, broadcast_shapes, make, typed, with_elem};
-use super::{ArgSpec, Kernel, OpDef, TMeta};
+use super::kernels::{self, Elem, broadcast_shapes, make, make_overwritten, typed, with_elem};
+use super::{ArgSpec, Kernel, OpDef, TMeta, par};
 use crate::error::{Error, Result};
 use crate::exec::args::{ArgType, Args};
 use crate::tensor::{DType, Tensor};
@@ -67,6 +67,22 @@ pub fn promote(a: DType, b: DType) -> DType {
             },
         },
     }
+}
+
+/// The dtype NumPy 2 gives an operation on arrays of all of `dtypes` at once
+/// (`np.result_type`), which is not a left-to-right fold of [`promote`]: int8, uint8
+/// and float16 make float16, not float32 (through int16). Floats are folded first and
+/// each integer then promotes against them; without floats the integers fold in any
+/// order.
+pub fn promote_all(dtypes: impl IntoIterator<Item = DType>) -> Option<DType> {
+    let mut v: Vec<DType> = dtypes.into_iter().collect();
+    v.sort_by_key(|d| match d {
+        DType::F16 | DType::BF16 | DType::F32 | DType::F64 => 0,
+        DType::Bool => 2,
+        _ => 1,
+    });
+    let first = *v.first()?;
+    Some(v[1..].iter().fold(first, |acc, &d| promote(acc, d)))
 }
 
 /// The float type NumPy computes math functions of `d` in (the smallest float that
@@ -240,6 +256,77 @@ fn zip2<T: Elem, O: Elem>(
     })
 }
 
+/// The fast path of an operation that cannot fail: `out[i] = f(a[i], b[i])` when both
+/// inputs have the output's shape, or with one of them a single element; a plain loop
+/// over slices that the compiler vectorises, split across the pool when large. `None`
+/// when the shapes need general broadcasting.
+fn zip_fast<T: Elem>(
+    a: &Tensor,
+    b: &Tensor,
+    shape: &[i64],
+    layout: &str,
+    f: impl Fn(T, T) -> T + Sync + Send,
+) -> Result<Option<Tensor>> {
+    let (full_a, full_b) = (a.shape() == shape, b.shape() == shape);
+    let (one_a, one_b) = (a.numel() == 1, b.numel() == 1);
+    if !((full_a || one_a) && (full_b || one_b)) {
+        return Ok(None);
+    }
+    let (va, vb) = (typed::<T>(a)?, typed::<T>(b)?);
+    let t = make_overwritten::<T>(shape, layout, |out| {
+        par::chunks_mut(out, 1, 1, |first, piece| {
+            let r = first..first + piece.len();
+            match (full_a, full_b) {
+                (true, true) => {
+                    for ((o, &x), &y) in piece.iter_mut().zip(&va[r.clone()]).zip(&vb[r]) {
+                        *o = f(x, y);
+                    }
+                }
+                (true, false) => {
+                    let y = vb[0];
+                    for (o, &x) in piece.iter_mut().zip(&va[r]) {
+                        *o = f(x, y);
+                    }
+                }
+                (false, true) => {
+                    let x = va[0];
+                    for (o, &y) in piece.iter_mut().zip(&vb[r]) {
+                        *o = f(x, y);
+                    }
+                }
+                (false, false) => piece.fill(f(va[0], vb[0])),
+            }
+            Ok(())
+        })
+    })?;
+    Ok(Some(t))
+}
+
+/// `arith` on the fast path, for the operations that cannot fail on `T`.
+fn arith_fast<T: Elem>(
+    op: Arith,
+    a: &Tensor,
+    b: &Tensor,
+    shape: &[i64],
+    layout: &str,
+) -> Result<Option<Tensor>> {
+    match op {
+        Arith::Add => zip_fast::<T>(a, b, shape, layout, Elem::add),
+        Arith::Sub => zip_fast::<T>(a, b, shape, layout, Elem::sub),
+        Arith::Mul => zip_fast::<T>(a, b, shape, layout, Elem::mul),
+        Arith::Div if !T::INT => {
+            zip_fast::<T>(a, b, shape, layout, |x, y| Elem::div(x, y).unwrap_or(x))
+        }
+        Arith::Minimum => zip_fast::<T>(a, b, shape, layout, |x, y| {
+            if Elem::is_nan(x) || x < y { x } else { y }
+        }),
+        Arith::Maximum => zip_fast::<T>(a, b, shape, layout, |x, y| {
+            if Elem::is_nan(x) || x > y { x } else { y }
+        }),
+        _ => Ok(None),
+    }
+}
+
 fn as_bool(t: Tensor) -> Tensor {
     t.with_dtype_of_same_size(DType::Bool)
 }
@@ -251,6 +338,11 @@ fn arith_kernel(op: Arith, name: &'static str, inputs: &[&Tensor]) -> Result<Ten
         as_dtype(inputs[0], out.dtype)?,
         as_dtype(inputs[1], out.dtype)?,
     );
+    let fast = with_elem!(out.dtype, T => arith_fast::<T>(op, &a, &b, &out.shape, &out.layout),
+        bool => unreachable!("rejected at inference"))?;
+    if let Some(t) = fast {
+        return Ok(t);
+    }
     with_elem!(out.dtype, T => zip2::<T, T>(&a, &b, &out.shape, &out.layout, |x, y| {
         let r = match op {
             Arith::Add => Some(Elem::add(x, y)),
@@ -318,13 +410,16 @@ fn logic_kernel(op: Logic, inputs: &[&Tensor]) -> Result<Tensor> {
     Ok(as_bool(t))
 }
 
-fn map<T: Elem, O: Elem>(t: &Tensor, f: impl Fn(T) -> O) -> Result<Tensor> {
+fn map<T: Elem, O: Elem>(t: &Tensor, f: impl Fn(T) -> O + Sync + Send) -> Result<Tensor> {
     let src = typed::<T>(t)?;
-    make::<O>(t.shape(), t.layout(), |out| {
-        for (o, &v) in out.iter_mut().zip(src.iter()) {
-            *o = f(v);
-        }
-        Ok(())
+    make_overwritten::<O>(t.shape(), t.layout(), |out| {
+        par::chunks_mut(out, 1, 1, |first, piece| {
+            let n = piece.len();
+            for (o, &v) in piece.iter_mut().zip(&src[first..first + n]) {
+                *o = f(v);
+            }
+            Ok(())
+        })
     })
 }
 

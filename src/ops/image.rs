@@ -1,10 +1,12 @@
 //! `concat` and `stack` (one or more inputs), and image operators on HWC or CHW
-//! tensors: `crop`, `flip_horizontal`, `flip_vertical`, `normalize`.
+//! tensors: `crop`, `resize` (in `resize.rs`), `flip_horizontal`, `flip_vertical`,
+//! `normalize`, `rgb_to_gray`.
 
 use std::sync::Arc;
 
-use super::elementwise::promote;
-use super::kernels::{self, make, typed};
+use super::elementwise::promote_all;
+use super::kernels::{self, Elem, make, typed};
+use super::resize;
 use super::{ArgSpec, Kernel, OpDef, TMeta, VARIADIC};
 use crate::error::{Error, Result};
 use crate::exec::args::{ArgType, ArgValue, Args};
@@ -21,10 +23,17 @@ fn axis_in(axis: i64, ndim: usize) -> Result<usize> {
 }
 
 fn promoted(inputs: &[&TMeta]) -> DType {
-    inputs
-        .iter()
-        .skip(1)
-        .fold(inputs[0].dtype, |d, m| promote(d, m.dtype))
+    promote_all(inputs.iter().map(|m| m.dtype)).unwrap_or(DType::Bool)
+}
+
+/// The layout all inputs share, or none.
+fn shared_layout(inputs: &[&TMeta]) -> String {
+    let first = &inputs[0].layout;
+    if inputs.iter().all(|m| &m.layout == first) {
+        first.clone()
+    } else {
+        String::new()
+    }
 }
 
 /// Output shape of `concat`, checking that inputs agree outside the axis.
@@ -80,7 +89,13 @@ fn stack_meta(inputs: &[&TMeta], args: &Args) -> Result<(usize, Vec<i64>)> {
 /// index of the output's dimensions before `axis`, each input's block from `axis` on
 /// (a concatenated input's extent along `axis` times the rest; a stacked input's
 /// whole sample).
-fn join(inputs: &[&Tensor], dtype: DType, axis: usize, shape: &[i64]) -> Result<Tensor> {
+fn join(
+    inputs: &[&Tensor],
+    dtype: DType,
+    axis: usize,
+    shape: &[i64],
+    layout: &str,
+) -> Result<Tensor> {
     let item = dtype.itemsize();
     let outer: usize = shape[..axis].iter().map(|&d| d as usize).product();
     let parts: Vec<Vec<u8>> = inputs
@@ -95,7 +110,8 @@ fn join(inputs: &[&Tensor], dtype: DType, axis: usize, shape: &[i64]) -> Result<
             s[axis..].iter().map(|&d| d as usize).product::<usize>() * item
         })
         .collect();
-    Tensor::new_host(dtype, shape, Default::default(), |out| {
+    let layout = std::ffi::CString::new(layout).unwrap_or_default();
+    Tensor::new_host_overwritten(dtype, shape, layout, |out| {
         let mut at = 0;
         for o in 0..outer {
             for (p, &len) in parts.iter().zip(&slab) {
@@ -108,7 +124,7 @@ fn join(inputs: &[&Tensor], dtype: DType, axis: usize, shape: &[i64]) -> Result<
 }
 
 /// The (H, W, C) axes of a 3-d image tensor, from its layout.
-fn hwc_axes(layout: &str, shape: &[i64], op: &str) -> Result<(usize, usize, usize)> {
+pub(crate) fn hwc_axes(layout: &str, shape: &[i64], op: &str) -> Result<(usize, usize, usize)> {
     match (layout, shape.len()) {
         ("HWC", 3) => Ok((0, 1, 2)),
         ("CHW", 3) => Ok((1, 2, 0)),
@@ -228,6 +244,87 @@ fn flip_op(name: &'static str, horizontal: bool) -> OpDef {
     )
 }
 
+/// The channel axis and channel count of an `rgb_to_gray` input.
+fn gray_meta(m: &TMeta) -> Result<(usize, usize)> {
+    let (_, _, c_ax) = hwc_axes(&m.layout, &m.shape, "rgb_to_gray")?;
+    if !matches!(
+        m.dtype,
+        DType::U8 | DType::U16 | DType::F16 | DType::BF16 | DType::F32 | DType::F64
+    ) {
+        return Err(Error::type_error(format!(
+            "operator 'rgb_to_gray' does not support dtype {} (uint8, uint16, float16, bfloat16, float32, float64)",
+            m.dtype.name()
+        )));
+    }
+    let c = m.shape[c_ax];
+    if c != 3 && c != 4 {
+        return Err(Error::value(format!(
+            "rgb_to_gray needs 3 or 4 channels (RGB or RGBA), got {c} (shape {}, layout \"{}\")",
+            dims(&m.shape),
+            m.layout
+        )));
+    }
+    Ok((c_ax, c as usize))
+}
+
+/// ITU-R BT.601 luma, as OpenCV's `COLOR_RGB2GRAY`: integers in its 15-bit fixed
+/// point (0.299, 0.587, 0.114 as 9798, 19235, 3735 / 2^15, rounded).
+trait Luma: Elem {
+    fn luma(r: Self, g: Self, b: Self) -> Self;
+}
+impl Luma for u8 {
+    fn luma(r: u8, g: u8, b: u8) -> u8 {
+        ((r as u32 * 9798 + g as u32 * 19235 + b as u32 * 3735 + (1 << 14)) >> 15) as u8
+    }
+}
+impl Luma for u16 {
+    fn luma(r: u16, g: u16, b: u16) -> u16 {
+        ((r as u64 * 9798 + g as u64 * 19235 + b as u64 * 3735 + (1 << 14)) >> 15) as u16
+    }
+}
+impl Luma for f32 {
+    fn luma(r: f32, g: f32, b: f32) -> f32 {
+        r * 0.299 + g * 0.587 + b * 0.114
+    }
+}
+impl Luma for f64 {
+    fn luma(r: f64, g: f64, b: f64) -> f64 {
+        r * 0.299 + g * 0.587 + b * 0.114
+    }
+}
+
+fn gray<T: Luma>(t: &Tensor, c_ax: usize, c: usize) -> Result<Tensor> {
+    let v = typed::<T>(t)?;
+    let mut shape = t.shape().to_vec();
+    shape[c_ax] = 1;
+    make::<T>(&shape, t.layout(), |out| {
+        if c_ax == 2 {
+            for (o, px) in out.iter_mut().zip(v.chunks_exact(c)) {
+                *o = T::luma(px[0], px[1], px[2]);
+            }
+        } else {
+            let n = out.len();
+            let (r, rest) = v.split_at(n);
+            let (g, b) = rest.split_at(n);
+            for (((o, &r), &g), &b) in out.iter_mut().zip(r).zip(g).zip(&b[..n]) {
+                *o = T::luma(r, g, b);
+            }
+        }
+        Ok(())
+    })
+}
+
+fn rgb_to_gray(t: &Tensor) -> Result<Tensor> {
+    let (c_ax, c) = gray_meta(&TMeta::of(t))?;
+    match t.dtype() {
+        DType::U8 => gray::<u8>(t, c_ax, c),
+        DType::U16 => gray::<u16>(t, c_ax, c),
+        DType::F64 => gray::<f64>(t, c_ax, c),
+        DType::F32 => gray::<f32>(t, c_ax, c),
+        d => kernels::cast(&gray::<f32>(&kernels::cast(t, DType::F32)?, c_ax, c)?, d),
+    }
+}
+
 /// The image and joining operators.
 pub fn ops() -> Vec<OpDef> {
     let axis = || {
@@ -248,14 +345,15 @@ pub fn ops() -> Vec<OpDef> {
                 Ok(vec![TMeta {
                     dtype: promoted(i),
                     shape,
-                    layout: i[0].layout.clone(),
+                    layout: shared_layout(i),
                 }])
             })),
             kernel: Kernel::Builtin(Arc::new(|i: &[&Tensor], a: &Args| {
                 let metas: Vec<TMeta> = i.iter().map(|t| TMeta::of(t)).collect();
                 let refs: Vec<&TMeta> = metas.iter().collect();
                 let (axis, shape) = concat_meta(&refs, a)?;
-                Ok(vec![join(i, promoted(&refs), axis, &shape)?])
+                let layout = shared_layout(&refs);
+                Ok(vec![join(i, promoted(&refs), axis, &shape, &layout)?])
             })),
         },
         OpDef {
@@ -275,7 +373,7 @@ pub fn ops() -> Vec<OpDef> {
                 let metas: Vec<TMeta> = i.iter().map(|t| TMeta::of(t)).collect();
                 let refs: Vec<&TMeta> = metas.iter().collect();
                 let (axis, shape) = stack_meta(&refs, a)?;
-                Ok(vec![join(i, promoted(&refs), axis, &shape)?])
+                Ok(vec![join(i, promoted(&refs), axis, &shape, "")?])
             })),
         },
         one_in(
@@ -303,6 +401,43 @@ pub fn ops() -> Vec<OpDef> {
                     view.to_compact()?.with_layout(t.c_layout().to_owned()),
                 ])
             }),
+        ),
+        one_in(
+            "resize",
+            vec![
+                int_arg("h"),
+                int_arg("w"),
+                ArgSpec {
+                    name: "interp".into(),
+                    ty: ArgType::Str,
+                    required: false,
+                },
+            ],
+            Arc::new(|i: &[&TMeta], a: &Args| {
+                let p = resize::plan(i[0], a)?;
+                Ok(vec![TMeta {
+                    shape: resize::out_shape(i[0], &p),
+                    ..i[0].clone()
+                }])
+            }),
+            Arc::new(|i: &[&Tensor], a: &Args| {
+                let p = resize::plan(&TMeta::of(i[0]), a)?;
+                Ok(vec![resize::run(i[0], &p)?])
+            }),
+        ),
+        one_in(
+            "rgb_to_gray",
+            vec![],
+            Arc::new(|i: &[&TMeta], _: &Args| {
+                let (c_ax, _) = gray_meta(i[0])?;
+                let mut shape = i[0].shape.clone();
+                shape[c_ax] = 1;
+                Ok(vec![TMeta {
+                    shape,
+                    ..i[0].clone()
+                }])
+            }),
+            Arc::new(|i: &[&Tensor], _: &Args| Ok(vec![rgb_to_gray(i[0])?])),
         ),
         flip_op("flip_horizontal", true),
         flip_op("flip_vertical", false),

@@ -339,6 +339,22 @@ pub(crate) fn make<T: Elem>(
     })
 }
 
+/// Like [`make`] for a `fill` that writes every element (the slice may hold a reused
+/// buffer's old values).
+pub(crate) fn make_overwritten<T: Elem>(
+    shape: &[i64],
+    layout: &str,
+    fill: impl FnOnce(&mut [T]) -> Result<()>,
+) -> Result<Tensor> {
+    let layout = std::ffi::CString::new(layout).unwrap_or_default();
+    Tensor::new_host_overwritten(T::DTYPE, shape, layout, |bytes| {
+        if bytes.is_empty() {
+            return fill(&mut []);
+        }
+        fill(bytemuck::cast_slice_mut(bytes))
+    })
+}
+
 /// NumPy broadcasting of two shapes.
 pub fn broadcast_shapes(a: &[i64], b: &[i64]) -> Result<Vec<i64>> {
     if a == b {

@@ -4,7 +4,9 @@
 pub mod elementwise;
 pub mod image;
 pub mod kernels;
+pub mod par;
 pub mod reduce;
+pub mod resize;
 pub mod shape;
 
 use std::collections::HashMap;
@@ -116,7 +118,9 @@ impl OpDef {
             };
             let ok = value.arg_type() == spec.ty
                 || (spec.ty == ArgType::Float && matches!(value, ArgValue::Int(_)))
-                || (spec.ty == ArgType::Ints && matches!(value, ArgValue::Int(_)));
+                || (spec.ty == ArgType::Ints && matches!(value, ArgValue::Int(_)))
+                || (spec.ty == ArgType::Floats
+                    && matches!(value, ArgValue::Float(_) | ArgValue::Int(_)));
             if !ok {
                 return Err(Error::type_error(format!(
                     "operator '{}': argument '{name}' is {}, expected {}",

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use super::kernels::{self, Elem, make, typed, with_elem};
-use super::{ArgSpec, Kernel, OpDef, TMeta};
+use super::{ArgSpec, Kernel, OpDef, TMeta, par};
 use crate::error::{Error, Result};
 use crate::exec::args::{ArgType, Args};
 use crate::tensor::{DType, Tensor, dims};
@@ -176,6 +176,38 @@ fn reduce(red: Red, t: &Tensor, axes: &[usize], keepdims: bool) -> Result<Tensor
         bool => unreachable!("bool cast above"))
 }
 
+/// Whether `axes` (sorted, distinct) are the last axes of an `ndim`-d tensor.
+fn is_suffix(axes: &[usize], ndim: usize) -> bool {
+    axes.iter()
+        .enumerate()
+        .all(|(i, &a)| a == ndim - axes.len() + i)
+}
+
+/// The sum of a block in `f64`: eight running sums over the elements (which the
+/// compiler vectorises), in pieces of a fixed size whose sums are added in order, so
+/// the rounding never depends on the number of threads.
+fn sum_block<S: Elem>(v: &[S]) -> f64 {
+    fn lanes<S: Elem>(v: &[S]) -> f64 {
+        let mut acc = [0f64; 8];
+        let chunks = v.chunks_exact(8);
+        let rest = chunks.remainder();
+        for c in chunks {
+            for (a, x) in acc.iter_mut().zip(c) {
+                *a += x.to_f64();
+            }
+        }
+        let mut s =
+            ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+        for x in rest {
+            s += x.to_f64();
+        }
+        s
+    }
+    par::map_pieces(v.len(), 1, |r| lanes(&v[r]))
+        .into_iter()
+        .sum()
+}
+
 fn reduce_typed<S: Elem>(
     red: Red,
     t: &Tensor,
@@ -228,6 +260,24 @@ fn reduce_typed<S: Elem>(
                 }
                 Ok(())
             }), bool => unreachable!("integer sums are int64 or uint64"))
+        }
+        Red::Sum | Red::Mean if is_suffix(axes, t.ndim()) => {
+            // Each output sums one contiguous block: the fast path.
+            let n_out: usize = out_shape.iter().map(|&d| d as usize).product();
+            let mut accs: Vec<f64> = if count == 0 {
+                vec![0.0; n_out]
+            } else {
+                src.chunks(count).map(sum_block).collect()
+            };
+            if red == Red::Mean {
+                accs.iter_mut().for_each(|a| *a /= count as f64);
+            }
+            with_elem!(out_dtype, D => make::<D>(out_shape, layout, |out| {
+                for (o, a) in out.iter_mut().zip(accs) {
+                    *o = D::from_f64(a);
+                }
+                Ok(())
+            }), bool => unreachable!("float results"))
         }
         Red::Sum | Red::Prod | Red::Mean => {
             let prod = red == Red::Prod;

@@ -203,6 +203,27 @@ impl Tensor {
         layout: CString,
         fill: impl FnOnce(&mut [u8]) -> Result<()>,
     ) -> Result<Tensor> {
+        Tensor::new_host_in(dtype, shape, layout, true, fill)
+    }
+
+    /// Like [`Tensor::new_host`] for a `fill` that writes every byte: the bytes it
+    /// receives may hold a reused buffer's old contents.
+    pub fn new_host_overwritten(
+        dtype: DType,
+        shape: &[i64],
+        layout: CString,
+        fill: impl FnOnce(&mut [u8]) -> Result<()>,
+    ) -> Result<Tensor> {
+        Tensor::new_host_in(dtype, shape, layout, false, fill)
+    }
+
+    fn new_host_in(
+        dtype: DType,
+        shape: &[i64],
+        layout: CString,
+        zeroed: bool,
+        fill: impl FnOnce(&mut [u8]) -> Result<()>,
+    ) -> Result<Tensor> {
         let geometry = validate_geometry("output", 1, shape, None, dtype.itemsize(), 0)?;
         let nbytes = geometry
             .numel
@@ -213,7 +234,11 @@ impl Tensor {
                     format!("shape {} is too large to allocate", dims(shape)),
                 )
             })?;
-        let mut storage = Storage::owned(nbytes)?;
+        let mut storage = if zeroed {
+            Storage::owned(nbytes)?
+        } else {
+            Storage::owned_stale(nbytes)?
+        };
         if let Some(bytes) = storage.owned_bytes_mut() {
             fill(bytes)?;
         }

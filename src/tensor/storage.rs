@@ -55,9 +55,114 @@ unsafe impl Send for Storage {}
 // SAFETY: see `Send`: all access through `&Storage` is read-only.
 unsafe impl Sync for Storage {}
 
+/// Buffers at least this large are kept for reuse when freed.
+pub const CACHE_MIN_BYTES: usize = 64 << 10;
+
+/// Freed buffers kept for reuse, by size: a pipeline that runs the same shapes again
+/// takes its outputs from here instead of from the system (whose fresh pages cost a
+/// page fault each on first touch). Bounded by `NDX_CACHE_BYTES` (default 256 MiB;
+/// 0 turns the cache off); the least recently freed size class goes first.
+struct Cache {
+    by_len: std::collections::HashMap<usize, Vec<CachedPtr>>,
+    /// Lengths in the order their buffers were freed, oldest first.
+    order: std::collections::VecDeque<usize>,
+    bytes: usize,
+    limit: usize,
+}
+
+/// A cached buffer: nothing else refers to it.
+struct CachedPtr(*mut u8);
+// SAFETY: a cached buffer is unreferenced memory owned by the cache alone.
+unsafe impl Send for CachedPtr {}
+
+fn cache() -> &'static parking_lot::Mutex<Cache> {
+    static CACHE: std::sync::OnceLock<parking_lot::Mutex<Cache>> = std::sync::OnceLock::new();
+    CACHE.get_or_init(|| {
+        let limit = std::env::var("NDX_CACHE_BYTES")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .unwrap_or(256 << 20);
+        parking_lot::Mutex::new(Cache {
+            by_len: Default::default(),
+            order: Default::default(),
+            bytes: 0,
+            limit,
+        })
+    })
+}
+
+fn cache_take(len: usize) -> Option<*mut u8> {
+    let mut c = cache().lock();
+    let ptr = c.by_len.get_mut(&len)?.pop()?.0;
+    c.bytes -= len;
+    if let Some(i) = c.order.iter().rposition(|&l| l == len) {
+        c.order.remove(i);
+    }
+    Some(ptr)
+}
+
+/// Keeps a freed buffer, or gives it back (returns it) when it does not fit.
+fn cache_put(ptr: *mut u8, len: usize) -> Option<*mut u8> {
+    let mut c = cache().lock();
+    if len > c.limit {
+        return Some(ptr);
+    }
+    let mut evicted = Vec::new();
+    while c.bytes + len > c.limit {
+        let Some(old) = c.order.pop_front() else {
+            break;
+        };
+        if let Some(p) = c.by_len.get_mut(&old).and_then(Vec::pop) {
+            c.bytes -= old;
+            evicted.push((p, old));
+        }
+    }
+    c.by_len.entry(len).or_default().push(CachedPtr(ptr));
+    c.order.push_back(len);
+    c.bytes += len;
+    drop(c);
+    for (p, l) in evicted {
+        // SAFETY: a cached buffer was allocated in `owned` with this length and
+        // alignment, and the cache held the only pointer to it.
+        unsafe { std::alloc::dealloc(p.0, Layout::from_size_align_unchecked(l, ALIGNMENT)) };
+    }
+    None
+}
+
 impl Storage {
     /// A new zeroed host buffer of `len` bytes, aligned to [`ALIGNMENT`].
     pub fn owned(len: usize) -> Result<Storage> {
+        let (mut s, reused) = Storage::alloc(len)?;
+        if reused {
+            if let Some(b) = s.owned_bytes_mut() {
+                b.fill(0);
+            }
+        }
+        Ok(s)
+    }
+
+    /// A host buffer of `len` bytes, aligned to [`ALIGNMENT`], for a caller that
+    /// writes every byte: a reused one holds the bytes of its previous life.
+    pub fn owned_stale(len: usize) -> Result<Storage> {
+        Storage::alloc(len).map(|(s, _)| s)
+    }
+
+    /// A buffer from the cache (`true`) or a new zeroed one (`false`).
+    fn alloc(len: usize) -> Result<(Storage, bool)> {
+        if len >= CACHE_MIN_BYTES {
+            if let Some(ptr) = cache_take(len) {
+                let storage = Storage {
+                    ptr,
+                    lo: 0,
+                    len,
+                    device: Device::CPU,
+                    read_only: false,
+                    is_copied: false,
+                    owner: Owner::Owned(Layout::from_size_align(len, ALIGNMENT).ok()),
+                };
+                return Ok((storage, true));
+            }
+        }
         let (ptr, layout) = if len == 0 {
             (std::ptr::null_mut(), None)
         } else {
@@ -77,7 +182,7 @@ impl Storage {
             }
             (ptr, Some(layout))
         };
-        Ok(Storage {
+        let storage = Storage {
             ptr,
             lo: 0,
             len,
@@ -85,7 +190,8 @@ impl Storage {
             read_only: false,
             is_copied: false,
             owner: Owner::Owned(layout),
-        })
+        };
+        Ok((storage, false))
     }
 
     /// Takes ownership of a versioned DLPack tensor whose metadata has been validated;
@@ -213,8 +319,17 @@ impl Drop for Storage {
     fn drop(&mut self) {
         match self.owner {
             Owner::Owned(None) => {}
-            // SAFETY: allocated in `owned` with exactly this layout.
-            Owner::Owned(Some(layout)) => unsafe { std::alloc::dealloc(self.ptr, layout) },
+            Owner::Owned(Some(layout)) => {
+                if layout.size() >= CACHE_MIN_BYTES {
+                    if let Some(ptr) = cache_put(self.ptr, layout.size()) {
+                        // SAFETY: allocated in `owned` with exactly this layout.
+                        unsafe { std::alloc::dealloc(ptr, layout) }
+                    }
+                } else {
+                    // SAFETY: allocated in `owned` with exactly this layout.
+                    unsafe { std::alloc::dealloc(self.ptr, layout) }
+                }
+            }
             Owner::Versioned(managed) => {
                 // SAFETY: we own `managed` and release it exactly once, here.
                 if let Some(deleter) = unsafe { (*managed).deleter } {

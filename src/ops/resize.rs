@@ -1,0 +1,452 @@
+//! `resize(h, w, interp)` of HWC or CHW images, with OpenCV's half-pixel centres.
+//!
+//! Linear: output pixel `d` samples source coordinate `(d + 0.5) * in / out - 0.5`,
+//! clamped to the first and last pixel; the two neighbours are blended separably,
+//! rows after columns. For the types OpenCV resizes the same way (`uint8`, `float32`,
+//! and `float16`/`bfloat16` through `float32`) the coordinate is computed in `f32` and
+//! the edges are treated as OpenCV treats them (a clamped column takes weight 0; a
+//! clamped row keeps its weight and blends the edge row with itself); other types use
+//! the exact `f64` coordinate. A same-size resize returns the pixels unchanged. `uint8` uses OpenCV's
+//! fixed-point weights (11 bits each way) and its vectorised path's rounding, so it
+//! equals `cv2.resize(..., INTER_LINEAR)` bit for bit; `float32`/`float64`
+//! blend in their own type; other integer types blend in `f64` and round half to even;
+//! `float16`/`bfloat16` blend in `f32`. Nearest: source pixel
+//! `floor((d + 0.5) * in / out)` in exact integer arithmetic. This is OpenCV's
+//! `INTER_NEAREST_EXACT` except where the centre falls exactly on a pixel's edge:
+//! OpenCV's 16-bit fixed point lands just below it there and picks the pixel before.
+
+use super::kernels::{self, Elem, make, typed};
+use super::{TMeta, par};
+use crate::error::{Error, Result};
+use crate::exec::args::{ArgValue, Args};
+use crate::tensor::{DType, Tensor, dims};
+
+/// Interpolation.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Interp {
+    Nearest,
+    Linear,
+}
+
+/// A checked `resize` request.
+pub struct Plan {
+    pub out_h: i64,
+    pub out_w: i64,
+    pub interp: Interp,
+    /// Axes of H, W and C.
+    pub axes: (usize, usize, usize),
+}
+
+/// Validates `resize`'s arguments against an input's metadata.
+pub fn plan(m: &TMeta, args: &Args) -> Result<Plan> {
+    let axes = super::image::hwc_axes(&m.layout, &m.shape, "resize")?;
+    if m.dtype == DType::Bool {
+        return Err(Error::type_error(
+            "operator 'resize' does not support dtype bool",
+        ));
+    }
+    let get = |n: &str| -> Result<i64> {
+        match args.get(n) {
+            Some(ArgValue::Int(v)) => Ok(*v),
+            _ => Err(Error::value(format!("resize needs integer argument '{n}'"))),
+        }
+    };
+    let (out_h, out_w) = (get("h")?, get("w")?);
+    if out_h <= 0 || out_w <= 0 {
+        return Err(Error::value(format!(
+            "resize to {out_w}x{out_h} (w x h): both sizes must be at least 1"
+        )));
+    }
+    let interp = match args.get("interp") {
+        None => Interp::Linear,
+        Some(ArgValue::Str(s)) => match s.to_bytes() {
+            b"linear" => Interp::Linear,
+            b"nearest" => Interp::Nearest,
+            other => {
+                return Err(Error::value(format!(
+                    "resize: interp \"{}\" is not \"linear\" or \"nearest\"",
+                    String::from_utf8_lossy(other)
+                )));
+            }
+        },
+        Some(_) => return Err(Error::type_error("resize: 'interp' must be a string")),
+    };
+    let (in_h, in_w) = (m.shape[axes.0], m.shape[axes.1]);
+    if (in_h == 0 || in_w == 0) && m.shape[axes.2] > 0 {
+        return Err(Error::value(format!(
+            "resize of an empty image (shape {}) to {out_w}x{out_h}: there is nothing to sample",
+            dims(&m.shape)
+        )));
+    }
+    Ok(Plan {
+        out_h,
+        out_w,
+        interp,
+        axes,
+    })
+}
+
+/// The output shape.
+pub fn out_shape(m: &TMeta, p: &Plan) -> Vec<i64> {
+    let mut shape = m.shape.clone();
+    shape[p.axes.0] = p.out_h;
+    shape[p.axes.1] = p.out_w;
+    shape
+}
+
+/// One axis of linear sampling: for each output coordinate the two source
+/// coordinates and the second one's weight.
+struct Taps {
+    lo: Vec<usize>,
+    hi: Vec<usize>,
+    frac: Vec<f64>,
+}
+
+/// How taps are computed: OpenCV's way (coordinates in `f32`; columns clamp the
+/// weight at the edges, rows keep it and clamp only the row index) for the types it
+/// resizes, or exactly (`f64`, both axes clamped) for the others.
+#[derive(Clone, Copy, PartialEq)]
+enum TapRule {
+    OpenCvColumns,
+    OpenCvRows,
+    Exact,
+}
+
+fn linear_taps(n_in: usize, n_out: usize, rule: TapRule) -> Taps {
+    let scale = n_in as f64 / n_out as f64;
+    let mut t = Taps {
+        lo: Vec::with_capacity(n_out),
+        hi: Vec::with_capacity(n_out),
+        frac: Vec::with_capacity(n_out),
+    };
+    let last = n_in as i64 - 1;
+    for d in 0..n_out {
+        let f = (d as f64 + 0.5) * scale - 0.5;
+        let (s, mut frac) = if rule == TapRule::Exact {
+            (f.floor(), f - f.floor())
+        } else {
+            let f = f as f32;
+            (f64::from(f.floor()), f64::from(f - f.floor()))
+        };
+        let s = s as i64;
+        if rule != TapRule::OpenCvRows && (s < 0 || s >= last) {
+            frac = 0.0;
+        }
+        t.lo.push(s.clamp(0, last) as usize);
+        t.hi.push((s + 1).clamp(0, last) as usize);
+        t.frac.push(frac);
+    }
+    t
+}
+
+fn nearest_taps(n_in: usize, n_out: usize) -> Vec<usize> {
+    (0..n_out)
+        .map(|d| {
+            (((2 * d + 1) as u128 * n_in as u128 / (2 * n_out) as u128) as usize).min(n_in - 1)
+        })
+        .collect()
+}
+
+/// A compact image as `planes` planes of `h` rows of `w` pixels of `c` interleaved
+/// channels (HWC: one plane of C channels; CHW: C planes of one channel).
+#[derive(Clone, Copy)]
+struct Geom {
+    planes: usize,
+    h: usize,
+    w: usize,
+    c: usize,
+}
+
+fn geom(shape: &[i64], axes: (usize, usize, usize), h: usize, w: usize) -> Geom {
+    let ch = shape[axes.2] as usize;
+    if axes.2 == 2 {
+        Geom {
+            planes: 1,
+            h,
+            w,
+            c: ch,
+        }
+    } else {
+        Geom {
+            planes: ch,
+            h,
+            w,
+            c: 1,
+        }
+    }
+}
+
+/// The horizontal pass over one source row of `C`-channel pixels.
+fn row_pass<B: Blend, const C: usize>(s: &[B::S], cols: &Taps, w: &[(B::W, B::W)], h: &mut [B::H]) {
+    for (((px, &l), &r), &w) in h.chunks_exact_mut(C).zip(&cols.lo).zip(&cols.hi).zip(w) {
+        let (a, b) = (&s[l * C..l * C + C], &s[r * C..r * C + C]);
+        for k in 0..C {
+            px[k] = B::horizontal(a[k], b[k], w);
+        }
+    }
+}
+
+/// Blends rows in a caller-chosen arithmetic: `H` is the horizontal pass's value type.
+trait Blend: Sync {
+    type S: Copy + Sync;
+    type H: Copy + Default + Send;
+    type O: Copy + Send;
+    /// Weight of the second tap, in this arithmetic.
+    type W: Copy + Sync;
+    fn weights(frac: f64) -> (Self::W, Self::W);
+    fn horizontal(a: Self::S, b: Self::S, w: (Self::W, Self::W)) -> Self::H;
+    fn vertical(a: Self::H, b: Self::H, w: (Self::W, Self::W)) -> Self::O;
+}
+
+/// OpenCV's fixed point for `uint8`: weights scaled by 2^11, the row pass in `i32`,
+/// the column pass as OpenCV's SIMD path rounds it.
+struct FixedU8;
+impl Blend for FixedU8 {
+    type S = u8;
+    type H = i32;
+    type O = u8;
+    type W = i32;
+    fn weights(frac: f64) -> (i32, i32) {
+        let frac = frac as f32;
+        let q = |v: f32| (v * 2048.0).round_ties_even() as i32;
+        (q(1.0 - frac), q(frac))
+    }
+    #[inline(always)]
+    fn horizontal(a: u8, b: u8, w: (i32, i32)) -> i32 {
+        a as i32 * w.0 + b as i32 * w.1
+    }
+    #[inline(always)]
+    fn vertical(a: i32, b: i32, w: (i32, i32)) -> u8 {
+        // OpenCV's vectorised rounding, which its x86 builds use for all but the
+        // last few pixels of a row: each product's high half, then 2 bits.
+        (((((a >> 4) * w.0) >> 16) + (((b >> 4) * w.1) >> 16) + 2) >> 2).clamp(0, 255) as u8
+    }
+}
+
+macro_rules! float_blend {
+    ($name:ident, $t:ty) => {
+        struct $name;
+        impl Blend for $name {
+            type S = $t;
+            type H = $t;
+            type O = $t;
+            type W = $t;
+            fn weights(frac: f64) -> ($t, $t) {
+                (1.0 - frac as $t, frac as $t)
+            }
+            #[inline(always)]
+            fn horizontal(a: $t, b: $t, w: ($t, $t)) -> $t {
+                a * w.0 + b * w.1
+            }
+            #[inline(always)]
+            fn vertical(a: $t, b: $t, w: ($t, $t)) -> $t {
+                a * w.0 + b * w.1
+            }
+        }
+    };
+}
+float_blend!(F32Blend, f32);
+float_blend!(F64Blend, f64);
+
+/// Linear resize of `src` (compact, `g`) into `out` (compact, `out_h` x `out_w`).
+fn linear<B: Blend>(
+    src: &[B::S],
+    g: Geom,
+    out_h: usize,
+    out_w: usize,
+    exact: bool,
+    out: &mut [B::O],
+) -> Result<()> {
+    let (cols, rows) = if exact {
+        (TapRule::Exact, TapRule::Exact)
+    } else {
+        (TapRule::OpenCvColumns, TapRule::OpenCvRows)
+    };
+    let cols = linear_taps(g.w, out_w, cols);
+    let rows = linear_taps(g.h, out_h, rows);
+    let col_w: Vec<(B::W, B::W)> = cols.frac.iter().map(|&f| B::weights(f)).collect();
+    let row_len = out_w * g.c;
+    let src_row = g.w * g.c;
+    let plane = g.h * src_row;
+    // Work per output row: two horizontal passes and a blend.
+    par::chunks_mut(out, row_len, row_len * 3, |first_row, piece| {
+        let mut cache: [(usize, Vec<B::H>); 2] = [
+            (usize::MAX, vec![B::H::default(); row_len]),
+            (usize::MAX, vec![B::H::default(); row_len]),
+        ];
+        let pass = |y: usize, base: usize, h: &mut Vec<B::H>| {
+            let s = &src[base + y * src_row..base + (y + 1) * src_row];
+            match g.c {
+                1 => row_pass::<B, 1>(s, &cols, &col_w, h),
+                3 => row_pass::<B, 3>(s, &cols, &col_w, h),
+                4 => row_pass::<B, 4>(s, &cols, &col_w, h),
+                c => {
+                    for (((px, &l), &r), &w) in h
+                        .chunks_exact_mut(c)
+                        .zip(&cols.lo)
+                        .zip(&cols.hi)
+                        .zip(&col_w)
+                    {
+                        let (a, b) = (&s[l * c..(l + 1) * c], &s[r * c..(r + 1) * c]);
+                        for ((o, &x), &y) in px.iter_mut().zip(a).zip(b) {
+                            *o = B::horizontal(x, y, w);
+                        }
+                    }
+                }
+            }
+        };
+        for (k, row) in piece.chunks_mut(row_len).enumerate() {
+            let r = first_row + k;
+            let (p, oy) = (r / out_h, r % out_h);
+            let base = p * plane;
+            let key = |y: usize| p * g.h + y;
+            let (y0, y1) = (rows.lo[oy], rows.hi[oy]);
+            // Keep whichever cached row is still needed, recompute the other.
+            if cache[0].0 != key(y0) {
+                if cache[1].0 == key(y0) {
+                    cache.swap(0, 1);
+                } else {
+                    pass(y0, base, &mut cache[0].1);
+                    cache[0].0 = key(y0);
+                }
+            }
+            if cache[1].0 != key(y1) {
+                pass(y1, base, &mut cache[1].1);
+                cache[1].0 = key(y1);
+            }
+            let w = B::weights(rows.frac[oy]);
+            let (h0, h1) = (&cache[0].1, &cache[1].1);
+            for ((o, &a), &b) in row.iter_mut().zip(h0.iter()).zip(h1.iter()) {
+                *o = B::vertical(a, b, w);
+            }
+        }
+        Ok(())
+    })
+}
+
+fn nearest<T: Copy + Send + Sync>(
+    src: &[T],
+    g: Geom,
+    out_h: usize,
+    out_w: usize,
+    out: &mut [T],
+) -> Result<()> {
+    let cols = nearest_taps(g.w, out_w);
+    let rows = nearest_taps(g.h, out_h);
+    let offs: Vec<usize> = cols
+        .iter()
+        .flat_map(|&x| (0..g.c).map(move |k| x * g.c + k))
+        .collect();
+    let row_len = out_w * g.c;
+    let src_row = g.w * g.c;
+    par::chunks_mut(out, row_len, row_len, |first_row, piece| {
+        for (k, row) in piece.chunks_mut(row_len).enumerate() {
+            let r = first_row + k;
+            let (p, oy) = (r / out_h, r % out_h);
+            let start = p * g.h * src_row + rows[oy] * src_row;
+            let s = &src[start..start + src_row];
+            for (o, &i) in row.iter_mut().zip(&offs) {
+                *o = s[i];
+            }
+        }
+        Ok(())
+    })
+}
+
+fn resize_typed<T: Elem>(
+    t: &Tensor,
+    shape: &[i64],
+    run: impl FnOnce(&[T], &mut [T]) -> Result<()>,
+) -> Result<Tensor> {
+    let src = typed::<T>(t)?;
+    make::<T>(shape, t.layout(), |out| run(&src, out))
+}
+
+/// Runs a checked resize.
+pub fn run(t: &Tensor, p: &Plan) -> Result<Tensor> {
+    let shape = out_shape(&TMeta::of(t), p);
+    let g = geom(
+        t.shape(),
+        p.axes,
+        t.shape()[p.axes.0] as usize,
+        t.shape()[p.axes.1] as usize,
+    );
+    let (oh, ow) = (p.out_h as usize, p.out_w as usize);
+    if (oh, ow) == (g.h, g.w) {
+        // Same size: every output pixel is its source pixel, exactly.
+        return Ok(t.to_compact()?.with_layout(t.c_layout().to_owned()));
+    }
+    if g.planes * g.c == 0 {
+        return kernels::with_elem!(t.dtype(), T => make::<T>(&shape, t.layout(), |_| Ok(())),
+            bool => unreachable!("rejected by plan"));
+    }
+    if p.interp == Interp::Nearest {
+        return kernels::with_elem!(t.dtype(), T => resize_typed::<T>(t, &shape,
+            |s, o| nearest(s, g, oh, ow, o)),
+            bool => unreachable!("rejected by plan"));
+    }
+    match t.dtype() {
+        DType::U8 => {
+            resize_typed::<u8>(t, &shape, |s, o| linear::<FixedU8>(s, g, oh, ow, false, o))
+        }
+        DType::F32 => {
+            resize_typed::<f32>(t, &shape, |s, o| linear::<F32Blend>(s, g, oh, ow, false, o))
+        }
+        DType::F64 => {
+            resize_typed::<f64>(t, &shape, |s, o| linear::<F64Blend>(s, g, oh, ow, true, o))
+        }
+        DType::F16 | DType::BF16 => {
+            let wide = kernels::cast(t, DType::F32)?;
+            let r = resize_typed::<f32>(&wide, &shape, |s, o| {
+                linear::<F32Blend>(s, g, oh, ow, false, o)
+            })?;
+            kernels::cast(&r, t.dtype())
+        }
+        d => {
+            // Integers: blend in f64, round half to even, and narrow (a blend stays
+            // between its taps, so the values are in range).
+            let wide = kernels::cast(t, DType::F64)?;
+            let r = resize_typed::<f64>(&wide, &shape, |s, o| {
+                linear::<F64Blend>(s, g, oh, ow, true, o)?;
+                for v in o.iter_mut() {
+                    *v = v.round_ties_even();
+                }
+                Ok(())
+            })?;
+            kernels::cast(&r, d)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn taps_follow_half_pixel_centres() {
+        // 4 -> 2: centres at 0.5 and 2.5.
+        let t = linear_taps(4, 2, TapRule::Exact);
+        assert_eq!(
+            (t.lo, t.hi, t.frac),
+            (vec![0, 2], vec![1, 3], vec![0.5, 0.5])
+        );
+        // 2 -> 4: -0.25 clamps to 0; 1.25 is past the last pixel.
+        let t = linear_taps(2, 4, TapRule::OpenCvColumns);
+        assert_eq!(t.lo, vec![0, 0, 0, 1]);
+        assert_eq!(t.frac, vec![0.0, 0.25, 0.75, 0.0]);
+        // Rows keep the weight and clamp the index.
+        let t = linear_taps(2, 4, TapRule::OpenCvRows);
+        assert_eq!((t.lo, t.hi), (vec![0, 0, 0, 1], vec![0, 1, 1, 1]));
+        assert_eq!(t.frac, vec![0.75, 0.25, 0.75, 0.25]);
+        assert_eq!(nearest_taps(4, 2), vec![1, 3]);
+        assert_eq!(nearest_taps(3, 7), vec![0, 0, 1, 1, 1, 2, 2]);
+    }
+
+    #[test]
+    fn uint8_blend_rounds_like_opencv() {
+        let w = FixedU8::weights(0.5);
+        assert_eq!(w, (1024, 1024));
+        let h = FixedU8::horizontal(10, 11, w);
+        assert_eq!(FixedU8::vertical(h, h, w), 11); // 10.5 rounds up at the end
+    }
+}
