@@ -3,7 +3,8 @@
 # (ctest, valgrind included), and checks that the committed header is in sync.
 # Needs: a Rust toolchain with rustfmt and clippy, cmake, a C/C++ compiler, valgrind,
 # pkg-config, python3 with pip (for the official dlpack.h used by one compatibility
-# test), numpy and pytest (the Python FFI tests).
+# test), numpy and pytest (the Python FFI tests), opencv-python-headless and
+# ml_dtypes (references for the image operators and bfloat16).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${NDX_BUILD_DIR:-build}
