@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""Operator speed through the C ABI, against references on the same machine, in one run.
+
+  NDX_LIBRARY=/path/to/libndx.so python3 scripts/bench_ops.py [--repeat R]
+
+Each line is the best of R timed runs (the machines are shared and noisy: compare the
+ratios within one run, not figures across runs). ndx runs each operator SYNC_CPU
+through `ndx_invoke`, reads nothing back, and releases the output (its buffer goes
+back to ndx's cache, so a steady-state pipeline takes no fresh pages).
+
+  add   float32, 16M elements: ndx `add` vs `memcpy` of one operand's bytes
+        (`np.copyto`: 64 MiB read + 64 MiB written) as bandwidth (add moves 192 MiB,
+        memcpy 128 MiB; goal >= 0.7 of memcpy's bytes per second), and vs
+        `np.add(a, b, out=c)` (goal >= 1.0x NumPy's speed).
+  sum   float32, 16M elements to a scalar: ndx `sum` vs `np.sum` (ndx accumulates in
+        float64, NumPy pairwise in float32).
+  resize uint8 1080x1920x3 -> 224x224, linear: ndx `resize` vs OpenCV's
+        `cv2.resize(..., INTER_LINEAR)` with OpenCV's default threads (the values
+        are equal bit for bit; tests/python/test_ops_image.py checks them).
+"""
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
+
+import numpy as np  # noqa: E402
+
+import ndx_ctypes as ndx  # noqa: E402
+
+
+def best_s(fn, repeat):
+    fn()  # warm: caches, pages, the pool
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeat", type=int, default=20, help="timed runs per line (best is reported)")
+    opt = ap.parse_args()
+    r = opt.repeat
+    try:
+        import cv2
+    except ImportError:
+        cv2 = None
+
+    print(f"libndx {ndx.lib.ndx_version_string().decode()} from {ndx.LIBRARY_PATH}")
+    print(
+        f"python {sys.version.split()[0]}, numpy {np.__version__}, "
+        f"opencv {cv2.__version__ if cv2 else 'absent'}; {os.cpu_count()} cores; best of {r}"
+    )
+    ctx = ndx.Context()
+    sync = ndx.NDX_EVAL_SYNC_CPU
+    rng = np.random.default_rng(0)
+
+    def ndx_op(op, inputs, args=None):
+        def run():
+            f = ctx.invoke(op, inputs, sync, args=args)
+            t = f.tensor()
+            t.release()
+            f.release()
+
+        return run
+
+    n = 16 << 20
+    a = rng.random(n, dtype=np.float32)
+    b = rng.random(n, dtype=np.float32)
+    c = np.empty_like(a)
+    ta, tb = ndx.tensor_from_numpy(a), ndx.tensor_from_numpy(b)
+    mib = a.nbytes / 2**20
+
+    t_add = best_s(ndx_op("add", [ta, tb]), r)
+    t_copy = best_s(lambda: np.copyto(c, a), r)
+    t_npadd = best_s(lambda: np.add(a, b, out=c), r)
+    bw_add = 3 * mib / 1024 / t_add
+    bw_copy = 2 * mib / 1024 / t_copy
+    print(f"{'operation':44} {'ndx':>10} {'reference':>10} {'ratio':>8}")
+    print(f"{'add f32 16M: GiB/s vs memcpy GiB/s':44} {bw_add:10.1f} {bw_copy:10.1f} {bw_add / bw_copy:8.2f}")
+    print(f"{'add f32 16M: ms vs np.add(out=) ms':44} {t_add * 1e3:10.2f} {t_npadd * 1e3:10.2f} {t_npadd / t_add:8.2f}")
+
+    t_sum = best_s(ndx_op("sum", [ta]), r)
+    t_npsum = best_s(lambda: np.sum(a), r)
+    print(f"{'sum f32 16M: ms vs np.sum ms':44} {t_sum * 1e3:10.2f} {t_npsum * 1e3:10.2f} {t_npsum / t_sum:8.2f}")
+
+    img = rng.integers(0, 256, (1080, 1920, 3), dtype=np.uint8)
+    timg = ndx.tensor_from_numpy(img, layout="HWC")
+    args = ndx.Args().set_int("h", 224).set_int("w", 224)
+    t_resize = best_s(ndx_op("resize", [timg], args), r)
+    if cv2 is not None:
+        t_cv = best_s(lambda: cv2.resize(img, (224, 224), interpolation=cv2.INTER_LINEAR), r)
+        print(
+            f"{'resize u8 1080p->224 linear: us vs cv2 us':44} {t_resize * 1e6:10.1f} "
+            f"{t_cv * 1e6:10.1f} {t_cv / t_resize:8.2f}"
+        )
+    else:
+        print(f"{'resize u8 1080p->224 linear: us (no cv2)':44} {t_resize * 1e6:10.1f}")
+    print("ratio: reference time / ndx time (bandwidth: ndx / memcpy); above 1 is ndx faster")
+
+
+if __name__ == "__main__":
+    main()
