@@ -346,6 +346,28 @@ typedef int32_t ndx_arg_type_t;
 #endif // __cplusplus
 
 /**
+ * Flags of a host operator's schema (`ndx_op_schema_t.flags`).
+ */
+enum ndx_op_flags_t
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * Outputs may share memory with inputs (a kernel that returns a view of its
+   * input). Without it, the `debug` backend reports an output that does.
+   */
+  NDX_OP_OUTPUTS_MAY_ALIAS = 1,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum ndx_op_flags_t ndx_op_flags_t;
+#else
+typedef uint32_t ndx_op_flags_t;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
  * Named arguments for `ndx_invoke`: an owned builder (`ndx_args_new`,
  * `ndx_args_free`). Not thread-safe while being changed; `ndx_invoke` copies it.
  */
@@ -581,6 +603,25 @@ typedef struct {
    * `n_args` `ndx_arg_type_t` values.
    */
   const int32_t *arg_types;
+  /**
+   * NULL, or `n_outputs` `ndx_dtype_t` values the kernel promises (-1: any).
+   * Checked by the `debug` backend. (Fields from here on are optional: a
+   * `struct_size` that ends before them means none.)
+   */
+  const int32_t *output_dtypes;
+  /**
+   * NULL, or `n_outputs` ranks the kernel promises (-1: any); `debug` checks them.
+   */
+  const int32_t *output_ndims;
+  /**
+   * NULL, or `n_outputs` layout strings the kernel promises (a NULL entry: any);
+   * `debug` checks them.
+   */
+  const char *const *output_layouts;
+  /**
+   * `ndx_op_flags_t` bits.
+   */
+  uint32_t flags;
 } ndx_op_schema_t;
 
 /**
@@ -798,7 +839,13 @@ ndx_error_t *ndx_context_set_capture_policy(const ndx_context_t *ctx,
 /**
  * Sets the backend for later invocations: "default"; "noexcept" (every execution
  * failure becomes NDX_ERROR_BACKEND "unexpected error when running OP" with the
- * original as cause); and fault injection for testing error handling:
+ * original as cause); "debug" (every invocation is checked after it ran: each
+ * output's dtype, shape/rank and layout against the schema — a built-in's inferred
+ * metadata, a host operator's `output_dtypes`/`output_ndims`/`output_layouts` — no
+ * output sharing an input's memory unless the schema has NDX_OP_OUTPUTS_MAY_ALIAS,
+ * and every host input's bytes unchanged; a violation fails the invocation with
+ * NDX_ERROR_BACKEND "debug backend: operator 'OP' ..." at its site; costs a hash of
+ * the inputs per call); and fault injection for testing error handling:
  * "inject_compile_error:OP" (invocations of OP fail at `ndx_invoke`),
  * "inject_runtime_error:OP" (they fail during execution),
  * "inject_accuracy_error:OP" (their outputs are silently increased by 1).

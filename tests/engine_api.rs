@@ -755,3 +755,78 @@ fn chains_enqueued_while_parents_complete_all_run() {
         .expect("evaluate hung: a chained invocation never ran");
     assert!(ok);
 }
+
+/// Returns its input and promises `contract` about it.
+struct HostPromises(ndx::ops::Contract);
+impl HostKernel for HostPromises {
+    fn run(
+        &self,
+        inputs: &[Arc<Tensor>],
+        _: &Args,
+        _: usize,
+    ) -> ndx::error::Result<Vec<Arc<Tensor>>> {
+        Ok(vec![inputs[0].clone()])
+    }
+    fn contract(&self) -> ndx::ops::Contract {
+        self.0.clone()
+    }
+}
+
+#[test]
+fn debug_backend_reports_broken_promises_at_the_enqueue_site() {
+    use ndx::ops::{Contract, OutDecl};
+    let int64 = Contract {
+        outputs: vec![OutDecl {
+            dtype: Some(DType::I64),
+            ..OutDecl::default()
+        }],
+        may_alias: true,
+    };
+    let aliasing = Contract::default();
+    let honest = Contract {
+        outputs: vec![OutDecl {
+            dtype: Some(DType::I32),
+            ndim: Some(1),
+            layout: None,
+        }],
+        may_alias: true,
+    };
+    for mode in MODES {
+        for debug in [false, true] {
+            let ctx = context(mode, CapturePolicy::Off);
+            if debug {
+                ctx.update(|s| s.backend = Backend::parse("debug").unwrap());
+            }
+            host_op(&ctx, "says_int64", Arc::new(HostPromises(int64.clone())));
+            host_op(&ctx, "aliases", Arc::new(HostPromises(aliasing.clone())));
+            host_op(&ctx, "honest", Arc::new(HostPromises(honest.clone())));
+            let input = vec![i32s(&[1], &[1])];
+            let r = ctx.invoke("says_int64", input, Args::new(), None, here());
+            let line = line!() - 1;
+            let f = r.unwrap();
+            if debug {
+                let e = failure(&f);
+                assert_eq!(e.kind(), ErrorKind::Backend, "{mode:?}");
+                assert_eq!(
+                    e.message(),
+                    "debug backend: operator 'says_int64' output 0 has dtype int32, its schema declares int64"
+                );
+                assert_eq!((e.op(), e.sequence()), (Some("says_int64"), Some(1)));
+                assert_site(&e, line);
+                let e = failure(&call(&ctx, "aliases", vec![i32s(&[1], &[1])]));
+                assert!(
+                    e.message().contains("output 0 shares memory with input 0"),
+                    "{e}"
+                );
+            } else {
+                f.wait(None).expect("the default backend trusts the kernel");
+                call(&ctx, "aliases", vec![i32s(&[1], &[1])])
+                    .wait(None)
+                    .unwrap();
+            }
+            call(&ctx, "honest", vec![i32s(&[1], &[1])])
+                .wait(None)
+                .unwrap();
+        }
+    }
+}

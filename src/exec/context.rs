@@ -75,6 +75,9 @@ pub enum Backend {
     Default,
     /// Every execution failure becomes `NDX_ERROR_BACKEND` with the original as cause.
     NoExcept,
+    /// Every invocation's outputs are checked against the operator's schema (and its
+    /// inputs for being left unchanged); a violation is `NDX_ERROR_BACKEND`.
+    Debug,
     /// The operator fails at enqueue.
     InjectCompile(String),
     /// The operator fails during execution.
@@ -94,6 +97,7 @@ impl Backend {
         Ok(match name {
             "default" => Backend::Default,
             "noexcept" => Backend::NoExcept,
+            "debug" => Backend::Debug,
             _ => {
                 if let Some(op) = fault("inject_compile_error:") {
                     Backend::InjectCompile(op)
@@ -103,7 +107,7 @@ impl Backend {
                     Backend::InjectAccuracy(op)
                 } else {
                     return Err(Error::value(format!(
-                        "unknown backend '{name}'; expected default, noexcept, inject_compile_error:OP, inject_runtime_error:OP or inject_accuracy_error:OP"
+                        "unknown backend '{name}'; expected default, noexcept, debug, inject_compile_error:OP, inject_runtime_error:OP or inject_accuracy_error:OP"
                     )));
                 }
             }

@@ -119,6 +119,28 @@ fn no_blocking_error(what: &str) -> Error {
     )
 }
 
+/// A hash of a host tensor's bytes (0 for device memory), for the `debug` backend.
+fn fingerprint(t: &Tensor) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    match t.compact_bytes() {
+        Ok(b) => b.hash(&mut h),
+        Err(_) => return 0,
+    }
+    h.finish()
+}
+
+/// Whether two tensors' storage spans share bytes.
+fn overlaps(a: &Tensor, b: &Tensor) -> bool {
+    match (a.storage().host_bytes(), b.storage().host_bytes()) {
+        (Some(x), Some(y)) if !x.is_empty() && !y.is_empty() => {
+            let (xs, ys) = (x.as_ptr() as usize, y.as_ptr() as usize);
+            xs < ys + y.len() && ys < xs + x.len()
+        }
+        _ => false,
+    }
+}
+
 /// An invocation and its future.
 pub struct Node {
     seq: u64,
@@ -527,6 +549,12 @@ impl Node {
             }
         }
         let run = |tensors: Vec<Arc<Tensor>>| -> Result<Vec<Arc<Tensor>>> {
+            let debug = self.backend == Backend::Debug;
+            let before = if debug {
+                tensors.iter().map(|t| fingerprint(t)).collect()
+            } else {
+                Vec::new()
+            };
             let mut outs = match &self.op.kernel {
                 Kernel::Builtin(f) => {
                     let refs: Vec<&Tensor> = tensors.iter().map(|t| t.as_ref()).collect();
@@ -544,6 +572,9 @@ impl Node {
                         .map(|t| kernels::add_one(t).map(Arc::new))
                         .collect::<Result<_>>()?;
                 }
+            }
+            if debug {
+                self.debug_check(&tensors, &before, &outs)?;
             }
             Ok(outs)
         };
@@ -581,6 +612,115 @@ impl Node {
             }
         };
         result.map_err(|e| self.backend_wrap(e))
+    }
+
+    /// The `debug` backend's checks of one (per-sample) call: outputs against the
+    /// schema (a built-in's inferred metadata, a host operator's declared promises),
+    /// inputs unchanged, outputs not sharing an input's memory.
+    fn debug_check(
+        &self,
+        inputs: &[Arc<Tensor>],
+        before: &[u64],
+        outs: &[Arc<Tensor>],
+    ) -> Result<()> {
+        let op = &self.op.name;
+        let fail = |what: String| {
+            Err(Error::new(
+                ErrorKind::Backend,
+                format!("debug backend: operator '{op}' {what}"),
+            ))
+        };
+        if outs.len() != self.op.n_outputs {
+            return fail(format!(
+                "produced {} outputs, its schema declares {}",
+                outs.len(),
+                self.op.n_outputs
+            ));
+        }
+        let (decls, may_alias) = match &self.op.kernel {
+            Kernel::Builtin(_) => {
+                let metas: Vec<TMeta> = inputs.iter().map(|t| TMeta::of(t)).collect();
+                let refs: Vec<&TMeta> = metas.iter().collect();
+                let inferred = match &self.op.infer {
+                    Some(infer) => infer(&refs, &self.args)?,
+                    None => Vec::new(),
+                };
+                let decls = inferred
+                    .into_iter()
+                    .map(|m| (Some(m.dtype), Some(m.shape), Some(m.layout)))
+                    .collect::<Vec<_>>();
+                (decls, false)
+            }
+            Kernel::Host(h) => {
+                let c = h.contract();
+                let decls = c
+                    .outputs
+                    .into_iter()
+                    .map(|d| (d.dtype, d.ndim.map(|n| vec![-1; n]), d.layout))
+                    .collect();
+                (decls, c.may_alias)
+            }
+        };
+        let mut decls = decls.into_iter();
+        for (i, out) in outs.iter().enumerate() {
+            // Undeclared outputs are only checked for aliasing.
+            let (dtype, shape, layout) = decls.next().unwrap_or((None, None, None));
+            if let Some(d) = dtype {
+                if out.dtype() != d {
+                    return fail(format!(
+                        "output {i} has dtype {}, its schema declares {}",
+                        out.dtype().name(),
+                        d.name()
+                    ));
+                }
+            }
+            if let Some(shape) = shape {
+                // A rank-only promise is a shape of -1s.
+                let ok = out.ndim() == shape.len()
+                    && out
+                        .shape()
+                        .iter()
+                        .zip(&shape)
+                        .all(|(&a, &b)| b == -1 || a == b);
+                if !ok {
+                    let declared = if shape.iter().all(|&d| d == -1) {
+                        format!("rank {}", shape.len())
+                    } else {
+                        format!("shape {}", crate::tensor::dims(&shape))
+                    };
+                    return fail(format!(
+                        "output {i} has shape {}, its schema declares {declared}",
+                        crate::tensor::dims(out.shape())
+                    ));
+                }
+            }
+            if let Some(layout) = layout {
+                if out.layout() != layout {
+                    return fail(format!(
+                        "output {i} has layout \"{}\", its schema declares \"{layout}\"",
+                        out.layout()
+                    ));
+                }
+            }
+            if !may_alias {
+                if let Some(k) = inputs.iter().position(|t| overlaps(t, out)) {
+                    return fail(format!(
+                        "output {i} shares memory with input {k}; a schema without NDX_OP_OUTPUTS_MAY_ALIAS promises new memory"
+                    ));
+                }
+            }
+        }
+        for (k, (t, &h)) in inputs.iter().zip(before).enumerate() {
+            if fingerprint(t) != h {
+                let ro = if t.read_only() { "read-only " } else { "" };
+                return fail(format!(
+                    "wrote into its {ro}input {k} (shape {}, dtype {}): inputs are never written",
+                    crate::tensor::dims(t.shape()),
+                    t.dtype().name()
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The `noexcept` backend turns every execution failure into a BACKEND error.

@@ -19,7 +19,7 @@ use crate::exec::{
     ArgType, ArgValue, Args, Backend, CallSite, CapturePolicy, EvalMode, Input, Settings, Status,
     TensorRef, new_context, output_batch, output_tensor,
 };
-use crate::ops::{HostKernel, Kernel, OpDef};
+use crate::ops::{Contract, HostKernel, Kernel, OpDef, OutDecl};
 use crate::tensor::{DType, Tensor};
 
 /// Eval modes: when an invocation runs. Values are never renumbered.
@@ -90,6 +90,15 @@ pub enum ndx_arg_type_t {
     NDX_ARG_FLOAT_ARRAY = 6,
     /// `ndx_args_set_dtype`.
     NDX_ARG_DTYPE = 7,
+}
+
+/// Flags of a host operator's schema (`ndx_op_schema_t.flags`).
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ndx_op_flags_t {
+    /// Outputs may share memory with inputs (a kernel that returns a view of its
+    /// input). Without it, the `debug` backend reports an output that does.
+    NDX_OP_OUTPUTS_MAY_ALIAS = 1,
 }
 
 /// Options for `ndx_context_new`. Set `struct_size = sizeof(ndx_context_options_t)`
@@ -213,6 +222,17 @@ pub struct ndx_op_schema_t {
     pub arg_names: *const *const c_char,
     /// `n_args` `ndx_arg_type_t` values.
     pub arg_types: *const i32,
+    /// NULL, or `n_outputs` `ndx_dtype_t` values the kernel promises (-1: any).
+    /// Checked by the `debug` backend. (Fields from here on are optional: a
+    /// `struct_size` that ends before them means none.)
+    pub output_dtypes: *const i32,
+    /// NULL, or `n_outputs` ranks the kernel promises (-1: any); `debug` checks them.
+    pub output_ndims: *const i32,
+    /// NULL, or `n_outputs` layout strings the kernel promises (a NULL entry: any);
+    /// `debug` checks them.
+    pub output_layouts: *const *const c_char,
+    /// `ndx_op_flags_t` bits.
+    pub flags: u32,
 }
 
 /// Named arguments for `ndx_invoke`: an owned builder (`ndx_args_new`,
@@ -360,7 +380,13 @@ pub extern "C" fn ndx_context_set_capture_policy(
 
 /// Sets the backend for later invocations: "default"; "noexcept" (every execution
 /// failure becomes NDX_ERROR_BACKEND "unexpected error when running OP" with the
-/// original as cause); and fault injection for testing error handling:
+/// original as cause); "debug" (every invocation is checked after it ran: each
+/// output's dtype, shape/rank and layout against the schema — a built-in's inferred
+/// metadata, a host operator's `output_dtypes`/`output_ndims`/`output_layouts` — no
+/// output sharing an input's memory unless the schema has NDX_OP_OUTPUTS_MAY_ALIAS,
+/// and every host input's bytes unchanged; a violation fails the invocation with
+/// NDX_ERROR_BACKEND "debug backend: operator 'OP' ..." at its site; costs a hash of
+/// the inputs per call); and fault injection for testing error handling:
 /// "inject_compile_error:OP" (invocations of OP fail at `ndx_invoke`),
 /// "inject_runtime_error:OP" (they fail during execution),
 /// "inject_accuracy_error:OP" (their outputs are silently increased by 1).
@@ -1052,11 +1078,76 @@ struct CKernel {
     /// `None` once released; read-locked for the duration of each call.
     data: parking_lot::RwLock<Option<UserData>>,
     name: String,
+    contract: Contract,
+}
+
+/// The output promises of a full-size schema.
+fn schema_contract(s: &ndx_op_schema_t) -> Result<Contract> {
+    let n = s.n_outputs;
+    let dtypes = if s.output_dtypes.is_null() {
+        None
+    } else {
+        Some(slice_arg(s.output_dtypes, n)?)
+    };
+    let ndims = if s.output_ndims.is_null() {
+        None
+    } else {
+        Some(slice_arg(s.output_ndims, n)?)
+    };
+    let layouts = if s.output_layouts.is_null() {
+        None
+    } else {
+        Some(slice_arg(s.output_layouts, n)?)
+    };
+    if s.flags & !(ndx_op_flags_t::NDX_OP_OUTPUTS_MAY_ALIAS as u32) != 0 {
+        return Err(Error::value(format!(
+            "schema->flags is {:#x}: unknown ndx_op_flags_t bits",
+            s.flags
+        )));
+    }
+    let outputs = (0..n)
+        .map(|i| {
+            let dtype = match dtypes.map(|d| d[i]) {
+                None | Some(-1) => None,
+                Some(raw) => Some(DType::from_raw(raw).ok_or_else(|| {
+                    Error::value(format!(
+                        "schema->output_dtypes[{i}] is {raw}, not an ndx_dtype_t value or -1"
+                    ))
+                })?),
+            };
+            let ndim = match ndims.map(|d| d[i]) {
+                None | Some(-1) => None,
+                Some(raw) if raw >= 0 => Some(raw as usize),
+                Some(raw) => {
+                    return Err(Error::value(format!(
+                        "schema->output_ndims[{i}] is {raw}: a rank, or -1 for any"
+                    )));
+                }
+            };
+            let layout = match layouts.map(|l| l[i]) {
+                Some(p) if !p.is_null() => Some(host_str(p, "schema->output_layouts[]")?),
+                _ => None,
+            };
+            Ok(OutDecl {
+                dtype,
+                ndim,
+                layout,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Contract {
+        outputs,
+        may_alias: s.flags & ndx_op_flags_t::NDX_OP_OUTPUTS_MAY_ALIAS as u32 != 0,
+    })
 }
 
 impl HostKernel for CKernel {
     fn release(&self) {
         drop(self.data.write().take());
+    }
+
+    fn contract(&self) -> Contract {
+        self.contract.clone()
     }
 
     fn run(
@@ -1155,12 +1246,15 @@ pub extern "C" fn ndx_register_op(
             return Err(Error::value("argument 'schema' is NULL"));
         }
         // SAFETY: non-NULL; struct_size is read first.
+        let size = unsafe { (*schema).struct_size };
+        // The output promises and flags came later: a schema may end before them.
         size_check(
-            unsafe { (*schema).struct_size },
-            std::mem::size_of::<ndx_op_schema_t>(),
+            size,
+            std::mem::offset_of!(ndx_op_schema_t, output_dtypes),
             "schema",
         )?;
-        // SAFETY: at least as large as ours.
+        let full = size >= std::mem::size_of::<ndx_op_schema_t>();
+        // SAFETY: at least as large as the fields read below (`full` guards the rest).
         let s = unsafe { &*schema };
         if s.n_inputs == usize::MAX {
             return Err(Error::value(
@@ -1190,6 +1284,11 @@ pub extern "C" fn ndx_register_op(
                 })
             })
             .collect::<Result<Vec<_>>>()?;
+        let contract = if full {
+            schema_contract(s)?
+        } else {
+            Contract::default()
+        };
         ctx.registry().register(OpDef {
             name: name.clone(),
             n_inputs: s.n_inputs,
@@ -1200,6 +1299,7 @@ pub extern "C" fn ndx_register_op(
                 f,
                 data: parking_lot::RwLock::new(Some(data)),
                 name,
+                contract,
             })),
         })
     })

@@ -249,8 +249,36 @@ macro_rules! float_elem {
 
 float_elem!(f32, DType::F32, |v: f32| v as f64, |v: f64| v as f32);
 float_elem!(f64, DType::F64, |v: f64| v, |v: f64| v);
-float_elem!(f16, DType::F16, f16::to_f64, f16::from_f64);
-float_elem!(bf16, DType::BF16, bf16::to_f64, bf16::from_f64);
+float_elem!(f16, DType::F16, f16::to_f64, f16_from_f64);
+float_elem!(bf16, DType::BF16, bf16::to_f64, bf16_from_f64);
+
+/// `v` rounded to `f32` toward zero, with the last bit set when that was inexact
+/// ("round to odd"): rounding this to a format of at most 22 significant bits (half,
+/// bfloat16) to nearest even gives the same result as rounding `v` once. (`half`'s
+/// own `from_f64` rounds twice or looks at only the high 32 bits of the `f64`.)
+fn f32_round_to_odd(v: f64) -> f32 {
+    let t = v as f32;
+    if v.is_nan() || f64::from(t) == v {
+        return t;
+    }
+    // Inexact: step back toward zero if nearest rounding went away from it (this also
+    // turns an overflow to infinity into f32::MAX), then mark the loss in the last bit.
+    let mut bits = t.to_bits();
+    if f64::from(t).abs() > v.abs() {
+        bits -= 1;
+    }
+    f32::from_bits(bits | 1)
+}
+
+/// `v` to `float16`, rounded once to nearest even.
+fn f16_from_f64(v: f64) -> f16 {
+    f16::from_f32(f32_round_to_odd(v))
+}
+
+/// `v` to `bfloat16`, rounded once to nearest even.
+fn bf16_from_f64(v: f64) -> bf16 {
+    bf16::from_f32(f32_round_to_odd(v))
+}
 
 /// Runs `$body` with `$T` bound to the element type of `$dtype` (bool excluded: the
 /// caller decides what bool means for its operator).
@@ -524,5 +552,28 @@ mod tests {
         assert_eq!(b.to_bytes().unwrap(), [1, 1]);
         let h = cast(&t::<f32>(&[0.1], &[1]), DType::F16).unwrap();
         assert_eq!(vals::<f16>(&h), [f16::from_f32(0.1)]);
+    }
+}
+
+#[cfg(test)]
+mod rounding_tests {
+    use super::*;
+
+    #[test]
+    fn narrowing_to_half_types_rounds_once() {
+        let just_above_tie = f64::from(f32::from_bits(0x3f80_8001));
+        assert_eq!(bf16_from_f64(just_above_tie).to_bits(), 0x3f81);
+        assert_eq!(
+            bf16_from_f64(1.0 + 2f64.powi(-8) + 2f64.powi(-30)).to_bits(),
+            0x3f81
+        );
+        assert_eq!(bf16_from_f64(1.0 + 2f64.powi(-8)).to_bits(), 0x3f80); // a tie: to even
+        assert_eq!(
+            f16_from_f64(1.0 + 2f64.powi(-11) + 2f64.powi(-30)).to_bits(),
+            0x3c01
+        );
+        assert!(bf16_from_f64(f64::MAX).is_infinite());
+        assert!(bf16_from_f64(f64::NAN).is_nan());
+        assert_eq!(bf16_from_f64(-0.0).to_bits(), 0x8000);
     }
 }

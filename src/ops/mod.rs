@@ -57,6 +57,27 @@ pub trait HostKernel: Send + Sync {
     /// Releases what the host gave with the kernel (its `user` pointer), once no call
     /// is running; later calls fail. Called when the owning context goes away.
     fn release(&self) {}
+    /// What the schema promises about the outputs, which the `debug` backend checks.
+    fn contract(&self) -> Contract {
+        Contract::default()
+    }
+}
+
+/// A host operator's promises about its outputs (from `ndx_op_schema_t`).
+#[derive(Clone, Debug, Default)]
+pub struct Contract {
+    /// Per output: the dtype, rank and layout it will have (`None`: not declared).
+    pub outputs: Vec<OutDecl>,
+    /// Whether outputs may share memory with inputs (`NDX_OP_FLAG_OUTPUTS_MAY_ALIAS`).
+    pub may_alias: bool,
+}
+
+/// One output's declared metadata.
+#[derive(Clone, Debug, Default)]
+pub struct OutDecl {
+    pub dtype: Option<DType>,
+    pub ndim: Option<usize>,
+    pub layout: Option<String>,
 }
 
 /// How an operator computes.

@@ -1,0 +1,585 @@
+/* Tests of the joining and image operators through the C API: concat (values, promotion
+ * of int8 + uint8 + float16 to float16, a shape mismatch refused at ndx_invoke), stack,
+ * crop, resize (OpenCV's linear rule for uint8, bad sizes, an unknown interp, bool),
+ * rgb_to_gray, normalize, a ragged batch of HWC images imported with a layout and resized
+ * per sample, and the same resize in DEFERRED and EAGER modes.
+ *
+ * Every expected value is computed by hand (the resize and gray values agree with
+ * cv2.resize(INTER_LINEAR) and cv2.cvtColor(COLOR_RGB2GRAY)), never by ndx itself.
+ * Every invocation passes NDX_HERE; call-time errors are checked to come from ndx_invoke
+ * itself (the out-param stays NULL) with their kind and a message fragment.
+ *
+ * CMake compiles this at -O0 and -O2 and runs the -O0 build under valgrind: every
+ * handle is released and every error freed. */
+#include "ndx_test.h"
+
+#define THIS_FILE "test_ops_image.c"
+
+/* ---- helpers ------------------------------------------------------------------------- */
+
+static ndx_context_t* make_ctx(int32_t mode) {
+  ndx_context_options_t o;
+  memset(&o, 0, sizeof o);
+  o.struct_size = sizeof o;
+  o.eval_mode = mode;
+  o.num_threads = 2;
+  ndx_context_t* ctx = NULL;
+  ndx_error_t* e = ndx_context_new(&o, &ctx);
+  if (e != NULL || ctx == NULL) {
+    fprintf(stderr, "ndx_context_new failed: %s\n", NDX_TEST_S(ndx_error_message(e)));
+    abort();
+  }
+  return ctx;
+}
+
+/* A new host tensor copied from `data`, with `layout` (NULL: none). Aborts on failure. */
+static ndx_tensor_t* mk(const void* data, int32_t dtype, int32_t ndim, const int64_t* shape,
+                        const char* layout) {
+  ndx_import_options_t o = ndx_test_options(layout, false);
+  ndx_tensor_t* t = NULL;
+  ndx_error_t* e = ndx_tensor_from_host(data, dtype, ndim, shape, NULL, layout ? &o : NULL, &t);
+  if (e != NULL || t == NULL) {
+    fprintf(stderr, "ndx_tensor_from_host failed: %s\n", NDX_TEST_S(ndx_error_message(e)));
+    abort();
+  }
+  return t;
+}
+
+static ndx_args_t* new_args(void) {
+  ndx_args_t* a = NULL;
+  ndx_error_t* e = ndx_args_new(&a);
+  if (e != NULL || a == NULL) {
+    fprintf(stderr, "ndx_args_new failed: %s\n", NDX_TEST_S(ndx_error_message(e)));
+    abort();
+  }
+  return a;
+}
+
+static ndx_args_t* crop_args(int64_t x, int64_t y, int64_t w, int64_t h) {
+  ndx_args_t* a = new_args();
+  CHECK_OK(ndx_args_set_int(a, "x", x));
+  CHECK_OK(ndx_args_set_int(a, "y", y));
+  CHECK_OK(ndx_args_set_int(a, "w", w));
+  CHECK_OK(ndx_args_set_int(a, "h", h));
+  return a;
+}
+
+/* resize args; interp NULL: not given. */
+static ndx_args_t* resize_args(int64_t h, int64_t w, const char* interp) {
+  ndx_args_t* a = new_args();
+  CHECK_OK(ndx_args_set_int(a, "h", h));
+  CHECK_OK(ndx_args_set_int(a, "w", w));
+  if (interp) CHECK_OK(ndx_args_set_string(a, "interp", interp));
+  return a;
+}
+
+/* ndx_invoke with NDX_HERE and an eval mode (0: the context's). */
+#define INVOKE(ctx, op, in, n, args, mode, out)                                           \
+  ndx_invoke((ctx), (op), (in), (n), (args),                                                \
+             &(ndx_invoke_options_t){sizeof(ndx_invoke_options_t), NDX_HERE, (mode)}, (out))
+
+/* Waits for f (which must succeed) and returns its output 0, or NULL (reported). Releases
+ * the future. */
+static ndx_tensor_t* finish(ndx_future_t* f) {
+  if (!CHECK(f != NULL, "a future")) return NULL;
+  ndx_tensor_t* t = NULL;
+  if (CHECK_OK(ndx_future_wait(f, -1))) {
+    CHECK(ndx_future_poll(f) == NDX_FUTURE_READY, "READY after a successful wait");
+    t = ndx_test_output(f, 0);
+  }
+  ndx_future_release(f);
+  return t;
+}
+
+/* Invokes `op` (which must be accepted and succeed) and returns its output 0, or NULL. */
+static ndx_tensor_t* run_op(const ndx_context_t* ctx, const char* op, const ndx_input_t* in,
+                            size_t n, const ndx_args_t* args) {
+  ndx_future_t* f = NULL;
+  if (!CHECK_OK(INVOKE(ctx, op, in, n, args, 0, &f))) {
+    ndx_future_release(f);
+    return NULL;
+  }
+  return finish(f);
+}
+
+/* Invokes `op`, which must fail AT ndx_invoke with `kind` and a message containing `frag`
+ * (and leave the future NULL). The error's site is the NDX_HERE location of the call. */
+static void expect_invoke_error(const ndx_context_t* ctx, const char* op, const ndx_input_t* in,
+                                size_t n, const ndx_args_t* args, int32_t mode, int kind,
+                                const char* frag) {
+  ndx_future_t* f = (ndx_future_t*)NDX_TEST_BOGUS_PTR;
+  int line = __LINE__ + 1;
+  ndx_error_t* e = INVOKE(ctx, op, in, n, args, mode, &f);
+  if (CHECK(e != NULL, "'%s' was accepted by ndx_invoke; expected an error containing \"%s\"",
+            op, frag)) {
+    CHECK_FRAME(e, 0, THIS_FILE, line, "expect_invoke_error", NDX_FRAME_HOST);
+    CHECK_STR_EQ(ndx_error_op(e), op);
+  }
+  expect_error(e, kind, frag);
+  CHECK(f == NULL, "'%s': the future out-param is NULL after a call-time error", op);
+  if (f != NULL && f != NDX_TEST_BOGUS_PTR) {
+    ndx_error_free(ndx_future_wait(f, -1));
+    ndx_future_release(f);
+  }
+}
+
+static void check_meta(const ndx_tensor_t* t, int32_t dtype, int32_t ndim, const int64_t* shape,
+                       const char* layout) {
+  int32_t d = 0, nd = -1;
+  const int64_t* s = NULL;
+  const char* l = NULL;
+  CHECK_OK(ndx_tensor_dtype(t, &d));
+  CHECK(d == dtype, "dtype %d (%s), expected %d (%s)", (int)d, NDX_TEST_S(ndx_dtype_name(d)),
+        (int)dtype, NDX_TEST_S(ndx_dtype_name(dtype)));
+  CHECK_OK(ndx_tensor_ndim(t, &nd));
+  if (CHECK(nd == ndim, "ndim %d, expected %d", (int)nd, (int)ndim)) {
+    CHECK_OK(ndx_tensor_shape(t, &s));
+    if (ndim > 0) CHECK_I64_ARRAY(s, shape, ndim);
+  }
+  CHECK_OK(ndx_tensor_layout(t, &l));
+  CHECK_STR_EQ(l, layout);
+}
+
+/* Compares the tensor's compact bytes with `expected` (n bytes), printing both. */
+static int check_bytes_(const ndx_tensor_t* t, const void* expected, size_t n, int line) {
+  unsigned char got[256];
+  size_t nbytes = 0;
+  if (!CHECK_OK(ndx_tensor_nbytes(t, &nbytes))) return 0;
+  if (!CHECK(nbytes == n && n <= sizeof got, "line %d: nbytes %zu, expected %zu", line, nbytes,
+             n)) {
+    return 0;
+  }
+  if (!CHECK_OK(ndx_tensor_copy_to(t, got, sizeof got))) return 0;
+  int ok = memcmp(got, expected, n) == 0;
+  if (!ok) {
+    const unsigned char* x = (const unsigned char*)expected;
+    fprintf(stderr, "  line %d: got bytes     ", line);
+    for (size_t i = 0; i < n; i++) fprintf(stderr, " %u", got[i]);
+    fprintf(stderr, "\n  line %d: expected bytes", line);
+    for (size_t i = 0; i < n; i++) fprintf(stderr, " %u", x[i]);
+    fprintf(stderr, "\n");
+  }
+  return CHECK(ok, "values (line %d)", line);
+}
+#define CHECK_BYTES(t, expected, n) check_bytes_((t), (expected), (n), __LINE__)
+
+/* ---- concat and stack ------------------------------------------------------------------ */
+
+static NDX_TEST_NOINLINE void test_concat(void) {
+  ndx_context_t* ctx = make_ctx(NDX_EVAL_EAGER);
+  const int64_t s22[2] = {2, 2}, s12[2] = {1, 2}, s21[2] = {2, 1}, s13[2] = {1, 3};
+  const int32_t va[4] = {1, 2, 3, 4}, vb[2] = {5, 6}, vc[2] = {7, 8}, vd[3] = {9, 9, 9};
+  ndx_tensor_t* a = mk(va, NDX_DTYPE_INT32, 2, s22, NULL);
+  ndx_tensor_t* b = mk(vb, NDX_DTYPE_INT32, 2, s12, NULL);
+  ndx_tensor_t* c = mk(vc, NDX_DTYPE_INT32, 2, s21, NULL);
+  ndx_tensor_t* d = mk(vd, NDX_DTYPE_INT32, 2, s13, NULL);
+
+  /* (2,2) + (1,2) along axis 0 -> (3,2). */
+  ndx_args_t* axis0 = new_args();
+  CHECK_OK(ndx_args_set_int(axis0, "axis", 0));
+  ndx_input_t ab[2] = {ndx_test_in(a), ndx_test_in(b)};
+  ndx_tensor_t* r = run_op(ctx, "concat", ab, 2, axis0);
+  if (r) {
+    const int64_t s32[2] = {3, 2};
+    const int32_t expect[6] = {1, 2, 3, 4, 5, 6};
+    check_meta(r, NDX_DTYPE_INT32, 2, s32, "");
+    CHECK_BYTES(r, expect, sizeof expect);
+  }
+  ndx_tensor_release(r);
+
+  /* The default axis is 0 too. */
+  r = run_op(ctx, "concat", ab, 2, NULL);
+  if (r) {
+    const int32_t expect[6] = {1, 2, 3, 4, 5, 6};
+    CHECK_BYTES(r, expect, sizeof expect);
+  }
+  ndx_tensor_release(r);
+
+  /* (2,2) + (2,1) along axis -1 -> (2,3): rows interleave. */
+  ndx_args_t* axis_last = new_args();
+  CHECK_OK(ndx_args_set_int(axis_last, "axis", -1));
+  ndx_input_t ac[2] = {ndx_test_in(a), ndx_test_in(c)};
+  r = run_op(ctx, "concat", ac, 2, axis_last);
+  if (r) {
+    const int64_t s23[2] = {2, 3};
+    const int32_t expect[6] = {1, 2, 7, 3, 4, 8};
+    check_meta(r, NDX_DTYPE_INT32, 2, s23, "");
+    CHECK_BYTES(r, expect, sizeof expect);
+  }
+  ndx_tensor_release(r);
+
+  /* (2,2) + (1,3) along axis 0: refused at ndx_invoke, naming input 1 and both shapes. */
+  ndx_input_t ad[2] = {ndx_test_in(a), ndx_test_in(d)};
+  expect_invoke_error(ctx, "concat", ad, 2, axis0, 0, NDX_ERROR_VALUE, "input 1 has shape");
+  expect_invoke_error(ctx, "concat", ad, 2, axis0, 0, NDX_ERROR_VALUE,
+                      "input 1 has shape [1, 3], which does not match input 0's [2, 2]");
+  /* Also in DEFERRED mode: metadata is inferred at invoke whatever the mode. */
+  expect_invoke_error(ctx, "concat", ad, 2, axis0, NDX_EVAL_DEFERRED, NDX_ERROR_VALUE,
+                      "input 1 has shape");
+
+  /* int8 + uint8 + float16 -> float16 (np.result_type, not a left fold to float32). */
+  const int64_t s2[1] = {2};
+  const int8_t v8[2] = {-1, 2};
+  const uint8_t vu8[2] = {200, 3};
+  const uint16_t vh[2] = {0x3800 /* 0.5 */, 0x3E00 /* 1.5 */};
+  ndx_tensor_t* t8 = mk(v8, NDX_DTYPE_INT8, 1, s2, NULL);
+  ndx_tensor_t* tu8 = mk(vu8, NDX_DTYPE_UINT8, 1, s2, NULL);
+  ndx_tensor_t* th = mk(vh, NDX_DTYPE_FLOAT16, 1, s2, NULL);
+  ndx_input_t mixed[3] = {ndx_test_in(t8), ndx_test_in(tu8), ndx_test_in(th)};
+  r = run_op(ctx, "concat", mixed, 3, NULL);
+  if (r) {
+    const int64_t s6[1] = {6};
+    /* -1, 2, 200, 3, 0.5, 1.5 as IEEE half bit patterns. */
+    const uint16_t expect[6] = {0xBC00, 0x4000, 0x5A40, 0x4200, 0x3800, 0x3E00};
+    check_meta(r, NDX_DTYPE_FLOAT16, 1, s6, "");
+    CHECK_BYTES(r, expect, sizeof expect);
+  }
+  ndx_tensor_release(r);
+
+  /* stack of two (2,) -> (2,2). */
+  const int32_t v12[2] = {1, 2}, v34[2] = {3, 4};
+  ndx_tensor_t* p = mk(v12, NDX_DTYPE_INT32, 1, s2, NULL);
+  ndx_tensor_t* q = mk(v34, NDX_DTYPE_INT32, 1, s2, NULL);
+  ndx_input_t pq[2] = {ndx_test_in(p), ndx_test_in(q)};
+  r = run_op(ctx, "stack", pq, 2, NULL);
+  if (r) {
+    const int32_t expect[4] = {1, 2, 3, 4};
+    check_meta(r, NDX_DTYPE_INT32, 2, s22, "");
+    CHECK_BYTES(r, expect, sizeof expect);
+  }
+  ndx_tensor_release(r);
+  /* ... and along axis 1: columns. */
+  ndx_args_t* axis1 = new_args();
+  CHECK_OK(ndx_args_set_int(axis1, "axis", 1));
+  r = run_op(ctx, "stack", pq, 2, axis1);
+  if (r) {
+    const int32_t expect[4] = {1, 3, 2, 4};
+    check_meta(r, NDX_DTYPE_INT32, 2, s22, "");
+    CHECK_BYTES(r, expect, sizeof expect);
+  }
+  ndx_tensor_release(r);
+
+  ndx_args_free(axis0);
+  ndx_args_free(axis_last);
+  ndx_args_free(axis1);
+  ndx_tensor_release(a);
+  ndx_tensor_release(b);
+  ndx_tensor_release(c);
+  ndx_tensor_release(d);
+  ndx_tensor_release(t8);
+  ndx_tensor_release(tu8);
+  ndx_tensor_release(th);
+  ndx_tensor_release(p);
+  ndx_tensor_release(q);
+  ndx_context_release(ctx);
+}
+
+/* ---- crop ---------------------------------------------------------------------------------- */
+
+static NDX_TEST_NOINLINE void test_crop(void) {
+  ndx_context_t* ctx = make_ctx(NDX_EVAL_EAGER);
+  const int64_t s342[3] = {3, 4, 2};
+  uint8_t v[24];
+  for (int i = 0; i < 24; i++) v[i] = (uint8_t)i;
+  ndx_tensor_t* img = mk(v, NDX_DTYPE_UINT8, 3, s342, "HWC");
+  ndx_tensor_t* plain = mk(v, NDX_DTYPE_UINT8, 3, s342, NULL);
+  ndx_input_t in[1] = {ndx_test_in(img)};
+  ndx_input_t in_plain[1] = {ndx_test_in(plain)};
+
+  ndx_args_t* ok = crop_args(1, 1, 2, 2);
+  ndx_tensor_t* r = run_op(ctx, "crop", in, 1, ok);
+  if (r) {
+    /* Rows 1-2, columns 1-2, both channels: pixel (y, x) starts at byte 8y + 2x. */
+    const int64_t s222[3] = {2, 2, 2};
+    const uint8_t expect[8] = {10, 11, 12, 13, 18, 19, 20, 21};
+    check_meta(r, NDX_DTYPE_UINT8, 3, s222, "HWC");
+    CHECK_BYTES(r, expect, sizeof expect);
+  }
+  ndx_tensor_release(r);
+
+  /* x + w = 5 > 4: outside the 4x3 (w x h) image. */
+  ndx_args_t* outside = crop_args(3, 1, 2, 2);
+  expect_invoke_error(ctx, "crop", in, 1, outside, 0, NDX_ERROR_VALUE,
+                      "not inside the 4x3 image");
+  expect_invoke_error(ctx, "crop", in, 1, outside, 0, NDX_ERROR_VALUE,
+                      "crop window x=3 y=1 w=2 h=2");
+  /* y + h = 4 > 3. */
+  ndx_args_t* too_low = crop_args(0, 2, 1, 2);
+  expect_invoke_error(ctx, "crop", in, 1, too_low, 0, NDX_ERROR_VALUE,
+                      "not inside the 4x3 image");
+  /* An image without a layout. */
+  expect_invoke_error(ctx, "crop", in_plain, 1, ok, 0, NDX_ERROR_VALUE,
+                      "layout \"HWC\" or \"CHW\"");
+
+  ndx_args_free(ok);
+  ndx_args_free(outside);
+  ndx_args_free(too_low);
+  ndx_tensor_release(img);
+  ndx_tensor_release(plain);
+  ndx_context_release(ctx);
+}
+
+/* ---- resize --------------------------------------------------------------------------------- */
+
+/* [[0, 100], [200, 255]] as a 2x2x1 HWC image, and its 4x4 linear resize. By hand
+ * (docs/operators.md): source coordinate (d + 0.5) / 2 - 0.5 = -0.25, 0.25, 0.75, 1.25.
+ * Columns: the clamped ones (d = 0, 3) take weight 0, so rows become [0, 25, 75, 100] and
+ * [200, 213.75, 241.25, 255]. Rows: d = 0 blends row 0 with itself, d = 1 is 0.75 row 0 +
+ * 0.25 row 1, d = 2 the reverse, d = 3 is row 1: [50, 72.19, 116.56, 138.75] and
+ * [150, 166.56, 199.69, 216.25], rounded. Equal to cv2.resize(INTER_LINEAR). */
+static const uint8_t kSmall[4] = {0, 100, 200, 255};
+static const int64_t kShape221[3] = {2, 2, 1};
+static const int64_t kShape441[3] = {4, 4, 1};
+static const uint8_t kResized4x4[16] = {0,   25,  75,  100, 50,  72,  117, 139,
+                                        150, 167, 200, 216, 200, 214, 241, 255};
+
+static NDX_TEST_NOINLINE void test_resize(void) {
+  ndx_context_t* ctx = make_ctx(NDX_EVAL_EAGER);
+  ndx_tensor_t* img = mk(kSmall, NDX_DTYPE_UINT8, 3, kShape221, "HWC");
+  ndx_input_t in[1] = {ndx_test_in(img)};
+
+  ndx_args_t* linear = resize_args(4, 4, "linear");
+  ndx_tensor_t* r = run_op(ctx, "resize", in, 1, linear);
+  if (r) {
+    check_meta(r, NDX_DTYPE_UINT8, 3, kShape441, "HWC");
+    CHECK_BYTES(r, kResized4x4, sizeof kResized4x4);
+  }
+  ndx_tensor_release(r);
+
+  /* interp defaults to linear. */
+  ndx_args_t* dflt = resize_args(4, 4, NULL);
+  r = run_op(ctx, "resize", in, 1, dflt);
+  if (r) CHECK_BYTES(r, kResized4x4, sizeof kResized4x4);
+  ndx_tensor_release(r);
+
+  /* nearest: source pixel min(floor((d + 0.5) * 2 / 4), 1) = 0, 0, 1, 1. */
+  ndx_args_t* nearest = resize_args(4, 4, "nearest");
+  r = run_op(ctx, "resize", in, 1, nearest);
+  if (r) {
+    const uint8_t expect[16] = {0,   0,   100, 100, 0,   0,   100, 100,
+                                200, 200, 255, 255, 200, 200, 255, 255};
+    check_meta(r, NDX_DTYPE_UINT8, 3, kShape441, "HWC");
+    CHECK_BYTES(r, expect, sizeof expect);
+  }
+  ndx_tensor_release(r);
+
+  /* Bad requests, all refused at ndx_invoke. */
+  ndx_args_t* zero_h = resize_args(0, 4, NULL);
+  expect_invoke_error(ctx, "resize", in, 1, zero_h, 0, NDX_ERROR_VALUE, "resize to");
+  expect_invoke_error(ctx, "resize", in, 1, zero_h, 0, NDX_ERROR_VALUE, "resize to 4x0 (w x h)");
+  ndx_args_t* cubic = resize_args(4, 4, "cubic");
+  expect_invoke_error(ctx, "resize", in, 1, cubic, 0, NDX_ERROR_VALUE, "interp");
+  expect_invoke_error(ctx, "resize", in, 1, cubic, 0, NDX_ERROR_VALUE, "\"cubic\"");
+
+  const uint8_t bools[4] = {0, 1, 1, 0};
+  ndx_tensor_t* bimg = mk(bools, NDX_DTYPE_BOOL, 3, kShape221, "HWC");
+  ndx_input_t bin[1] = {ndx_test_in(bimg)};
+  expect_invoke_error(ctx, "resize", bin, 1, linear, 0, NDX_ERROR_TYPE, "bool");
+
+  ndx_args_free(linear);
+  ndx_args_free(dflt);
+  ndx_args_free(nearest);
+  ndx_args_free(zero_h);
+  ndx_args_free(cubic);
+  ndx_tensor_release(img);
+  ndx_tensor_release(bimg);
+  ndx_context_release(ctx);
+}
+
+/* ---- rgb_to_gray and normalize ----------------------------------------------------------- */
+
+static NDX_TEST_NOINLINE void test_gray_and_normalize(void) {
+  ndx_context_t* ctx = make_ctx(NDX_EVAL_EAGER);
+
+  /* OpenCV's 15-bit fixed point: (255 * 9798 + 2^14) >> 15 = 76 and
+   * (255 * 19235 + 2^14) >> 15 = 150 (cv2.cvtColor(COLOR_RGB2GRAY) agrees). */
+  const int64_t s123[3] = {1, 2, 3};
+  const uint8_t rgb[6] = {255, 0, 0, 0, 255, 0};
+  ndx_tensor_t* img = mk(rgb, NDX_DTYPE_UINT8, 3, s123, "HWC");
+  ndx_input_t in[1] = {ndx_test_in(img)};
+  ndx_tensor_t* r = run_op(ctx, "rgb_to_gray", in, 1, NULL);
+  if (r) {
+    const int64_t s121[3] = {1, 2, 1};
+    const uint8_t expect[2] = {76, 150};
+    check_meta(r, NDX_DTYPE_UINT8, 3, s121, "HWC");
+    CHECK_BYTES(r, expect, sizeof expect);
+  }
+  ndx_tensor_release(r);
+
+  const int64_t s122[3] = {1, 2, 2};
+  const uint8_t two[4] = {1, 2, 3, 4};
+  ndx_tensor_t* img2 = mk(two, NDX_DTYPE_UINT8, 3, s122, "HWC");
+  ndx_input_t in2[1] = {ndx_test_in(img2)};
+  expect_invoke_error(ctx, "rgb_to_gray", in2, 1, NULL, 0, NDX_ERROR_VALUE, "3 or 4 channels");
+
+  /* CHW 2x1x2: channel 0 = [4, 0], channel 1 = [7, 2]; mean [1, 2], std [2, 4]:
+   * (4-1)/2, (0-1)/2, (7-2)/4, (2-2)/4 = 1.5, -0.5, 1.25, 0 (exact in float32). */
+  const int64_t s212[3] = {2, 1, 2};
+  const uint8_t chw[4] = {4, 0, 7, 2};
+  ndx_tensor_t* cimg = mk(chw, NDX_DTYPE_UINT8, 3, s212, "CHW");
+  ndx_input_t cin[1] = {ndx_test_in(cimg)};
+  ndx_args_t* ms = new_args();
+  const double mean[2] = {1.0, 2.0}, stdv[2] = {2.0, 4.0};
+  CHECK_OK(ndx_args_set_float_array(ms, "mean", mean, 2));
+  CHECK_OK(ndx_args_set_float_array(ms, "std", stdv, 2));
+  r = run_op(ctx, "normalize", cin, 1, ms);
+  if (r) {
+    const float expect[4] = {1.5f, -0.5f, 1.25f, 0.0f};
+    check_meta(r, NDX_DTYPE_FLOAT32, 3, s212, "CHW");
+    CHECK_BYTES(r, expect, sizeof expect);
+  }
+  ndx_tensor_release(r);
+
+  ndx_args_free(ms);
+  ndx_tensor_release(img);
+  ndx_tensor_release(img2);
+  ndx_tensor_release(cimg);
+  ndx_context_release(ctx);
+}
+
+/* ---- a ragged batch ------------------------------------------------------------------------ */
+
+/* Two HWC uint8 images imported as one batch with layout "HWC" (DLPack is the only way the
+ * C API builds a batch): 2x2x1 [0, 100, 200, 255] and 3x5x1 with pixel (y, x) = 50y + 10x.
+ * Resized to 2x2: the first keeps its pixels (same size); for the second the source
+ * coordinates are x = 0.75, 3.25 and y = 0.25, 1.75, and a linear blend of a linear image
+ * is exact: 50y + 10x = 20, 45, 95, 120 (cv2.resize agrees). */
+static NDX_TEST_NOINLINE void test_batch(void) {
+  ndx_context_t* ctx = make_ctx(NDX_EVAL_EAGER);
+  const int64_t s351[3] = {3, 5, 1};
+  uint8_t big[15];
+  for (int y = 0; y < 3; y++) {
+    for (int x = 0; x < 5; x++) big[y * 5 + x] = (uint8_t)(50 * y + 10 * x);
+  }
+  int deleted[2] = {0, 0};
+  DLManagedTensorVersioned* v[2];
+  v[0] = ndx_test_versioned(&deleted[0], ndx_test_dl_dtype(kDLUInt, 8, 1), 3, kShape221, NULL,
+                            kSmall, sizeof kSmall);
+  v[1] = ndx_test_versioned(&deleted[1], ndx_test_dl_dtype(kDLUInt, 8, 1), 3, s351, NULL, big,
+                            sizeof big);
+  ndx_import_options_t opts = ndx_test_options("HWC", false);
+  ndx_batch_t* batch = NULL;
+  if (!CHECK_OK(ndx_batch_from_dlpack_versioned(v, 2, &opts, &batch))) {
+    ndx_test_drop_versioned(v[0]);
+    ndx_test_drop_versioned(v[1]);
+    ndx_context_release(ctx);
+    return;
+  }
+  bool uniform = true;
+  CHECK_OK(ndx_batch_is_uniform(batch, &uniform));
+  CHECK(!uniform, "the input batch is ragged");
+
+  ndx_args_t* to2x2 = resize_args(2, 2, NULL);
+  ndx_input_t in[1];
+  in[0].tensor = NULL;
+  in[0].batch = batch;
+  ndx_future_t* f = NULL;
+  ndx_batch_t* out = NULL;
+  if (CHECK_OK(INVOKE(ctx, "resize", in, 1, to2x2, 0, &f))) {
+    CHECK_OK(ndx_future_wait(f, -1));
+    /* The output is a batch, not a tensor. */
+    ndx_tensor_t* not_tensor = (ndx_tensor_t*)NDX_TEST_BOGUS_PTR;
+    expect_error(ndx_future_tensor(f, 0, &not_tensor), NDX_ERROR_TYPE, NULL);
+    CHECK(not_tensor == NULL, "out-param reset");
+    CHECK_OK(ndx_future_batch(f, 0, &out));
+  }
+  ndx_future_release(f);
+  if (CHECK(out != NULL, "an output batch")) {
+    size_t n = 0;
+    int32_t dtype = 0, ndim = 0;
+    const char* layout = NULL;
+    CHECK_OK(ndx_batch_size(out, &n));
+    CHECK(n == 2, "2 samples, got %zu", n);
+    CHECK_OK(ndx_batch_dtype(out, &dtype));
+    CHECK(dtype == NDX_DTYPE_UINT8, "uint8 samples, got %d", (int)dtype);
+    CHECK_OK(ndx_batch_ndim(out, &ndim));
+    CHECK(ndim == 3, "3-d samples, got %d", (int)ndim);
+    CHECK_OK(ndx_batch_layout(out, &layout));
+    CHECK_STR_EQ(layout, "HWC");
+    uniform = false;
+    CHECK_OK(ndx_batch_is_uniform(out, &uniform));
+    CHECK(uniform, "every sample is 2x2x1 now");
+    const int64_t s2[3] = {2, 2, 1};
+    const uint8_t expect0[4] = {0, 100, 200, 255};
+    const uint8_t expect1[4] = {20, 45, 95, 120};
+    const uint8_t* expect[2] = {expect0, expect1};
+    for (size_t i = 0; i < 2 && i < n; i++) {
+      ndx_tensor_t* s = NULL;
+      if (!CHECK_OK(ndx_batch_sample(out, i, &s))) continue;
+      check_meta(s, NDX_DTYPE_UINT8, 3, s2, "HWC");
+      CHECK_BYTES(s, expect[i], 4);
+      ndx_tensor_release(s);
+    }
+    /* Uniform now: it stacks into one (2, 2, 2, 1) tensor with layout "NHWC". */
+    ndx_tensor_t* stacked = NULL;
+    if (CHECK_OK(ndx_batch_to_tensor(out, &stacked))) {
+      const int64_t s4[4] = {2, 2, 2, 1};
+      const uint8_t all[8] = {0, 100, 200, 255, 20, 45, 95, 120};
+      check_meta(stacked, NDX_DTYPE_UINT8, 4, s4, "NHWC");
+      CHECK_BYTES(stacked, all, sizeof all);
+    }
+    ndx_tensor_release(stacked);
+  }
+  ndx_batch_release(out);
+  ndx_args_free(to2x2);
+  ndx_batch_release(batch);
+  ndx_context_release(ctx);
+  CHECK(deleted[0] == 1 && deleted[1] == 1, "each producer deleter ran once: %d %d", deleted[0],
+        deleted[1]);
+}
+
+/* ---- eval modes ---------------------------------------------------------------------------- */
+
+static NDX_TEST_NOINLINE void test_modes(void) {
+  static const int32_t modes[2] = {NDX_EVAL_DEFERRED, NDX_EVAL_EAGER};
+  static const char* const names[2] = {"DEFERRED", "EAGER"};
+  ndx_tensor_t* img = mk(kSmall, NDX_DTYPE_UINT8, 3, kShape221, "HWC");
+  ndx_input_t in[1] = {ndx_test_in(img)};
+  ndx_args_t* a = resize_args(4, 4, "linear");
+  for (int m = 0; m < 2; m++) {
+    NDX_TEST_CONTEXT(names[m]);
+    /* The context's own mode, and the same mode given per invocation to a context whose
+     * default is the other one. */
+    for (int per_call = 0; per_call <= 1; per_call++) {
+      ndx_context_t* ctx = make_ctx(per_call ? modes[1 - m] : modes[m]);
+      ndx_future_t* f = NULL;
+      if (CHECK_OK(INVOKE(ctx, "resize", in, 1, a, per_call ? modes[m] : 0, &f))) {
+        /* Metadata is known before the work ran. */
+        ndx_tensor_t* pending = ndx_test_output(f, 0);
+        if (pending) check_meta(pending, NDX_DTYPE_UINT8, 3, kShape441, "HWC");
+        if (modes[m] == NDX_EVAL_DEFERRED) {
+          ndx_error_t* e = ndx_future_error(f); /* neither submits nor blocks */
+          CHECK(e == NULL, "no error before the DEFERRED work ran");
+          ndx_error_free(e);
+        }
+        CHECK_OK(ndx_future_wait(f, -1));
+        CHECK(ndx_future_poll(f) == NDX_FUTURE_READY, "READY after the wait");
+        if (pending) CHECK_BYTES(pending, kResized4x4, sizeof kResized4x4);
+        ndx_tensor_release(pending);
+      }
+      ndx_future_release(f);
+      /* A bad size is refused at ndx_invoke in this mode too. */
+      ndx_args_t* bad = resize_args(4, 0, NULL);
+      expect_invoke_error(ctx, "resize", in, 1, bad, per_call ? modes[m] : 0, NDX_ERROR_VALUE,
+                          "resize to 0x4");
+      ndx_args_free(bad);
+      ndx_error_t* ev = ndx_context_evaluate(ctx);
+      CHECK(ev == NULL, "nothing unobserved: %s", NDX_TEST_S(ndx_error_message(ev)));
+      ndx_error_free(ev);
+      ndx_context_release(ctx);
+    }
+  }
+  NDX_TEST_CONTEXT(NULL);
+  ndx_args_free(a);
+  ndx_tensor_release(img);
+}
+
+int main(void) {
+  test_concat();
+  test_crop();
+  test_resize();
+  test_gray_and_normalize();
+  test_batch();
+  test_modes();
+  return NDX_TEST_SUMMARY("test_ops_image");
+}
