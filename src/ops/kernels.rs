@@ -351,20 +351,13 @@ pub(crate) fn typed<T: Elem>(t: &Tensor) -> Result<Cow<'_, [T]>> {
     })
 }
 
-/// A new compact tensor of `T` filled by `fill`.
+/// A new compact tensor of `T` filled by `fill`, which receives zeroed elements.
 pub(crate) fn make<T: Elem>(
     shape: &[i64],
     layout: &str,
     fill: impl FnOnce(&mut [T]) -> Result<()>,
 ) -> Result<Tensor> {
-    let layout = std::ffi::CString::new(layout).unwrap_or_default();
-    Tensor::new_host(T::DTYPE, shape, layout, |bytes| {
-        if bytes.is_empty() {
-            // An empty buffer has no aligned address to cast; there is nothing to fill.
-            return fill(&mut []);
-        }
-        fill(bytemuck::cast_slice_mut(bytes))
-    })
+    make_in(shape, layout, true, fill)
 }
 
 /// Like [`make`] for a `fill` that writes every element (the slice may hold a reused
@@ -374,13 +367,28 @@ pub(crate) fn make_overwritten<T: Elem>(
     layout: &str,
     fill: impl FnOnce(&mut [T]) -> Result<()>,
 ) -> Result<Tensor> {
+    make_in(shape, layout, false, fill)
+}
+
+fn make_in<T: Elem>(
+    shape: &[i64],
+    layout: &str,
+    zeroed: bool,
+    fill: impl FnOnce(&mut [T]) -> Result<()>,
+) -> Result<Tensor> {
     let layout = std::ffi::CString::new(layout).unwrap_or_default();
-    Tensor::new_host_overwritten(T::DTYPE, shape, layout, |bytes| {
+    let fill_bytes = |bytes: &mut [u8]| {
         if bytes.is_empty() {
+            // An empty buffer has no aligned address to cast; there is nothing to fill.
             return fill(&mut []);
         }
         fill(bytemuck::cast_slice_mut(bytes))
-    })
+    };
+    if zeroed {
+        Tensor::new_host(T::DTYPE, shape, layout, fill_bytes)
+    } else {
+        Tensor::new_host_overwritten(T::DTYPE, shape, layout, fill_bytes)
+    }
 }
 
 /// NumPy broadcasting of two shapes.
