@@ -1084,21 +1084,11 @@ struct CKernel {
 /// The output promises of a full-size schema.
 fn schema_contract(s: &ndx_op_schema_t) -> Result<Contract> {
     let n = s.n_outputs;
-    let dtypes = if s.output_dtypes.is_null() {
-        None
-    } else {
-        Some(slice_arg(s.output_dtypes, n)?)
-    };
-    let ndims = if s.output_ndims.is_null() {
-        None
-    } else {
-        Some(slice_arg(s.output_ndims, n)?)
-    };
-    let layouts = if s.output_layouts.is_null() {
-        None
-    } else {
-        Some(slice_arg(s.output_layouts, n)?)
-    };
+    let optional = |p: *const i32| (!p.is_null()).then(|| slice_arg(p, n)).transpose();
+    let (dtypes, ndims) = (optional(s.output_dtypes)?, optional(s.output_ndims)?);
+    let layouts = (!s.output_layouts.is_null())
+        .then(|| slice_arg(s.output_layouts, n))
+        .transpose()?;
     if s.flags & !(ndx_op_flags_t::NDX_OP_OUTPUTS_MAY_ALIAS as u32) != 0 {
         return Err(Error::value(format!(
             "schema->flags is {:#x}: unknown ndx_op_flags_t bits",

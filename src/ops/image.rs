@@ -12,16 +12,6 @@ use crate::error::{Error, Result};
 use crate::exec::args::{ArgType, ArgValue, Args};
 use crate::tensor::{DType, Tensor, dims};
 
-fn axis_in(axis: i64, ndim: usize) -> Result<usize> {
-    let n = ndim as i64;
-    if axis < -n || axis >= n {
-        return Err(Error::index(format!(
-            "axis {axis} is out of range for ndim {ndim}"
-        )));
-    }
-    Ok((if axis < 0 { axis + n } else { axis }) as usize)
-}
-
 fn promoted(inputs: &[&TMeta]) -> DType {
     promote_all(inputs.iter().map(|m| m.dtype)).unwrap_or(DType::Bool)
 }
@@ -42,7 +32,7 @@ fn concat_meta(inputs: &[&TMeta], args: &Args) -> Result<(usize, Vec<i64>)> {
     if first.is_empty() {
         return Err(Error::value("concat: 0-d tensors cannot be concatenated"));
     }
-    let axis = axis_in(args.int_or("axis", 0)?, first.len())?;
+    let axis = super::reduce::normalize_axes(Some(&[args.int_or("axis", 0)?]), first.len())?[0];
     let mut shape = first.clone();
     for (i, m) in inputs.iter().enumerate().skip(1) {
         let same = m.shape.len() == first.len()
@@ -65,14 +55,7 @@ fn concat_meta(inputs: &[&TMeta], args: &Args) -> Result<(usize, Vec<i64>)> {
 
 fn stack_meta(inputs: &[&TMeta], args: &Args) -> Result<(usize, Vec<i64>)> {
     let first = &inputs[0].shape;
-    let axis = args.int_or("axis", 0)?;
-    let n = first.len() as i64 + 1;
-    if axis < -n || axis >= n {
-        return Err(Error::index(format!(
-            "axis {axis} is out of range for the result of ndim {n}"
-        )));
-    }
-    let axis = (if axis < 0 { axis + n } else { axis }) as usize;
+    let axis = super::shape::inserted_axis(args.int_or("axis", 0)?, first.len() + 1)?;
     if let Some((i, m)) = inputs.iter().enumerate().find(|(_, m)| &m.shape != first) {
         return Err(Error::value(format!(
             "stack: input {i} has shape {}, input 0 has {}",
@@ -123,6 +106,16 @@ fn join(
     })
 }
 
+/// Integer argument `name` of `op`, which its schema marks required.
+pub(crate) fn required_int(args: &Args, op: &str, name: &str) -> Result<i64> {
+    match args.get(name) {
+        Some(ArgValue::Int(v)) => Ok(*v),
+        _ => Err(Error::value(format!(
+            "{op} needs integer argument '{name}'"
+        ))),
+    }
+}
+
 /// The (H, W, C) axes of a 3-d image tensor, from its layout.
 pub(crate) fn hwc_axes(layout: &str, shape: &[i64], op: &str) -> Result<(usize, usize, usize)> {
     match (layout, shape.len()) {
@@ -137,12 +130,7 @@ pub(crate) fn hwc_axes(layout: &str, shape: &[i64], op: &str) -> Result<(usize, 
 
 fn crop_window(m: &TMeta, args: &Args) -> Result<(usize, usize, [i64; 4])> {
     let (h_ax, w_ax, _) = hwc_axes(&m.layout, &m.shape, "crop")?;
-    let get = |n: &str| -> Result<i64> {
-        match args.get(n) {
-            Some(ArgValue::Int(v)) => Ok(*v),
-            _ => Err(Error::value(format!("crop needs integer argument '{n}'"))),
-        }
-    };
+    let get = |n: &str| required_int(args, "crop", n);
     let (x, y, w, h) = (get("x")?, get("y")?, get("w")?, get("h")?);
     let (img_h, img_w) = (m.shape[h_ax], m.shape[w_ax]);
     let inside = x >= 0

@@ -45,12 +45,7 @@ pub fn plan(m: &TMeta, args: &Args) -> Result<Plan> {
             "operator 'resize' does not support dtype bool",
         ));
     }
-    let get = |n: &str| -> Result<i64> {
-        match args.get(n) {
-            Some(ArgValue::Int(v)) => Ok(*v),
-            _ => Err(Error::value(format!("resize needs integer argument '{n}'"))),
-        }
-    };
+    let get = |n: &str| super::image::required_int(args, "resize", n);
     let (out_h, out_w) = (get("h")?, get("w")?);
     if out_h <= 0 || out_w <= 0 {
         return Err(Error::value(format!(
@@ -157,23 +152,14 @@ struct Geom {
     c: usize,
 }
 
-fn geom(shape: &[i64], axes: (usize, usize, usize), h: usize, w: usize) -> Geom {
-    let ch = shape[axes.2] as usize;
-    if axes.2 == 2 {
-        Geom {
-            planes: 1,
-            h,
-            w,
-            c: ch,
-        }
-    } else {
-        Geom {
-            planes: ch,
-            h,
-            w,
-            c: 1,
-        }
-    }
+fn geom(shape: &[i64], (h_ax, w_ax, c_ax): (usize, usize, usize)) -> Geom {
+    let (h, w, ch) = (
+        shape[h_ax] as usize,
+        shape[w_ax] as usize,
+        shape[c_ax] as usize,
+    );
+    let (planes, c) = if c_ax == 2 { (1, ch) } else { (ch, 1) };
+    Geom { planes, h, w, c }
 }
 
 /// The horizontal pass over one source row of `C`-channel pixels.
@@ -365,12 +351,7 @@ fn resize_typed<T: Elem>(
 /// Runs a checked resize.
 pub fn run(t: &Tensor, p: &Plan) -> Result<Tensor> {
     let shape = out_shape(&TMeta::of(t), p);
-    let g = geom(
-        t.shape(),
-        p.axes,
-        t.shape()[p.axes.0] as usize,
-        t.shape()[p.axes.1] as usize,
-    );
+    let g = geom(t.shape(), p.axes);
     let (oh, ow) = (p.out_h as usize, p.out_w as usize);
     if (oh, ow) == (g.h, g.w) {
         // Same size: every output pixel is its source pixel, exactly.

@@ -221,18 +221,23 @@ fn squeeze_shape(shape: &[i64], args: &Args) -> Result<Vec<i64>> {
         .collect())
 }
 
-fn expand_shape(shape: &[i64], args: &Args) -> Result<Vec<i64>> {
-    if args.get("axis").is_none() {
-        return Err(Error::value("expand_dims needs argument 'axis'"));
-    }
-    let axis = args.int_or("axis", 0)?;
-    let n = shape.len() as i64 + 1;
+/// Where a new axis goes in a result of `ndim` dimensions (`axis` negative counts
+/// from the end of the result): `expand_dims`, `stack`.
+pub(crate) fn inserted_axis(axis: i64, ndim: usize) -> Result<usize> {
+    let n = ndim as i64;
     if axis < -n || axis >= n {
         return Err(Error::index(format!(
             "axis {axis} is out of range for the result of ndim {n}"
         )));
     }
-    let at = if axis < 0 { axis + n } else { axis } as usize;
+    Ok((if axis < 0 { axis + n } else { axis }) as usize)
+}
+
+fn expand_shape(shape: &[i64], args: &Args) -> Result<Vec<i64>> {
+    if args.get("axis").is_none() {
+        return Err(Error::value("expand_dims needs argument 'axis'"));
+    }
+    let at = inserted_axis(args.int_or("axis", 0)?, shape.len() + 1)?;
     let mut out = shape.to_vec();
     out.insert(at, 1);
     Ok(out)
