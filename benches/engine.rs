@@ -32,13 +32,10 @@ fn time(rounds: usize, iters: usize, mut f: impl FnMut()) -> f64 {
 
 fn context(mode: ndx_eval_mode_t, policy: ndx_capture_policy_t, depth: u32) -> *mut ndx_context_t {
     let opts = ndx_context_options_t {
-        struct_size: std::mem::size_of::<ndx_context_options_t>(),
         eval_mode: mode as i32,
         capture_policy: policy as i32,
         capture_depth: depth,
-        num_threads: 0,
-        backend: std::ptr::null(),
-        process_events_callbacks: false,
+        ..Default::default()
     };
     let mut ctx = std::ptr::null_mut();
     check(ndx_context_new(&opts, &mut ctx));

@@ -368,6 +368,76 @@ typedef uint32_t ndx_op_flags_t;
 #endif // __cplusplus
 
 /**
+ * What a context does with checks (`ndx_context_set_checks`). Values are never
+ * renumbered.
+ */
+enum ndx_check_policy_t
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : int32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * No check runs: the check operators pass their input through without looking
+   * at it, and kernels take their unchecked loops.
+   */
+  NDX_CHECKS_OFF = 1,
+  /**
+   * Computation continues; raised flags are reported at the end of
+   * `ndx_context_evaluate` and by `ndx_context_take_check_errors`.
+   */
+  NDX_CHECKS_COLLECT = 2,
+  /**
+   * The first flag an invocation raises fails that invocation (NDX_ERROR_CHECK).
+   */
+  NDX_CHECKS_FAIL_FAST = 3,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum ndx_check_policy_t ndx_check_policy_t;
+#else
+typedef int32_t ndx_check_policy_t;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * Check categories, combined as a bit mask. Values are never renumbered.
+ */
+enum ndx_check_category_t
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : int32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * An operator produced NaN or an infinity from finite inputs.
+   */
+  NDX_CHECK_NAN = 1,
+  /**
+   * Integer or float division (`div`, `floordiv`, `mod`) by zero; an integer
+   * result is then 0 instead of an NDX_ERROR_VALUE failure.
+   */
+  NDX_CHECK_DIV = 2,
+  /**
+   * Out-of-range indices: a `slice` bound outside [-size, size] (still clamped).
+   */
+  NDX_CHECK_INDEX = 4,
+  /**
+   * The check operators: `check`, `check_finite`, `check_range`, `check_shape`.
+   */
+  NDX_CHECK_USER = 8,
+  /**
+   * Every category.
+   */
+  NDX_CHECK_ALL = 15,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum ndx_check_category_t ndx_check_category_t;
+#else
+typedef int32_t ndx_check_category_t;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
  * Named arguments for `ndx_invoke`: an owned builder (`ndx_args_new`,
  * `ndx_args_free`). Not thread-safe while being changed; `ndx_invoke` copies it.
  */
@@ -407,6 +477,44 @@ typedef struct ndx_future_t ndx_future_t;
  * thread-safe.
  */
 typedef struct ndx_tensor_t ndx_tensor_t;
+
+/**
+ * What one raised check flag reports (`ndx_error_check_info`).
+ */
+typedef struct {
+  /**
+   * Set by the caller to `sizeof(ndx_check_info_t)`.
+   */
+  size_t struct_size;
+  /**
+   * One `ndx_check_category_t` bit.
+   */
+  uint32_t category;
+  /**
+   * Flat (row-major) index of the first failing element; for `check_shape`, the
+   * first mismatching axis; for a `slice` bound, the axis.
+   */
+  uint64_t first_index;
+  /**
+   * Failing elements, summed over occurrences.
+   */
+  uint64_t count;
+  /**
+   * How many invocations enqueued at this site raised it (a check in a loop is
+   * reported once, with its counts summed).
+   */
+  uint64_t occurrences;
+  /**
+   * Batch sample the flag was raised on, or -1 when the input was a tensor.
+   */
+  int64_t sample;
+  /**
+   * Sequence number of the latest flagged invocation upstream of this one (its
+   * inputs were computed from flagged data, so this flag may be a consequence of
+   * that one), or 0 when this flag is a root cause.
+   */
+  uint64_t consequence_of;
+} ndx_check_info_t;
 
 /**
  * One frame of an error's capture site. Set `struct_size = sizeof(ndx_frame_t)`
@@ -482,6 +590,20 @@ typedef struct {
    * thread — for runtimes with a global lock (Python's GIL, Lua).
    */
   bool process_events_callbacks;
+  /**
+   * An `ndx_check_policy_t` (0: NDX_CHECKS_OFF). Fields from here on were added
+   * in 0.1; a caller whose `struct_size` ends before them gets their defaults.
+   */
+  int32_t check_policy;
+  /**
+   * Enabled check categories, a mask of `ndx_check_category_t` (0: NDX_CHECK_ALL).
+   */
+  uint32_t check_categories;
+  /**
+   * Distinct check flags kept between reports (0: 1024); later ones are dropped
+   * and counted.
+   */
+  uint32_t check_capacity;
 } ndx_context_options_t;
 
 /**
@@ -689,6 +811,35 @@ const char *ndx_version_string(void);
  */
 ndx_error_t *ndx_test_panic(const char *message);
 #endif
+
+/**
+ * Sets the check policy (an `ndx_check_policy_t`), the categories (a mask of
+ * `ndx_check_category_t`; 0: all) and the number of distinct flags kept between
+ * reports (0: 1024; later flags are dropped and counted) for later invocations.
+ * Flags already collected stay until reported. Thread-safe.
+ */
+ndx_error_t *ndx_context_set_checks(const ndx_context_t *ctx,
+                                    int32_t policy,
+                                    uint32_t categories,
+                                    uint32_t capacity);
+
+/**
+ * Takes the check flags collected so far (COLLECT) without waiting for running
+ * work: NULL when none, else one owned NDX_ERROR_CHECK error whose related errors
+ * are the flags in enqueue order, each an NDX_ERROR_CHECK error with its message,
+ * op, sequence number and the site where it was enqueued (`ndx_error_check_info`
+ * has the numbers). Flags are reported once. NULL `ctx` gives an NDX_ERROR_VALUE
+ * error. Thread-safe.
+ */
+ndx_error_t *ndx_context_take_check_errors(const ndx_context_t *ctx);
+
+/**
+ * When `err` is one raised check flag (a related error of a check group, or the
+ * error of an invocation failed by FAIL_FAST), fills `*out` (up to
+ * `out->struct_size` bytes) and returns true; otherwise returns false and leaves
+ * `*out` alone. NULL arguments return false. Thread-safe.
+ */
+bool ndx_error_check_info(const ndx_error_t *err, ndx_check_info_t *out);
 
 /**
  * The kind of `error` (an `ndx_error_kind_t` value), or 0 when `error` is NULL

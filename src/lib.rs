@@ -3,6 +3,8 @@
 
 // The header comes from `ffi` alone: the core modules are not part of the C API.
 /// cbindgen:ignore
+pub mod checks;
+/// cbindgen:ignore
 pub mod error;
 /// cbindgen:ignore
 pub mod exec;

@@ -35,13 +35,10 @@ fn frames(e: *const ndx_error_t) -> Vec<(String, String, u32, ndx_frame_origin_t
 
 fn context(policy: ndx_capture_policy_t) -> *mut ndx_context_t {
     let opts = ndx_context_options_t {
-        struct_size: std::mem::size_of::<ndx_context_options_t>(),
         eval_mode: ndx_eval_mode_t::NDX_EVAL_EAGER as i32,
         capture_policy: policy as i32,
-        capture_depth: 0,
-        num_threads: 0,
         backend: c"inject_runtime_error:add".as_ptr(),
-        process_events_callbacks: false,
+        ..Default::default()
     };
     let mut ctx = std::ptr::null_mut();
     ok(ndx_context_new(&opts, &mut ctx));

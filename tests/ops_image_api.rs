@@ -47,13 +47,9 @@ struct Ctx(*mut ndx_context_t);
 impl Ctx {
     fn new(mode: i32) -> Ctx {
         let opts = ndx_context_options_t {
-            struct_size: std::mem::size_of::<ndx_context_options_t>(),
             eval_mode: mode,
-            capture_policy: 0,
-            capture_depth: 0,
             num_threads: 2,
-            backend: std::ptr::null(),
-            process_events_callbacks: false,
+            ..Default::default()
         };
         let mut ctx = std::ptr::null_mut();
         ok(ndx_context_new(&opts, &mut ctx));

@@ -100,6 +100,8 @@ pub struct Error {
     related: Vec<Error>,
     op: Option<CString>,
     sequence: Option<u64>,
+    /// What a raised check flag reports (flag errors only).
+    check: Option<Box<crate::checks::Info>>,
 }
 
 /// Shorthand for results that fail with [`Error`].
@@ -129,6 +131,7 @@ impl Error {
             related: Vec::new(),
             op: None,
             sequence: None,
+            check: None,
         }
     }
 
@@ -185,6 +188,17 @@ impl Error {
     }
 
     /// The kind.
+    /// Attaches what a raised check flag reports.
+    pub fn with_check(mut self, info: crate::checks::Info) -> Error {
+        self.check = Some(Box::new(info));
+        self
+    }
+
+    /// The check flag's report, for errors that are raised flags.
+    pub fn check_info(&self) -> Option<&crate::checks::Info> {
+        self.check.as_deref()
+    }
+
     pub fn kind(&self) -> ErrorKind {
         self.kind
     }

@@ -209,6 +209,18 @@ impl Site {
         self
     }
 
+    /// A hash that is equal for the same call site reached the same way (explicit
+    /// location, innermost host frame, return addresses), for folding repeated flags.
+    pub fn key(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        for f in self.location.iter().chain(self.host.first()) {
+            (f.file(), f.line(), f.function()).hash(&mut h);
+        }
+        self.ips.hash(&mut h);
+        h.finish()
+    }
+
     /// The raw instruction pointers, innermost first.
     pub fn ips(&self) -> &[usize] {
         &self.ips

@@ -155,6 +155,25 @@ impl Args {
         }
     }
 
+    /// `name` as a float, if present (an integer converts).
+    pub fn float(&self, name: &str) -> Result<Option<f64>> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(ArgValue::Float(v)) => Ok(Some(*v)),
+            Some(ArgValue::Int(v)) => Ok(Some(*v as f64)),
+            Some(v) => Err(Args::wrong(name, ArgType::Float, v)),
+        }
+    }
+
+    /// `name` as a string, if present (invalid UTF-8 replaced).
+    pub fn string(&self, name: &str) -> Result<Option<String>> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(ArgValue::Str(s)) => Ok(Some(s.to_string_lossy().into_owned())),
+            Some(v) => Err(Args::wrong(name, ArgType::Str, v)),
+        }
+    }
+
     /// `name` as a dtype, if present.
     pub fn dtype(&self, name: &str) -> Result<Option<DType>> {
         match self.get(name) {

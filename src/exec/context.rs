@@ -134,6 +134,8 @@ pub struct Settings {
     pub events_mode: bool,
     /// Host frame provider.
     pub provider: Option<FrameProvider>,
+    /// Error-flag checks: policy, categories, capacity.
+    pub checks: crate::checks::Settings,
 }
 
 impl Default for Settings {
@@ -145,6 +147,7 @@ impl Default for Settings {
             backend: Backend::Default,
             events_mode: false,
             provider: None,
+            checks: crate::checks::Settings::default(),
         }
     }
 }
@@ -176,6 +179,12 @@ pub struct ContextInner {
     tracker: Mutex<Tracker>,
     idle: Condvar,
     events: Mutex<VecDeque<Box<dyn FnOnce() + Send>>>,
+    /// Raised check flags waiting to be reported (COLLECT).
+    flags: Mutex<crate::checks::Collector>,
+    /// Check flags raised since creation (every policy).
+    flags_raised: AtomicU64,
+    /// Kernel runs that had checks enabled.
+    checked_runs: AtomicU64,
 }
 
 /// A context (`ndx_context_t`).
@@ -185,11 +194,14 @@ pub type Context = Arc<ContextInner>;
 pub fn new_context(settings: Settings, threads: usize) -> Context {
     pool::init(threads);
     Arc::new(ContextInner {
-        settings: Mutex::new(Arc::new(settings)),
+        settings: Mutex::new(Arc::new(settings.clone())),
         registry: Registry::new(),
         seq: AtomicU64::new(0),
         tracker: Mutex::new(Tracker::default()),
         idle: Condvar::new(),
+        flags: Mutex::new(crate::checks::Collector::new(settings.checks.capacity)),
+        flags_raised: AtomicU64::new(0),
+        checked_runs: AtomicU64::new(0),
         events: Mutex::new(VecDeque::new()),
     })
 }
@@ -206,6 +218,42 @@ impl ContextInner {
         f(&mut next);
         *guard = Arc::new(next);
     }
+    /// Changes the check settings for later invocations (flags already collected
+    /// stay until reported).
+    pub fn set_checks(&self, checks: crate::checks::Settings) {
+        self.flags.lock().set_capacity(checks.capacity);
+        self.update(|s| s.checks = checks);
+    }
+
+    /// Every collected check flag as one `NDX_ERROR_CHECK` error (flags in enqueue
+    /// order), `None` when none is waiting. Does not wait for running work.
+    pub fn take_check_errors(&self) -> Option<Error> {
+        self.flags.lock().take()
+    }
+
+    /// `(flags raised, kernel runs with checks enabled)` since the context was made.
+    pub fn check_counts(&self) -> (u64, u64) {
+        (
+            self.flags_raised.load(Ordering::Relaxed),
+            self.checked_runs.load(Ordering::Relaxed),
+        )
+    }
+
+    pub(crate) fn count_flags(&self, n: u64) {
+        self.flags_raised.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_checked_run(&self) {
+        self.checked_runs.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn collect_flags(&self, flags: impl IntoIterator<Item = crate::checks::Flag>) {
+        let mut c = self.flags.lock();
+        for f in flags {
+            c.add(f);
+        }
+    }
+
     /// The host operator registry.
     pub fn registry(&self) -> &Registry {
         &self.registry
@@ -279,6 +327,7 @@ impl ContextInner {
             mode,
             backend: settings.backend.clone(),
             events: settings.events_mode,
+            checks: settings.checks,
             ctx: Arc::downgrade(self),
             out_meta,
             batch_len,
@@ -364,18 +413,24 @@ impl ContextInner {
                 n.result().and_then(|r| r.as_ref().err().cloned())
             })
             .collect();
+        let checks = self.take_check_errors();
         if unobserved.is_empty() {
-            return Ok(());
+            return checks.map_or(Ok(()), Err);
         }
         Err(Error::new(
             ErrorKind::Runtime,
             format!(
-                "{} invocation{} failed without being observed",
+                "{} invocation{} failed without being observed{}",
                 unobserved.len(),
-                if unobserved.len() == 1 { "" } else { "s" }
+                if unobserved.len() == 1 { "" } else { "s" },
+                if checks.is_some() {
+                    "; the last related error is the group of raised check flags"
+                } else {
+                    ""
+                }
             ),
         )
-        .with_related(unobserved))
+        .with_related(unobserved.into_iter().chain(checks)))
     }
 }
 

@@ -2,7 +2,7 @@
 //! once every input it depends on is complete; its result is set exactly once.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -12,6 +12,7 @@ use super::args::Args;
 use super::context::{Backend, ContextInner, EvalMode};
 use super::pool;
 use super::value::{BatchRef, TensorRef};
+use crate::checks;
 use crate::error::{Error, ErrorKind, Result, Site};
 use crate::ops::{Kernel, OpDef, TMeta, kernels};
 use crate::tensor::{Batch, Tensor};
@@ -141,6 +142,15 @@ fn overlaps(a: &Tensor, b: &Tensor) -> bool {
     }
 }
 
+/// Whether two tensors are the same view of the same storage.
+fn same_view(a: &Tensor, b: &Tensor) -> bool {
+    Arc::ptr_eq(a.storage(), b.storage())
+        && a.byte_offset() == b.byte_offset()
+        && a.shape() == b.shape()
+        && a.strides() == b.strides()
+        && a.dtype() == b.dtype()
+}
+
 /// An invocation and its future.
 pub struct Node {
     seq: u64,
@@ -150,6 +160,10 @@ pub struct Node {
     mode: EvalMode,
     backend: Backend,
     events: bool,
+    checks: checks::Settings,
+    /// The latest invocation at or upstream of this one that raised a check flag (0:
+    /// none), set when it completes.
+    taint: AtomicU64,
     ctx: Weak<ContextInner>,
     out_meta: Vec<OutMeta>,
     batch_len: Option<usize>,
@@ -172,6 +186,7 @@ pub(crate) struct NodeSpec {
     pub mode: EvalMode,
     pub backend: Backend,
     pub events: bool,
+    pub checks: checks::Settings,
     pub ctx: Weak<ContextInner>,
     pub out_meta: Vec<OutMeta>,
     pub batch_len: Option<usize>,
@@ -189,6 +204,8 @@ impl Node {
             mode: spec.mode,
             backend: spec.backend,
             events: spec.events,
+            checks: spec.checks,
+            taint: AtomicU64::new(0),
             ctx: spec.ctx,
             out_meta: spec.out_meta,
             batch_len: spec.batch_len,
@@ -548,35 +565,21 @@ impl Node {
                 )));
             }
         }
-        let run = |tensors: Vec<Arc<Tensor>>| -> Result<Vec<Arc<Tensor>>> {
-            let debug = self.backend == Backend::Debug;
-            let before = if debug {
-                tensors.iter().map(|t| fingerprint(t)).collect()
-            } else {
-                Vec::new()
-            };
-            let mut outs = match &self.op.kernel {
-                Kernel::Builtin(f) => {
-                    let refs: Vec<&Tensor> = tensors.iter().map(|t| t.as_ref()).collect();
-                    f(&refs, &self.args)?
-                        .into_iter()
-                        .map(Arc::new)
-                        .collect::<Vec<_>>()
-                }
-                Kernel::Host(h) => as_callback(|| h.run(&tensors, &self.args, self.op.n_outputs))?,
-            };
-            if let Backend::InjectAccuracy(op) = &self.backend {
-                if *op == self.op.name {
-                    outs = outs
-                        .iter()
-                        .map(|t| kernels::add_one(t).map(Arc::new))
-                        .collect::<Result<_>>()?;
-                }
+        let active = self.checks.active();
+        let mut raised: Vec<checks::Raised> = Vec::new();
+        let mut run = |tensors: Vec<Arc<Tensor>>, sample: Option<usize>| {
+            if active == 0 {
+                return self.run_kernel(&tensors);
             }
-            if debug {
-                self.debug_check(&tensors, &before, &outs)?;
+            if let Some(ctx) = self.ctx.upgrade() {
+                ctx.count_checked_run();
             }
-            Ok(outs)
+            let (outs, outcome) = checks::run_scoped(active, || self.run_kernel(&tensors));
+            raised.extend(outcome.raised.into_iter().map(|mut r| {
+                r.sample = sample;
+                r
+            }));
+            outs
         };
         let result = match self.batch_len {
             None => {
@@ -587,7 +590,7 @@ impl Node {
                         In::B(_) => unreachable!("batch inputs make a batch invocation"),
                     })
                     .collect();
-                run(tensors).map(|outs| outs.into_iter().map(Data::Tensor).collect())
+                run(tensors, None).map(|outs| outs.into_iter().map(Data::Tensor).collect())
             }
             Some(n) => {
                 let mut per_output: Vec<Vec<Arc<Tensor>>> =
@@ -600,7 +603,7 @@ impl Node {
                             In::B(b) => b.sample(s).cloned(),
                         })
                         .collect::<Result<Vec<_>>>()?;
-                    let outs = run(tensors)?;
+                    let outs = run(tensors, Some(s))?;
                     for (k, t) in outs.into_iter().enumerate() {
                         per_output[k].push(t);
                     }
@@ -611,7 +614,85 @@ impl Node {
                     .collect()
             }
         };
-        result.map_err(|e| self.backend_wrap(e))
+        let result = result.map_err(|e| self.backend_wrap(e))?;
+        self.settle_flags(inputs, raised)?;
+        Ok(result)
+    }
+
+    /// Runs the kernel once (per sample for batches), with the `debug` backend's
+    /// checks, the accuracy fault and, when NAN is checked and the kernel did not fuse
+    /// it, a pass over the outputs for non-finite values made from finite inputs.
+    fn run_kernel(&self, tensors: &[Arc<Tensor>]) -> Result<Vec<Arc<Tensor>>> {
+        let debug = self.backend == Backend::Debug;
+        let before = if debug {
+            tensors.iter().map(|t| fingerprint(t)).collect()
+        } else {
+            Vec::new()
+        };
+        let mut outs = match &self.op.kernel {
+            Kernel::Builtin(f) => {
+                let refs: Vec<&Tensor> = tensors.iter().map(|t| t.as_ref()).collect();
+                f(&refs, &self.args)?
+                    .into_iter()
+                    .map(Arc::new)
+                    .collect::<Vec<_>>()
+            }
+            Kernel::Host(h) => as_callback(|| h.run(tensors, &self.args, self.op.n_outputs))?,
+        };
+        if checks::nan_unhandled() && matches!(self.op.kernel, Kernel::Builtin(_)) {
+            crate::ops::check::flag_new_non_finite(tensors, &outs);
+        }
+        if let Backend::InjectAccuracy(op) = &self.backend {
+            if *op == self.op.name {
+                outs = outs
+                    .iter()
+                    .map(|t| kernels::add_one(t).map(Arc::new))
+                    .collect::<Result<_>>()?;
+            }
+        }
+        if debug {
+            self.debug_check(tensors, &before, &outs)?;
+        }
+        Ok(outs)
+    }
+
+    /// Ties the flags the kernel raised to this invocation: FAIL_FAST fails it with
+    /// the first; COLLECT hands them to the context. Sets the node's taint either way.
+    fn settle_flags(&self, inputs: &[Input], raised: Vec<checks::Raised>) -> Result<()> {
+        let upstream = inputs
+            .iter()
+            .filter_map(|i| i.producer())
+            .map(|p| p.taint.load(Ordering::Acquire))
+            .max()
+            .unwrap_or(0);
+        if raised.is_empty() {
+            self.taint.store(upstream, Ordering::Release);
+            return Ok(());
+        }
+        self.taint.store(self.seq, Ordering::Release);
+        let flags = raised.into_iter().map(|raised| checks::Flag {
+            seq: self.seq,
+            op: self.op.name.clone(),
+            site: self.site.clone(),
+            raised,
+            occurrences: 1,
+            consequence_of: upstream,
+        });
+        let ctx = self.ctx.upgrade();
+        if let Some(ctx) = &ctx {
+            ctx.count_flags(flags.len() as u64);
+        }
+        if self.checks.policy == checks::Policy::FailFast {
+            let mut flags = flags;
+            return match flags.next() {
+                Some(first) => Err(first.to_error()),
+                None => Ok(()),
+            };
+        }
+        if let Some(ctx) = ctx {
+            ctx.collect_flags(flags);
+        }
+        Ok(())
     }
 
     /// The `debug` backend's checks of one (per-sample) call: outputs against the
@@ -637,6 +718,7 @@ impl Node {
                 self.op.n_outputs
             ));
         }
+        let builtin = matches!(self.op.kernel, Kernel::Builtin(_));
         let (decls, may_alias) = match &self.op.kernel {
             Kernel::Builtin(_) => {
                 let metas: Vec<TMeta> = inputs.iter().map(|t| TMeta::of(t)).collect();
@@ -703,7 +785,11 @@ impl Node {
                 }
             }
             if !may_alias {
-                if let Some(k) = inputs.iter().position(|t| overlaps(t, out)) {
+                // A built-in may pass an input through as it is (the check operators).
+                let aliased = inputs
+                    .iter()
+                    .position(|t| overlaps(t, out) && !(builtin && same_view(t, out)));
+                if let Some(k) = aliased {
                     return fail(format!(
                         "output {i} shares memory with input {k}; a schema without NDX_OP_OUTPUTS_MAY_ALIAS promises new memory"
                     ));

@@ -102,7 +102,7 @@ pub(crate) fn error_into_raw(e: Error) -> *mut ndx_error_t {
     Box::into_raw(Box::new(e)).cast()
 }
 
-fn error_ref<'a>(e: *const ndx_error_t) -> Option<&'a Error> {
+pub(crate) fn error_ref<'a>(e: *const ndx_error_t) -> Option<&'a Error> {
     // SAFETY: a non-NULL error pointer was made by `error_into_raw` (or borrowed from
     // one) and stays valid until the caller frees its owner (API contract).
     unsafe { e.cast::<Error>().as_ref() }

@@ -123,6 +123,32 @@ pub struct ndx_context_options_t {
     /// `ndx_context_process_events` or a wait on this context's futures, on that
     /// thread — for runtimes with a global lock (Python's GIL, Lua).
     pub process_events_callbacks: bool,
+    /// An `ndx_check_policy_t` (0: NDX_CHECKS_OFF). Fields from here on were added
+    /// in 0.1; a caller whose `struct_size` ends before them gets their defaults.
+    pub check_policy: i32,
+    /// Enabled check categories, a mask of `ndx_check_category_t` (0: NDX_CHECK_ALL).
+    pub check_categories: u32,
+    /// Distinct check flags kept between reports (0: 1024); later ones are dropped
+    /// and counted.
+    pub check_capacity: u32,
+}
+
+impl Default for ndx_context_options_t {
+    /// Every field at its default, `struct_size` set (for Rust callers of the ABI).
+    fn default() -> ndx_context_options_t {
+        ndx_context_options_t {
+            struct_size: std::mem::size_of::<ndx_context_options_t>(),
+            eval_mode: 0,
+            capture_policy: 0,
+            capture_depth: 0,
+            num_threads: 0,
+            backend: std::ptr::null(),
+            process_events_callbacks: false,
+            check_policy: 0,
+            check_categories: 0,
+            check_capacity: 0,
+        }
+    }
 }
 
 /// A source location, for `ndx_invoke_options_t.location`; `NDX_HERE` fills it.
@@ -299,13 +325,37 @@ pub extern "C" fn ndx_context_new(
         let mut threads = 0;
         if !opts.is_null() {
             // SAFETY: non-NULL; struct_size is read first.
+            let size = unsafe { (*opts).struct_size };
+            // Callers built against the header before the check fields pass less.
             size_check(
-                unsafe { (*opts).struct_size },
-                std::mem::size_of::<ndx_context_options_t>(),
+                size,
+                std::mem::offset_of!(ndx_context_options_t, check_policy),
                 "opts",
             )?;
-            // SAFETY: at least as large as ours.
-            let o = unsafe { &*opts };
+            // SAFETY: an all-zero options struct is valid (NULL pointers, zeros).
+            let mut o: ndx_context_options_t = unsafe { std::mem::zeroed() };
+            // SAFETY: the caller's struct holds `size` bytes; we copy no more than
+            // that, and no more than ours.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    opts.cast::<u8>(),
+                    (&mut o as *mut ndx_context_options_t).cast::<u8>(),
+                    size.min(std::mem::size_of::<ndx_context_options_t>()),
+                )
+            };
+            if o.check_policy != 0 || o.check_categories != 0 || o.check_capacity != 0 {
+                let policy = if o.check_policy == 0 {
+                    crate::checks::Policy::Off as i32
+                } else {
+                    o.check_policy
+                };
+                settings.checks = super::checks::check_settings(
+                    policy,
+                    o.check_categories,
+                    o.check_capacity,
+                    "opts->check_",
+                )?;
+            }
             if o.eval_mode != 0 {
                 settings.mode = eval_mode(o.eval_mode, "opts->eval_mode")?;
             }

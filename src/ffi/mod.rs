@@ -12,11 +12,13 @@
 // obscure the one place each pointer is checked.
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
 
+mod checks;
 mod error;
 mod exec;
 mod handle;
 mod tensor;
 
+pub use checks::*;
 pub use error::*;
 pub use exec::*;
 pub use handle::{ndx_batch_t, ndx_context_t, ndx_future_t, ndx_tensor_t};

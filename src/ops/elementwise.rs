@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use super::kernels::{self, Elem, broadcast_shapes, make, make_overwritten, typed, with_elem};
 use super::{ArgSpec, Kernel, OpDef, TMeta, par};
+use crate::checks;
 use crate::error::{Error, Result};
 use crate::exec::args::{ArgType, Args};
 use crate::tensor::{DType, Tensor};
@@ -235,13 +236,13 @@ fn zip2<T: Elem, O: Elem>(
     b: &Tensor,
     shape: &[i64],
     layout: &str,
-    f: impl Fn(T, T) -> Result<O>,
+    f: impl Fn(usize, T, T) -> Result<O>,
 ) -> Result<Tensor> {
     let (va, vb) = (typed::<T>(a)?, typed::<T>(b)?);
     make::<O>(shape, layout, |out| {
         if a.shape() == shape && b.shape() == shape {
             for (i, ((o, &x), &y)) in out.iter_mut().zip(va.iter()).zip(vb.iter()).enumerate() {
-                *o = f(x, y).map_err(|e| at_element(e, i))?;
+                *o = f(i, x, y).map_err(|e| at_element(e, i))?;
             }
             return Ok(());
         }
@@ -250,21 +251,82 @@ fn zip2<T: Elem, O: Elem>(
             kernels::broadcast_strides(b.shape(), shape),
         ];
         for_each_broadcast(shape, &strides, |i, offs| {
-            out[i] = f(va[offs[0]], vb[offs[1]]).map_err(|e| at_element(e, i))?;
+            out[i] = f(i, va[offs[0]], vb[offs[1]]).map_err(|e| at_element(e, i))?;
             Ok(())
         })
     })
 }
 
+/// The check categories a fused kernel watches in its loop, with a tally for each.
+struct Watch {
+    tallies: Vec<(u32, checks::Tally)>,
+}
+
+impl Watch {
+    /// The enabled ones of `categories` (none when checks are off), and tells the node
+    /// that NAN, when among them, needs no separate pass.
+    fn new(categories: &[u32]) -> Watch {
+        if categories.contains(&checks::NAN) && checks::enabled(checks::NAN) {
+            checks::nan_handled();
+        }
+        Watch {
+            tallies: categories
+                .iter()
+                .filter(|&&c| checks::enabled(c))
+                .map(|&c| (c, checks::Tally::new()))
+                .collect(),
+        }
+    }
+    fn on(&self) -> bool {
+        !self.tallies.is_empty()
+    }
+    /// After a piece whose loop OR-ed `bits`: counts, per raised category, the
+    /// elements `0..n` (at `first` in the output) for which `bad(i)` has its bit.
+    fn piece(&self, bits: u32, first: usize, n: usize, bad: impl Fn(usize) -> u32) {
+        for (cat, tally) in &self.tallies {
+            if bits & cat != 0 {
+                tally.scan(first, n, |i| bad(i) & cat != 0);
+            }
+        }
+    }
+    /// Raises the flags of the categories that counted anything.
+    fn raise(self) {
+        for (cat, tally) in &self.tallies {
+            checks::raise_tally(*cat, tally, |n| match *cat {
+                checks::NAN => format!(
+                    "{n} element{} became NaN or infinite from finite inputs",
+                    if n == 1 { "" } else { "s" }
+                ),
+                _ => format!(
+                    "{n} element{} divided by zero",
+                    if n == 1 { "" } else { "s" }
+                ),
+            });
+        }
+    }
+}
+
+/// Category bits an element of a float operation raises: NAN when the output is not
+/// finite though the inputs are, DIV when `div` and the divisor is zero.
+#[inline(always)]
+fn watch_bits<T: Elem>(x: T, y: T, o: T, nan: bool, div: bool) -> u32 {
+    let new_nan = nan & !o.is_finite() & x.is_finite() & y.is_finite();
+    let by_zero = div & (y == T::from_i128(0));
+    (u32::from(new_nan) * checks::NAN) | (u32::from(by_zero) * checks::DIV)
+}
+
 /// The fast path of an operation that cannot fail: `out[i] = f(a[i], b[i])` when both
 /// inputs have the output's shape, or with one of them a single element; a plain loop
 /// over slices that the compiler vectorises, split across the pool when large. `None`
-/// when the shapes need general broadcasting.
+/// when the shapes need general broadcasting. With NAN (floats) or, for a division,
+/// DIV checks on, the loop also ORs each element's flag bits; a piece that raised
+/// any is counted again exactly (the rare path).
 fn zip_fast<T: Elem>(
     a: &Tensor,
     b: &Tensor,
     shape: &[i64],
     layout: &str,
+    division: bool,
     f: impl Fn(T, T) -> T + Sync + Send,
 ) -> Result<Option<Tensor>> {
     let (full_a, full_b) = (a.shape() == shape, b.shape() == shape);
@@ -272,34 +334,91 @@ fn zip_fast<T: Elem>(
     if !((full_a || one_a) && (full_b || one_b)) {
         return Ok(None);
     }
+    let categories: &[u32] = match (T::INT, division) {
+        (true, _) => &[],
+        (false, false) => &[checks::NAN],
+        (false, true) => &[checks::NAN, checks::DIV],
+    };
+    let watch = Watch::new(categories);
+    let t = if watch.on() {
+        let nan = watch.tallies.iter().any(|(c, _)| *c == checks::NAN);
+        let div = watch.tallies.iter().any(|(c, _)| *c == checks::DIV);
+        zip_fast_loop::<T, true>(
+            a,
+            b,
+            shape,
+            layout,
+            &f,
+            |x, y, o| watch_bits(x, y, o, nan, div),
+            &watch,
+        )?
+    } else {
+        zip_fast_loop::<T, false>(a, b, shape, layout, &f, |_, _, _| 0, &watch)?
+    };
+    watch.raise();
+    Ok(Some(t))
+}
+
+/// The loops of [`zip_fast`]; `CHECK` compiles the flag bits in or out.
+fn zip_fast_loop<T: Elem, const CHECK: bool>(
+    a: &Tensor,
+    b: &Tensor,
+    shape: &[i64],
+    layout: &str,
+    f: &(impl Fn(T, T) -> T + Sync + Send),
+    bits_of: impl Fn(T, T, T) -> u32 + Sync + Send,
+    watch: &Watch,
+) -> Result<Tensor> {
+    let (full_a, full_b) = (a.shape() == shape, b.shape() == shape);
     let (va, vb) = (typed::<T>(a)?, typed::<T>(b)?);
-    let t = make_overwritten::<T>(shape, layout, |out| {
+    make_overwritten::<T>(shape, layout, |out| {
         par::chunks_mut(out, 1, 1, |first, piece| {
             let r = first..first + piece.len();
+            let mut bits = 0u32;
             match (full_a, full_b) {
                 (true, true) => {
-                    for ((o, &x), &y) in piece.iter_mut().zip(&va[r.clone()]).zip(&vb[r]) {
+                    for ((o, &x), &y) in piece.iter_mut().zip(&va[r.clone()]).zip(&vb[r.clone()]) {
                         *o = f(x, y);
+                        if CHECK {
+                            bits |= bits_of(x, y, *o);
+                        }
                     }
                 }
                 (true, false) => {
                     let y = vb[0];
-                    for (o, &x) in piece.iter_mut().zip(&va[r]) {
+                    for (o, &x) in piece.iter_mut().zip(&va[r.clone()]) {
                         *o = f(x, y);
+                        if CHECK {
+                            bits |= bits_of(x, y, *o);
+                        }
                     }
                 }
                 (false, true) => {
                     let x = va[0];
-                    for (o, &y) in piece.iter_mut().zip(&vb[r]) {
+                    for (o, &y) in piece.iter_mut().zip(&vb[r.clone()]) {
                         *o = f(x, y);
+                        if CHECK {
+                            bits |= bits_of(x, y, *o);
+                        }
                     }
                 }
-                (false, false) => piece.fill(f(va[0], vb[0])),
+                (false, false) => {
+                    let o = f(va[0], vb[0]);
+                    piece.fill(o);
+                    if CHECK {
+                        bits |= bits_of(va[0], vb[0], o);
+                    }
+                }
+            }
+            if CHECK && bits != 0 {
+                let at = |v: &[T], full: bool, i: usize| if full { v[first + i] } else { v[0] };
+                watch.piece(bits, first, piece.len(), |i| {
+                    bits_of(at(&va, full_a, i), at(&vb, full_b, i), piece[i])
+                });
             }
             Ok(())
         })
-    })?;
-    Ok(Some(t))
+    })
 }
 
 /// `arith` on the fast path, for the operations that cannot fail on `T`.
@@ -311,16 +430,16 @@ fn arith_fast<T: Elem>(
     layout: &str,
 ) -> Result<Option<Tensor>> {
     match op {
-        Arith::Add => zip_fast::<T>(a, b, shape, layout, Elem::add),
-        Arith::Sub => zip_fast::<T>(a, b, shape, layout, Elem::sub),
-        Arith::Mul => zip_fast::<T>(a, b, shape, layout, Elem::mul),
-        Arith::Div if !T::INT => {
-            zip_fast::<T>(a, b, shape, layout, |x, y| Elem::div(x, y).unwrap_or(x))
-        }
-        Arith::Minimum => zip_fast::<T>(a, b, shape, layout, |x, y| {
+        Arith::Add => zip_fast::<T>(a, b, shape, layout, false, Elem::add),
+        Arith::Sub => zip_fast::<T>(a, b, shape, layout, false, Elem::sub),
+        Arith::Mul => zip_fast::<T>(a, b, shape, layout, false, Elem::mul),
+        Arith::Div if !T::INT => zip_fast::<T>(a, b, shape, layout, true, |x, y| {
+            Elem::div(x, y).unwrap_or(x)
+        }),
+        Arith::Minimum => zip_fast::<T>(a, b, shape, layout, false, |x, y| {
             if Elem::is_nan(x) || x < y { x } else { y }
         }),
-        Arith::Maximum => zip_fast::<T>(a, b, shape, layout, |x, y| {
+        Arith::Maximum => zip_fast::<T>(a, b, shape, layout, false, |x, y| {
             if Elem::is_nan(x) || x > y { x } else { y }
         }),
         _ => Ok(None),
@@ -343,7 +462,16 @@ fn arith_kernel(op: Arith, name: &'static str, inputs: &[&Tensor]) -> Result<Ten
     if let Some(t) = fast {
         return Ok(t);
     }
-    with_elem!(out.dtype, T => zip2::<T, T>(&a, &b, &out.shape, &out.layout, |x, y| {
+    // With DIV checked, a zero divisor raises a flag; an integer result is then 0.
+    let divides = matches!(op, Arith::Div | Arith::FloorDiv | Arith::Mod);
+    let div = Watch::new(if divides { &[checks::DIV] } else { &[] });
+    let t = with_elem!(out.dtype, T => zip2::<T, T>(&a, &b, &out.shape, &out.layout, |i, x, y| {
+        if div.on() && y == T::from_i128(0) {
+            div.tallies[0].1.add(i as u64, 1);
+            if T::INT {
+                return Ok(T::from_i128(0));
+            }
+        }
         let r = match op {
             Arith::Add => Some(Elem::add(x, y)),
             Arith::Sub => Some(Elem::sub(x, y)),
@@ -360,7 +488,9 @@ fn arith_kernel(op: Arith, name: &'static str, inputs: &[&Tensor]) -> Result<Ten
             Arith::Mod => Error::value("integer modulo by zero"),
             _ => Error::value("integer division by zero"),
         })
-    }), bool => unreachable!("rejected at inference"))
+    }), bool => unreachable!("rejected at inference"))?;
+    div.raise();
+    Ok(t)
 }
 
 fn arith_infer(op: Arith, name: &str, inputs: &[&TMeta]) -> Result<Vec<TMeta>> {
@@ -387,8 +517,8 @@ fn cmp_kernel(op: Cmp, inputs: &[&Tensor]) -> Result<Tensor> {
     let common = promote(metas[0].dtype, metas[1].dtype);
     let out = meta_out(&refs, DType::Bool)?.remove(0);
     let (a, b) = (as_dtype(inputs[0], common)?, as_dtype(inputs[1], common)?);
-    let t = with_elem!(common, T => zip2::<T, u8>(&a, &b, &out.shape, &out.layout, |x, y| Ok(compare(op, x, y))),
-        bool => zip2::<u8, u8>(&a, &b, &out.shape, &out.layout, |x, y| Ok(compare(op, x, y))))?;
+    let t = with_elem!(common, T => zip2::<T, u8>(&a, &b, &out.shape, &out.layout, |_, x, y| Ok(compare(op, x, y))),
+        bool => zip2::<u8, u8>(&a, &b, &out.shape, &out.layout, |_, x, y| Ok(compare(op, x, y))))?;
     Ok(as_bool(t))
 }
 
@@ -399,7 +529,7 @@ fn logic_kernel(op: Logic, inputs: &[&Tensor]) -> Result<Tensor> {
         as_dtype(inputs[0], DType::Bool)?,
         as_dtype(inputs[1], DType::Bool)?,
     );
-    let t = zip2::<u8, u8>(&a, &b, &out.shape, &out.layout, |x, y| {
+    let t = zip2::<u8, u8>(&a, &b, &out.shape, &out.layout, |_, x, y| {
         let (x, y) = (x != 0, y != 0);
         Ok(u8::from(match op {
             Logic::And => x && y,
@@ -410,13 +540,39 @@ fn logic_kernel(op: Logic, inputs: &[&Tensor]) -> Result<Tensor> {
     Ok(as_bool(t))
 }
 
+/// `out[i] = f(t[i])`, split across the pool when large. A float output is watched
+/// for NaN or infinities made from finite inputs in the same loop when NAN is checked.
 fn map<T: Elem, O: Elem>(t: &Tensor, f: impl Fn(T) -> O + Sync + Send) -> Result<Tensor> {
+    let watch = Watch::new(if O::INT { &[] } else { &[checks::NAN] });
+    let out = if watch.on() {
+        map_loop::<T, O, true>(t, f, &watch)
+    } else {
+        map_loop::<T, O, false>(t, f, &watch)
+    }?;
+    watch.raise();
+    Ok(out)
+}
+
+/// The loop of [`map`]; `CHECK` compiles the NAN watch in or out.
+fn map_loop<T: Elem, O: Elem, const CHECK: bool>(
+    t: &Tensor,
+    f: impl Fn(T) -> O + Sync + Send,
+    watch: &Watch,
+) -> Result<Tensor> {
     let src = typed::<T>(t)?;
+    let bad = |v: T, o: O| u32::from(!o.is_finite() & v.is_finite()) * checks::NAN;
     make_overwritten::<O>(t.shape(), t.layout(), |out| {
         par::chunks_mut(out, 1, 1, |first, piece| {
             let n = piece.len();
+            let mut bits = 0u32;
             for (o, &v) in piece.iter_mut().zip(&src[first..first + n]) {
                 *o = f(v);
+                if CHECK {
+                    bits |= bad(v, *o);
+                }
+            }
+            if CHECK && bits != 0 {
+                watch.piece(bits, first, n, |i| bad(src[first + i], piece[i]));
             }
             Ok(())
         })

@@ -1,6 +1,7 @@
 //! Operators: schemas (inputs, outputs, named arguments), metadata inference at
 //! enqueue, and kernels; the registry of built-ins and host operators.
 
+pub mod check;
 pub mod elementwise;
 pub mod image;
 pub mod kernels;
@@ -236,6 +237,7 @@ pub fn builtin(name: &str) -> Option<Arc<OpDef>> {
             ops.extend(reduce::ops());
             ops.extend(shape::ops());
             ops.extend(image::ops());
+            ops.extend(check::ops());
             ops.extend([OpDef {
                 name: "cast".into(),
                 n_inputs: 1,

@@ -4,6 +4,8 @@
 
 use std::sync::Arc;
 
+use crate::checks;
+
 use super::kernels::{self, make};
 use super::reduce::normalize_axes;
 use super::{ArgSpec, Kernel, OpDef, TMeta};
@@ -136,6 +138,32 @@ fn slice_indices(start: i64, stop: i64, step: i64, len: i64) -> (i64, i64) {
     (start as i64, count as i64)
 }
 
+/// With INDEX checked, raises a flag for a slice bound outside `[-len, len]` (the
+/// slice still clamps like NumPy's).
+fn flag_out_of_range(axis: usize, start: i64, end: i64, len: i64) {
+    if !checks::enabled(checks::INDEX) {
+        return;
+    }
+    let outside = |b: i64| b < -len || b > len;
+    let bad: Vec<String> = [("start", start), ("end", end)]
+        .into_iter()
+        .filter(|(_, b)| outside(*b) && *b != i64::MAX && *b != i64::MIN)
+        .map(|(name, b)| format!("{name} {b}"))
+        .collect();
+    if !bad.is_empty() {
+        checks::raise(checks::Raised {
+            category: checks::INDEX,
+            message: format!(
+                "slice {} out of range for axis {axis} of size {len} (clamped)",
+                bad.join(" and ")
+            ),
+            first_index: axis as u64,
+            count: bad.len() as u64,
+            sample: None,
+        });
+    }
+}
+
 fn slice_view(shape: &[i64], strides: &[i64], args: &Args) -> Result<View> {
     let start = ints(args, "start")?.ok_or_else(|| Error::value("slice needs argument 'start'"))?;
     let end = ints(args, "end")?.ok_or_else(|| Error::value("slice needs argument 'end'"))?;
@@ -170,6 +198,7 @@ fn slice_view(shape: &[i64], strides: &[i64], args: &Args) -> Result<View> {
         if step[k] == 0 {
             return Err(Error::value(format!("slice: step for axis {axis} is 0")));
         }
+        flag_out_of_range(axis, start[k], end[k], shape[axis]);
         let (s, count) = slice_indices(start[k], end[k], step[k], shape[axis]);
         if count > 0 {
             view.origin += s * strides[axis];
