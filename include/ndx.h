@@ -438,6 +438,54 @@ typedef int32_t ndx_check_category_t;
 #endif // __cplusplus
 
 /**
+ * Why deferred work ran: the reason of a graph, and of a graph break. Values are
+ * never renumbered.
+ */
+enum ndx_flush_reason_t
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : int32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * `ndx_context_evaluate`.
+   */
+  NDX_FLUSH_EVALUATE = 1,
+  /**
+   * `ndx_future_wait`.
+   */
+  NDX_FLUSH_WAIT = 2,
+  /**
+   * `ndx_future_poll`.
+   */
+  NDX_FLUSH_POLL = 3,
+  /**
+   * Reading a pending tensor's data (`ndx_tensor_copy_to`, a batch's samples): a
+   * graph break.
+   */
+  NDX_FLUSH_DATA_READ = 4,
+  /**
+   * Exporting a pending tensor through DLPack: a graph break.
+   */
+  NDX_FLUSH_EXPORT = 5,
+  /**
+   * An EAGER or SYNC invocation consumed a deferred value: a graph break.
+   */
+  NDX_FLUSH_CONSUMER = 6,
+  /**
+   * Metadata only running could tell (a host operator's output shape): a graph
+   * break.
+   */
+  NDX_FLUSH_METADATA = 7,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum ndx_flush_reason_t ndx_flush_reason_t;
+#else
+typedef int32_t ndx_flush_reason_t;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
  * Named arguments for `ndx_invoke`: an owned builder (`ndx_args_new`,
  * `ndx_args_free`). Not thread-safe while being changed; `ndx_invoke` copies it.
  */
@@ -464,6 +512,12 @@ typedef struct ndx_context_t ndx_context_t;
  * is safe; freeing it while another thread reads it is not.
  */
 typedef struct ndx_error_t ndx_error_t;
+
+/**
+ * A snapshot of a context's explain counters (`ndx_context_explain`). An owned value:
+ * free it with `ndx_explain_free`. Reading it from several threads is safe.
+ */
+typedef struct ndx_explain_t ndx_explain_t;
 
 /**
  * The future of one invocation: poll it, wait on it, get a callback, read its
@@ -758,6 +812,115 @@ typedef ndx_error_t *(*ndx_kernel_fn_t)(void *user,
                                         const ndx_args_t *args,
                                         ndx_tensor_t **outputs,
                                         size_t n_outputs);
+
+/**
+ * The totals of an explain snapshot (`ndx_explain_summary`).
+ */
+typedef struct {
+  /**
+   * Set by the caller to `sizeof(ndx_explain_summary_t)`.
+   */
+  size_t struct_size;
+  /**
+   * Graphs evaluated: each flush of deferred work is one.
+   */
+  uint64_t graphs;
+  /**
+   * Graph breaks: flushes forced before results were asked for.
+   */
+  uint64_t breaks;
+  /**
+   * Invocations enqueued (the sum of the four per-mode counts).
+   */
+  uint64_t ops;
+  /**
+   * Deferred invocations run inside the recorded graphs (the sum of their `ops`).
+   */
+  uint64_t graph_ops;
+  /**
+   * Invocations enqueued in SYNC_CPU mode.
+   */
+  uint64_t sync_cpu;
+  /**
+   * Invocations enqueued in SYNC_FULL mode.
+   */
+  uint64_t sync_full;
+  /**
+   * Invocations enqueued in DEFERRED mode.
+   */
+  uint64_t deferred;
+  /**
+   * Invocations enqueued in EAGER mode.
+   */
+  uint64_t eager;
+  /**
+   * Check flags raised (every policy; folded ones counted each time).
+   */
+  uint64_t checks_raised;
+} ndx_explain_summary_t;
+
+/**
+ * One evaluated graph (`ndx_explain_graph`).
+ */
+typedef struct {
+  /**
+   * Set by the caller to `sizeof(ndx_explain_graph_t)`.
+   */
+  size_t struct_size;
+  /**
+   * An `ndx_flush_reason_t`.
+   */
+  int32_t reason;
+  /**
+   * Deferred invocations it ran.
+   */
+  uint64_t ops;
+  /**
+   * Nanoseconds from its submission to the completion of its last invocation;
+   * -1 while some of it still runs.
+   */
+  int64_t time_ns;
+  /**
+   * The sequence number of the invocation whose result was asked for (for
+   * `evaluate`, the first one recorded).
+   */
+  uint64_t seq;
+} ndx_explain_graph_t;
+
+/**
+ * One graph break (`ndx_explain_break`).
+ */
+typedef struct {
+  /**
+   * Set by the caller to `sizeof(ndx_graph_break_t)`.
+   */
+  size_t struct_size;
+  /**
+   * An `ndx_flush_reason_t` (DATA_READ, EXPORT, CONSUMER or METADATA).
+   */
+  int32_t reason;
+  /**
+   * Index of the graph it flushed (for `ndx_explain_graph`).
+   */
+  size_t graph;
+  /**
+   * The sequence number of the invocation whose value was needed.
+   */
+  uint64_t seq;
+  /**
+   * Innermost frame of the site that forced it: file (NULL when unknown),
+   * borrowed from the snapshot.
+   */
+  const char *file;
+  /**
+   * Its 1-based line (0: unknown).
+   */
+  uint32_t line;
+  /**
+   * Its function (NULL when unknown), borrowed from the snapshot.
+   */
+  const char *function;
+} ndx_graph_break_t;
 
 /**
  * Options for every import. Set `struct_size = sizeof(ndx_import_options_t)`;
@@ -1231,6 +1394,57 @@ ndx_error_t *ndx_register_op(const ndx_context_t *ctx,
                              ndx_kernel_fn_t kernel,
                              void *user,
                              ndx_user_free_t user_free);
+
+/**
+ * A snapshot of what `ctx` evaluated so far: graphs, graph breaks with their reason
+ * and site, invocations per mode, check flags. Free it with `ndx_explain_free`.
+ * Only the first 4096 graphs and breaks are kept in detail; the totals count all.
+ * Thread-safe.
+ */
+ndx_error_t *ndx_context_explain(const ndx_context_t *ctx, ndx_explain_t **out);
+
+/**
+ * Frees a snapshot (NULL is a no-op).
+ */
+void ndx_explain_free(ndx_explain_t *explain);
+
+/**
+ * The snapshot's totals into `*out` (`out->struct_size` set by the caller).
+ */
+ndx_error_t *ndx_explain_summary(const ndx_explain_t *explain, ndx_explain_summary_t *out);
+
+/**
+ * The number of graph records in the snapshot (0 for NULL).
+ */
+size_t ndx_explain_graph_count(const ndx_explain_t *explain);
+
+/**
+ * Graph record `index` (in evaluation order) into `*out`; NDX_ERROR_INDEX when out
+ * of range.
+ */
+ndx_error_t *ndx_explain_graph(const ndx_explain_t *explain,
+                               size_t index,
+                               ndx_explain_graph_t *out);
+
+/**
+ * The number of graph break records in the snapshot (0 for NULL).
+ */
+size_t ndx_explain_break_count(const ndx_explain_t *explain);
+
+/**
+ * Graph break `index` (in order) into `*out`, its strings borrowed from the
+ * snapshot; NDX_ERROR_INDEX when out of range.
+ */
+ndx_error_t *ndx_explain_break(const ndx_explain_t *explain, size_t index, ndx_graph_break_t *out);
+
+/**
+ * The snapshot as JSON text into `buf` (snprintf-like: at most `cap` bytes, always
+ * NUL-terminated when `cap > 0`; returns the length the full text needs). Keys:
+ * `graphs_total`, `breaks_total`, `ops`, `graph_ops`, `invocations` (per mode),
+ * `checks_raised`, `graphs` (reason, ops, time_ns, seq) and `breaks` (graph, reason,
+ * seq, file, line, function). Returns 0 for NULL.
+ */
+size_t ndx_explain_json(const ndx_explain_t *explain, char *buf, size_t cap);
 
 /**
  * Imports a versioned DLPack tensor (DLPack >= 1.0) without copying.

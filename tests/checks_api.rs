@@ -107,13 +107,9 @@ fn two_failing_checks_are_reported_in_enqueue_order_with_their_sites() {
         let r = ctx.invoke("check_finite", vec![x], Args::new(), None, here());
         let l1 = line!() - 1;
         let f1 = r.unwrap();
-        let r = ctx.invoke(
-            "check_range",
-            vec![out(&f1)],
-            args(&[("lo", ArgValue::Float(0.0)), ("hi", ArgValue::Float(2.0))]),
-            None,
-            here(),
-        );
+        let range = args(&[("lo", ArgValue::Float(0.0)), ("hi", ArgValue::Float(2.0))]);
+        let y = out(&f1);
+        let r = ctx.invoke("check_range", vec![y], range, None, here());
         let l2 = line!() - 1;
         let f2 = r.unwrap();
         let ok = ctx.invoke(
@@ -233,13 +229,8 @@ fn off_policy_does_no_flag_work() {
 fn fail_fast_fails_the_flagging_invocation_and_its_dependents() {
     for mode in [EvalMode::Eager, EvalMode::Deferred, EvalMode::SyncFull] {
         let ctx = context(mode, Policy::FailFast, checks::ALL);
-        let r = ctx.invoke(
-            "check",
-            vec![bools(&[true, false, false])],
-            msg("mask must be set"),
-            None,
-            here(),
-        );
+        let (p, m) = (bools(&[true, false, false]), msg("mask must be set"));
+        let r = ctx.invoke("check", vec![p], m, None, here());
         let line = line!() - 1;
         let f1 = r.unwrap();
         let f2 = ctx
@@ -373,31 +364,16 @@ fn integer_division_by_zero_is_a_flag_with_div_and_an_error_without() {
 fn nan_and_div_flags_in_the_fused_loops_and_the_separate_pass() {
     let ctx = context(EvalMode::Eager, Policy::Collect, checks::NAN | checks::DIV);
     let big = f32s(&[3e38, 1.0, 3e38, 2.0]);
-    let r = ctx.invoke(
-        "add",
-        vec![big.clone(), big.clone()],
-        Args::new(),
-        None,
-        here(),
-    );
+    let (a, b) = (big.clone(), big.clone());
+    let r = ctx.invoke("add", vec![a, b], Args::new(), None, here());
     let l_add = line!() - 1;
     let add = r.unwrap();
-    let r = ctx.invoke(
-        "div",
-        vec![f32s(&[1.0, 2.0, 0.0]), f32s(&[1.0, 0.0, 0.0])],
-        Args::new(),
-        None,
-        here(),
-    );
+    let (a, b) = (f32s(&[1.0, 2.0, 0.0]), f32s(&[1.0, 0.0, 0.0]));
+    let r = ctx.invoke("div", vec![a, b], Args::new(), None, here());
     let l_div = line!() - 1;
     r.unwrap();
-    let r = ctx.invoke(
-        "log",
-        vec![f32s(&[1.0, -1.0, f32::NAN])],
-        Args::new(),
-        None,
-        here(),
-    );
+    let a = f32s(&[1.0, -1.0, f32::NAN]);
+    let r = ctx.invoke("log", vec![a], Args::new(), None, here());
     let l_log = line!() - 1;
     r.unwrap();
     let r = ctx.invoke("sum", vec![big], Args::new(), None, here());
@@ -468,7 +444,7 @@ fn out_of_range_slices_are_index_flags_and_still_clamp() {
     let r = &e.related()[0];
     assert_eq!(
         r.message(),
-        "INDEX check failed: slice end 10 out of range for axis 0 of size 3 (clamped) (first at flat index 0)"
+        "INDEX check failed: slice end 10 out of range for axis 0 of size 3 (clamped) (first at axis 0)"
     );
 }
 
@@ -485,7 +461,7 @@ fn check_shape_and_argument_validation() {
     assert_eq!(e.related().len(), 1);
     assert_eq!(
         e.related()[0].message(),
-        "USER check failed: shape [2, 3] does not match the pattern [2, 4] (-1: any size) (first at flat index 1)"
+        "USER check failed: shape [2, 3] does not match the pattern [2, 4] (-1: any size) (first at axis 1)"
     );
     let bad = ctx.invoke(
         "check_range",

@@ -108,6 +108,8 @@ pub struct Raised {
     pub count: u64,
     /// Batch sample the flag was raised on, if any.
     pub sample: Option<usize>,
+    /// Whether `first_index` is an axis (shape and slice checks), not an element.
+    pub axis: bool,
 }
 
 struct Scope {
@@ -157,6 +159,7 @@ pub fn raise_tally(category: u32, tally: &Tally, message: impl FnOnce(u64) -> St
             first_index,
             count,
             sample: None,
+            axis: false,
         });
     }
 }
@@ -276,6 +279,9 @@ pub struct Flag {
     pub raised: Raised,
     /// How many invocations raised it at this site (1 unless folded).
     pub occurrences: u64,
+    /// The latest invocation folded into this flag (flags of several samples of one
+    /// invocation are one occurrence).
+    pub last_seq: u64,
     /// The latest flagged invocation upstream of this one (0: none): this flag may be
     /// a consequence of that one.
     pub consequence_of: u64,
@@ -306,7 +312,8 @@ impl Flag {
         if let Some(s) = r.sample {
             msg.push_str(&format!(" in sample {s}"));
         }
-        msg.push_str(&format!(" (first at flat index {})", r.first_index));
+        let at = if r.axis { "axis" } else { "flat index" };
+        msg.push_str(&format!(" (first at {at} {})", r.first_index));
         if self.occurrences > 1 {
             msg.push_str(&format!(
                 "; raised {} times at this site (first by #{}): {} failing elements in all",
@@ -371,13 +378,18 @@ impl Collector {
         let key = (flag.site.key(), flag.op.clone(), flag.raised.category);
         if let Some(&i) = self.index.get(&key) {
             let kept = &mut self.flags[i];
-            kept.occurrences += 1;
+            if kept.last_seq != flag.seq {
+                kept.occurrences += 1;
+                kept.last_seq = flag.seq;
+            }
             kept.raised.count += flag.raised.count;
             if flag.seq < kept.seq {
-                let (occurrences, count) = (kept.occurrences, kept.raised.count);
+                let (occurrences, count, last) =
+                    (kept.occurrences, kept.raised.count, kept.last_seq);
                 *kept = flag;
                 kept.occurrences = occurrences;
                 kept.raised.count = count;
+                kept.last_seq = last;
             }
             return;
         }
@@ -435,8 +447,10 @@ mod tests {
                 first_index: seq,
                 count,
                 sample: None,
+                axis: false,
             },
             occurrences: 1,
+            last_seq: seq,
             consequence_of: 0,
         }
     }
@@ -452,6 +466,7 @@ mod tests {
                 first_index: 0,
                 count: 1,
                 sample: None,
+                axis: false,
             });
             let (_, inner) = run_scoped(DIV, || {
                 raise(Raised {
@@ -460,6 +475,7 @@ mod tests {
                     first_index: 3,
                     count: 2,
                     sample: None,
+                    axis: false,
                 })
             });
             assert_eq!(inner.raised.len(), 1);

@@ -12,6 +12,7 @@ use super::args::Args;
 use super::node::{Input, Node, NodeSpec, OutMeta, as_callback, must_not_block};
 use super::pool;
 use super::value::{BatchRef, TensorRef};
+use crate::debug::explain::{Flush, Why};
 use crate::error::{Error, ErrorKind, Frame, Result, Site};
 use crate::ops::{OpDef, Registry, TMeta};
 use crate::tensor::DeviceKind;
@@ -185,6 +186,8 @@ pub struct ContextInner {
     flags_raised: AtomicU64,
     /// Kernel runs that had checks enabled.
     checked_runs: AtomicU64,
+    /// The explain counters.
+    stats: Mutex<crate::debug::explain::Stats>,
 }
 
 /// A context (`ndx_context_t`).
@@ -202,6 +205,7 @@ pub fn new_context(settings: Settings, threads: usize) -> Context {
         flags: Mutex::new(crate::checks::Collector::new(settings.checks.capacity)),
         flags_raised: AtomicU64::new(0),
         checked_runs: AtomicU64::new(0),
+        stats: Mutex::new(Default::default()),
         events: Mutex::new(VecDeque::new()),
     })
 }
@@ -237,6 +241,23 @@ impl ContextInner {
             self.flags_raised.load(Ordering::Relaxed),
             self.checked_runs.load(Ordering::Relaxed),
         )
+    }
+
+    /// What this context evaluated so far (`ndx_context_explain`).
+    pub fn explain(&self) -> crate::debug::explain::Explain {
+        self.stats.lock().snapshot(self.check_counts().0)
+    }
+
+    pub(crate) fn open_graph(&self, why: &crate::debug::explain::Why, seq: u64) -> Option<usize> {
+        self.stats.lock().open(why, seq)
+    }
+
+    pub(crate) fn graph_add(&self, id: usize) {
+        self.stats.lock().add(id);
+    }
+
+    pub(crate) fn graph_done(&self, id: usize) {
+        self.stats.lock().done(id);
     }
 
     pub(crate) fn count_flags(&self, n: u64) {
@@ -333,9 +354,13 @@ impl ContextInner {
             batch_len,
             inputs,
         });
+        self.stats.lock().invoked(mode);
         match mode {
             EvalMode::Deferred => self.tracker.lock().recorded.push(node.clone()),
-            EvalMode::Eager => node.submit(),
+            EvalMode::Eager => node.submit_as(Why {
+                reason: Flush::Consumer,
+                site: Some(node.site().clone()),
+            }),
             EvalMode::SyncCpu | EvalMode::SyncFull => {
                 node.wait_for_inputs()?;
                 node.run_inline();
@@ -349,6 +374,9 @@ impl ContextInner {
     }
 
     pub(crate) fn node_done(&self, node: &Arc<Node>, failed: bool) {
+        if let Some(id) = node.graph() {
+            self.graph_done(id);
+        }
         let mut t = self.tracker.lock();
         t.pending.remove(&node.seq());
         if failed {
@@ -386,9 +414,7 @@ impl ContextInner {
             ));
         }
         let recorded = std::mem::take(&mut self.tracker.lock().recorded);
-        for node in &recorded {
-            node.submit();
-        }
+        Node::submit_all(&recorded, Why::new(Flush::Evaluate));
         let events = self.settings.lock().events_mode;
         loop {
             if events {

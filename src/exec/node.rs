@@ -13,6 +13,7 @@ use super::context::{Backend, ContextInner, EvalMode};
 use super::pool;
 use super::value::{BatchRef, TensorRef};
 use crate::checks;
+use crate::debug::explain::{Flush, Why};
 use crate::error::{Error, ErrorKind, Result, Site};
 use crate::ops::{Kernel, OpDef, TMeta, kernels};
 use crate::tensor::{Batch, Tensor};
@@ -164,6 +165,8 @@ pub struct Node {
     /// The latest invocation at or upstream of this one that raised a check flag (0:
     /// none), set when it completes.
     taint: AtomicU64,
+    /// The explain graph this invocation was flushed in, plus one (0: none).
+    graph: AtomicU64,
     ctx: Weak<ContextInner>,
     out_meta: Vec<OutMeta>,
     batch_len: Option<usize>,
@@ -206,6 +209,7 @@ impl Node {
             events: spec.events,
             checks: spec.checks,
             taint: AtomicU64::new(0),
+            graph: AtomicU64::new(0),
             ctx: spec.ctx,
             out_meta: spec.out_meta,
             batch_len: spec.batch_len,
@@ -297,7 +301,7 @@ impl Node {
                 Status::Failed
             }
             None => {
-                self.submit();
+                self.submit_as(Why::new(Flush::Poll));
                 Status::Pending
             }
         }
@@ -306,6 +310,11 @@ impl Node {
     /// Waits until complete or `timeout` passes (`None`: forever). Submits deferred
     /// work. Refused from callbacks and host operators.
     pub fn wait(self: &Arc<Self>, timeout: Option<Duration>) -> Result<()> {
+        self.wait_as(timeout, Why::new(Flush::Wait))
+    }
+
+    /// [`Node::wait`], recording `why` if it flushes deferred work.
+    pub fn wait_as(self: &Arc<Self>, timeout: Option<Duration>, why: Why) -> Result<()> {
         if self.is_done() {
             return Ok(());
         }
@@ -315,7 +324,7 @@ impl Node {
                 self.seq, self.op.name
             )));
         }
-        self.submit();
+        self.submit_as(why);
         let deadline = timeout.map(|t| Instant::now() + t);
         // Small invocations finish within microseconds: look before going to sleep,
         // as a sleeping thread takes tens of microseconds to wake.
@@ -377,9 +386,10 @@ impl Node {
         Ok(())
     }
 
-    /// The outputs, forcing evaluation and waiting; the error when it failed.
-    pub fn force(self: &Arc<Self>) -> Result<&Vec<Data>> {
-        self.wait(None)?;
+    /// The outputs, forcing evaluation (recorded as `why`) and waiting; the error
+    /// when it failed.
+    pub fn force_as(self: &Arc<Self>, why: Why) -> Result<&Vec<Data>> {
+        self.wait_as(None, why)?;
         match self.result() {
             Some(Ok(outputs)) => Ok(outputs),
             Some(Err(e)) => Err(e.clone()),
@@ -387,9 +397,26 @@ impl Node {
         }
     }
 
-    /// Hands a recorded node (and the recorded nodes it depends on) to the workers.
+    /// Hands a recorded node (and the recorded nodes it depends on) to the workers;
+    /// a flush of deferred work counts as a graph asked for by a poll.
     pub fn submit(self: &Arc<Self>) {
-        let mut stack = vec![self.clone()];
+        self.submit_as(Why::new(Flush::Poll));
+    }
+
+    /// [`Node::submit`], recording `why` if it flushes deferred work.
+    pub fn submit_as(self: &Arc<Self>, why: Why) {
+        Node::submit_all(std::slice::from_ref(self), why);
+    }
+
+    /// Hands recorded nodes (and the recorded nodes they depend on) to the workers as
+    /// one graph; the deferred ones among them are counted in the explain report.
+    pub(crate) fn submit_all(nodes: &[Arc<Node>], why: Why) {
+        let Some(first) = nodes.first() else {
+            return;
+        };
+        let ctx = first.ctx.upgrade();
+        let mut graph: Option<Option<usize>> = None;
+        let mut stack: Vec<Arc<Node>> = nodes.iter().rev().cloned().collect();
         while let Some(node) = stack.pop() {
             let ready = {
                 let mut s = node.state.lock();
@@ -398,8 +425,15 @@ impl Node {
                 }
                 // Tracked before it can run: once Waiting, an upstream completing on a
                 // worker may run and complete it before this thread goes on.
-                if let Some(ctx) = node.ctx.upgrade() {
+                if let Some(ctx) = &ctx {
                     ctx.node_started(&node);
+                    if node.mode == EvalMode::Deferred {
+                        let id = *graph.get_or_insert_with(|| ctx.open_graph(&why, first.seq));
+                        if let Some(id) = id {
+                            node.graph.store(id as u64 + 1, Ordering::Release);
+                            ctx.graph_add(id);
+                        }
+                    }
                 }
                 s.phase = if s.deps_left == 0 {
                     Phase::Queued
@@ -417,6 +451,14 @@ impl Node {
                 node.dispatch();
             }
         }
+        if let (Some(ctx), Some(Some(id))) = (ctx, graph) {
+            ctx.graph_done(id);
+        }
+    }
+
+    /// The explain graph this invocation ran in, if any.
+    pub(crate) fn graph(&self) -> Option<usize> {
+        (self.graph.load(Ordering::Acquire) as usize).checked_sub(1)
     }
 
     /// Submits the node's producers and waits for them (SYNC modes).
@@ -436,7 +478,10 @@ impl Node {
                         up.seq()
                     )));
                 }
-                up.submit();
+                up.submit_as(Why {
+                    reason: Flush::Consumer,
+                    site: Some(self.site.clone()),
+                });
                 up.wait(None)?;
             }
         }
@@ -676,6 +721,7 @@ impl Node {
             site: self.site.clone(),
             raised,
             occurrences: 1,
+            last_seq: self.seq,
             consequence_of: upstream,
         });
         let ctx = self.ctx.upgrade();

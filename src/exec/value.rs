@@ -6,6 +6,7 @@ use std::ffi::{CStr, CString};
 use std::sync::{Arc, OnceLock};
 
 use super::node::{Data, Node};
+use crate::debug::explain::{Flush, Why};
 use crate::error::{Error, Result};
 use crate::ops::TMeta;
 use crate::tensor::{Batch, DType, Device, Tensor, compact_strides};
@@ -74,9 +75,14 @@ impl TensorRef {
     /// The data, forcing (and waiting for) the producing invocation if needed. Fails
     /// with the producer's error when it failed.
     pub fn resolve(&self) -> Result<&Arc<Tensor>> {
+        self.resolve_as(Flush::DataRead)
+    }
+
+    /// [`TensorRef::resolve`], recording a flush it causes as `reason`.
+    pub fn resolve_as(&self, reason: Flush) -> Result<&Arc<Tensor>> {
         match &self.source {
             Source::Ready(t) => Ok(t),
-            Source::Pending(node, i) => match node.force()?.get(*i) {
+            Source::Pending(node, i) => match node.force_as(Why::new(reason))?.get(*i) {
                 Some(Data::Tensor(t)) => Ok(t),
                 _ => Err(Error::internal(format!(
                     "output {i} of '{}' is not a tensor",
@@ -90,7 +96,7 @@ impl TensorRef {
     pub(crate) fn ready_data(&self) -> Option<Result<&Arc<Tensor>>> {
         match &self.source {
             Source::Ready(t) => Some(Ok(t)),
-            Source::Pending(node, _) => node.is_done().then(|| self.resolve()),
+            Source::Pending(node, _) => node.is_done().then(|| self.resolve_as(Flush::Wait)),
         }
     }
 
@@ -99,7 +105,7 @@ impl TensorRef {
         if let Some(m) = self.summary.get() {
             return Ok(m);
         }
-        let m = TMeta::of(self.resolve()?);
+        let m = TMeta::of(self.resolve_as(Flush::Metadata)?);
         Ok(self.summary.get_or_init(|| m))
     }
 
@@ -107,28 +113,28 @@ impl TensorRef {
     pub fn dtype(&self) -> Result<DType> {
         match &self.meta {
             Some(m) => Ok(m.meta.dtype),
-            None => Ok(self.resolve()?.dtype()),
+            None => Ok(self.resolve_as(Flush::Metadata)?.dtype()),
         }
     }
     /// The shape.
     pub fn shape(&self) -> Result<&[i64]> {
         match &self.meta {
             Some(m) => Ok(&m.meta.shape),
-            None => Ok(self.resolve()?.shape()),
+            None => Ok(self.resolve_as(Flush::Metadata)?.shape()),
         }
     }
     /// The strides in elements (outputs are compact).
     pub fn strides(&self) -> Result<&[i64]> {
         match &self.meta {
             Some(m) => Ok(&m.strides),
-            None => Ok(self.resolve()?.strides()),
+            None => Ok(self.resolve_as(Flush::Metadata)?.strides()),
         }
     }
     /// The layout.
     pub fn c_layout(&self) -> Result<&CStr> {
         match &self.meta {
             Some(m) => Ok(&m.layout),
-            None => Ok(self.resolve()?.c_layout()),
+            None => Ok(self.resolve_as(Flush::Metadata)?.c_layout()),
         }
     }
     /// Element count.
@@ -143,14 +149,14 @@ impl TensorRef {
     pub fn device(&self) -> Result<Device> {
         match &self.meta {
             Some(_) => Ok(Device::CPU),
-            None => Ok(self.resolve()?.device()),
+            None => Ok(self.resolve_as(Flush::Metadata)?.device()),
         }
     }
     /// Whether the data is read-only (operator outputs are not).
     pub fn read_only(&self) -> Result<bool> {
         match &self.meta {
             Some(_) => Ok(false),
-            None => Ok(self.resolve()?.read_only()),
+            None => Ok(self.resolve_as(Flush::Metadata)?.read_only()),
         }
     }
 }
@@ -196,9 +202,14 @@ impl BatchRef {
 
     /// The data, forcing the producer if needed.
     pub fn resolve(&self) -> Result<&Arc<Batch>> {
+        self.resolve_as(Flush::DataRead)
+    }
+
+    /// [`BatchRef::resolve`], recording a flush it causes as `reason`.
+    pub fn resolve_as(&self, reason: Flush) -> Result<&Arc<Batch>> {
         match &self.source {
             Source::Ready(b) => Ok(b),
-            Source::Pending(node, i) => match node.force()?.get(*i) {
+            Source::Pending(node, i) => match node.force_as(Why::new(reason))?.get(*i) {
                 Some(Data::Batch(b)) => Ok(b),
                 _ => Err(Error::internal(format!(
                     "output {i} of '{}' is not a batch",
@@ -212,7 +223,7 @@ impl BatchRef {
     pub(crate) fn ready_data(&self) -> Option<Result<&Arc<Batch>>> {
         match &self.source {
             Source::Ready(b) => Some(Ok(b)),
-            Source::Pending(node, _) => node.is_done().then(|| self.resolve()),
+            Source::Pending(node, _) => node.is_done().then(|| self.resolve_as(Flush::Wait)),
         }
     }
 
@@ -221,7 +232,7 @@ impl BatchRef {
         match &self.meta {
             Some(m) => Ok(m.clone()),
             None => Ok(self
-                .resolve()?
+                .resolve_as(Flush::Metadata)?
                 .samples()
                 .iter()
                 .map(|s| TMeta::of(s))
@@ -232,7 +243,7 @@ impl BatchRef {
     pub fn len(&self) -> Result<usize> {
         match &self.meta {
             Some(m) => Ok(m.len()),
-            None => Ok(self.resolve()?.len()),
+            None => Ok(self.resolve_as(Flush::Metadata)?.len()),
         }
     }
     /// Always false: batches have at least one sample.
@@ -246,35 +257,35 @@ impl BatchRef {
     pub fn dtype(&self) -> Result<DType> {
         match self.first_meta() {
             Some(m) => Ok(m.dtype),
-            None => Ok(self.resolve()?.dtype()),
+            None => Ok(self.resolve_as(Flush::Metadata)?.dtype()),
         }
     }
     /// The samples' number of dimensions.
     pub fn ndim(&self) -> Result<usize> {
         match self.first_meta() {
             Some(m) => Ok(m.shape.len()),
-            None => Ok(self.resolve()?.ndim()),
+            None => Ok(self.resolve_as(Flush::Metadata)?.ndim()),
         }
     }
     /// The samples' device (operator outputs live in host memory).
     pub fn device(&self) -> Result<Device> {
         match self.first_meta() {
             Some(_) => Ok(Device::CPU),
-            None => Ok(self.resolve()?.device()),
+            None => Ok(self.resolve_as(Flush::Metadata)?.device()),
         }
     }
     /// The samples' layout.
     pub fn c_layout(&self) -> Result<&CStr> {
         match self.first_meta() {
             Some(_) => Ok(&self.layout),
-            None => Ok(self.resolve()?.c_layout()),
+            None => Ok(self.resolve_as(Flush::Metadata)?.c_layout()),
         }
     }
     /// Whether every sample has the same shape.
     pub fn is_uniform(&self) -> Result<bool> {
         match &self.meta {
             Some(m) => Ok(m.iter().all(|s| s.shape == m[0].shape)),
-            None => Ok(self.resolve()?.is_uniform()),
+            None => Ok(self.resolve_as(Flush::Metadata)?.is_uniform()),
         }
     }
 }

@@ -76,12 +76,13 @@ pub(crate) fn check_settings(
     policy: i32,
     categories: u32,
     capacity: u32,
-    what: &str,
+    names: [&str; 2],
 ) -> Result<checks::Settings> {
-    let policy = check_policy(policy, &format!("{what}policy"))?;
+    let policy = check_policy(policy, names[0])?;
     if categories & !checks::ALL != 0 {
         return Err(Error::value(format!(
-            "{what}categories is {categories:#x}: unknown bits {:#x} (NDX_CHECK_ALL is {:#x})",
+            "{} is {categories:#x}: unknown bits {:#x} (NDX_CHECK_ALL is {:#x})",
+            names[1],
             categories & !checks::ALL,
             checks::ALL
         )));
@@ -113,7 +114,8 @@ pub extern "C" fn ndx_context_set_checks(
     capacity: u32,
 ) -> *mut ndx_error_t {
     boundary("ndx_context_set_checks", || {
-        let settings = check_settings(policy, categories, capacity, "argument '")?;
+        let names = ["argument 'policy'", "argument 'categories'"];
+        let settings = check_settings(policy, categories, capacity, names)?;
         borrow(ctx, "ctx")?.set_checks(settings);
         Ok(())
     })

@@ -353,7 +353,7 @@ pub extern "C" fn ndx_context_new(
                     policy,
                     o.check_categories,
                     o.check_capacity,
-                    "opts->check_",
+                    ["opts->check_policy", "opts->check_categories"],
                 )?;
             }
             if o.eval_mode != 0 {

@@ -15,12 +15,14 @@
 mod checks;
 mod error;
 mod exec;
+mod explain;
 mod handle;
 mod tensor;
 
 pub use checks::*;
 pub use error::*;
 pub use exec::*;
+pub use explain::*;
 pub use handle::{ndx_batch_t, ndx_context_t, ndx_future_t, ndx_tensor_t};
 pub use tensor::*;
 

@@ -15,6 +15,7 @@ use super::{
     boundary, boundary_out, boundary_value, clear_out, host_str, ndx_batch_t, ndx_error_t,
     ndx_tensor_t, out_param,
 };
+use crate::debug::explain::Flush;
 use crate::error::{Error, Result};
 use crate::exec::{BatchRef, TensorRef};
 use crate::tensor::{
@@ -374,7 +375,7 @@ pub extern "C" fn ndx_tensor_to_dlpack_versioned(
         std::ptr::null_mut(),
         || {
             Ok(dlpack::export_versioned(
-                borrow(tensor, "tensor")?.resolve()?.clone(),
+                borrow(tensor, "tensor")?.resolve_as(Flush::Export)?.clone(),
             ))
         },
     )
@@ -390,7 +391,7 @@ pub extern "C" fn ndx_tensor_to_dlpack(
     out: *mut *mut DLManagedTensor,
 ) -> *mut ndx_error_t {
     boundary_out("ndx_tensor_to_dlpack", out, std::ptr::null_mut(), || {
-        dlpack::export_legacy(borrow(tensor, "tensor")?.resolve()?.clone())
+        dlpack::export_legacy(borrow(tensor, "tensor")?.resolve_as(Flush::Export)?.clone())
     })
 }
 

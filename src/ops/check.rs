@@ -46,7 +46,7 @@ fn raise_user(tally: &Tally, message: impl FnOnce(u64) -> String) {
 fn bool_pred(m: &TMeta, _: &Args) -> Result<()> {
     if m.dtype != DType::Bool {
         return Err(Error::type_error(format!(
-            "operator 'check' needs a bool predicate, got {}",
+            "needs a bool predicate, got {}",
             m.dtype.name()
         )));
     }
@@ -57,7 +57,11 @@ fn check_kernel(t: &Tensor, args: &Args) -> Result<()> {
     let what = args.string("message")?.unwrap_or_else(|| "check".into());
     let tally = count_where::<u8>(t, |v| v == 0)?;
     raise_user(&tally, |n| {
-        format!("{what}: {n} of {} element{} false", t.numel(), plural(n))
+        format!(
+            "{what}: {n} of {} element{} false",
+            t.numel(),
+            plural(t.numel() as u64)
+        )
     });
     Ok(())
 }
@@ -66,7 +70,11 @@ fn finite_kernel(t: &Tensor) -> Result<()> {
     let tally = with_elem!(t.dtype(), T => count_where::<T>(t, |v| !v.is_finite()),
         bool => Ok(Tally::new()))?;
     raise_user(&tally, |n| {
-        format!("{n} of {} element{} not finite", t.numel(), plural(n))
+        format!(
+            "{n} of {} element{} not finite",
+            t.numel(),
+            plural(t.numel() as u64)
+        )
     });
     Ok(())
 }
@@ -76,7 +84,7 @@ fn range_bounds(args: &Args) -> Result<(f64, f64)> {
     let hi = args.float("hi")?.unwrap_or(f64::INFINITY);
     if lo.is_nan() || hi.is_nan() || lo > hi {
         return Err(Error::value(format!(
-            "check_range: needs lo <= hi, got lo={lo} and hi={hi}"
+            "needs lo <= hi, got lo={lo} and hi={hi}"
         )));
     }
     Ok((lo, hi))
@@ -96,7 +104,7 @@ fn range_kernel(t: &Tensor, args: &Args) -> Result<()> {
         format!(
             "{n} of {} element{} outside [{lo}, {hi}]",
             t.numel(),
-            plural(n)
+            plural(t.numel() as u64)
         )
     });
     Ok(())
@@ -108,7 +116,7 @@ fn shape_pattern(args: &Args) -> Result<Vec<i64>> {
         .ok_or_else(|| Error::value("check_shape needs argument 'pattern'"))?;
     if let Some(bad) = p.iter().find(|&&d| d < -1) {
         return Err(Error::value(format!(
-            "check_shape: pattern entries are sizes or -1 (any), got {bad}"
+            "pattern entries are sizes or -1 (any), got {bad}"
         )));
     }
     Ok(p)
@@ -136,6 +144,7 @@ fn shape_kernel(t: &Tensor, args: &Args) -> Result<()> {
             first_index: axis as u64,
             count: 1,
             sample: None,
+            axis: true,
         });
     }
     Ok(())
@@ -197,7 +206,14 @@ fn check_op(
             if checks::enabled(checks::USER) {
                 kernel(i[0], a)?;
             }
-            Ok(vec![i[0].clone()])
+            // Outputs are compact: a compact input passes through as it is (the same
+            // memory), a strided view is compacted.
+            let t = i[0];
+            if t.is_compact() {
+                Ok(vec![t.clone()])
+            } else {
+                Ok(vec![t.to_compact()?])
+            }
         })),
     }
 }

@@ -160,6 +160,7 @@ fn flag_out_of_range(axis: usize, start: i64, end: i64, len: i64) {
             first_index: axis as u64,
             count: bad.len() as u64,
             sample: None,
+            axis: true,
         });
     }
 }

@@ -118,6 +118,16 @@ NDX_FUTURE_PENDING = 0
 NDX_FUTURE_READY = 1
 NDX_FUTURE_FAILED = 2
 
+NDX_CHECKS_OFF = 1
+NDX_CHECKS_COLLECT = 2
+NDX_CHECKS_FAIL_FAST = 3
+
+NDX_CHECK_NAN = 1
+NDX_CHECK_DIV = 2
+NDX_CHECK_INDEX = 4
+NDX_CHECK_USER = 8
+NDX_CHECK_ALL = 15
+
 kDLCPU = 1
 DLPACK_FLAG_BITMASK_READ_ONLY = 1 << 0
 DLPACK_FLAG_BITMASK_IS_COPIED = 1 << 1
@@ -167,6 +177,21 @@ class ndx_context_options_t(Structure):
         ("num_threads", c_uint32),
         ("backend", c_char_p),
         ("process_events_callbacks", c_bool),
+        ("check_policy", c_int32),
+        ("check_categories", c_uint32),
+        ("check_capacity", c_uint32),
+    ]
+
+
+class ndx_check_info_t(Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("category", c_uint32),
+        ("first_index", c_uint64),
+        ("count", c_uint64),
+        ("occurrences", c_uint64),
+        ("sample", c_int64),
+        ("consequence_of", c_uint64),
     ]
 
 
@@ -258,6 +283,7 @@ _proto("ndx_error_op", c_char_p, c_void_p)
 _proto("ndx_error_sequence", c_uint64, c_void_p)
 _proto("ndx_error_format", c_size_t, c_void_p, c_void_p, c_size_t)
 _proto("ndx_error_free", None, c_void_p)
+_proto("ndx_error_check_info", c_bool, c_void_p, POINTER(ndx_check_info_t))
 # contexts
 _proto("ndx_context_new", _err, POINTER(ndx_context_options_t), POINTER(c_void_p))
 _proto("ndx_context_release", None, c_void_p)
@@ -266,6 +292,8 @@ _proto("ndx_context_set_capture_policy", _err, c_void_p, c_int32, c_uint32)
 _proto("ndx_context_set_backend", _err, c_void_p, c_char_p)
 _proto("ndx_context_set_frame_provider", _err, c_void_p, FRAME_PROVIDER_T, c_void_p, USER_FREE_T)
 _proto("ndx_context_evaluate", _err, c_void_p)
+_proto("ndx_context_set_checks", _err, c_void_p, c_int32, c_uint32, c_uint32)
+_proto("ndx_context_take_check_errors", _err, c_void_p)
 # args
 _proto("ndx_args_new", _err, POINTER(c_void_p))
 _proto("ndx_args_free", None, c_void_p)
@@ -345,6 +373,17 @@ class Frame(NamedTuple):
     origin: int  # NDX_FRAME_NATIVE or NDX_FRAME_HOST
 
 
+class CheckInfo(NamedTuple):
+    """What one raised check flag reports (`ndx_error_check_info`)."""
+
+    category: int  # one NDX_CHECK_* bit
+    first_index: int
+    count: int
+    occurrences: int
+    sample: int  # -1 when the input was a tensor
+    consequence_of: int  # 0 when a root cause
+
+
 def _text(b: Optional[bytes]) -> Optional[str]:
     return None if b is None else b.decode("utf-8", "replace")
 
@@ -355,7 +394,8 @@ class NdxError(Exception):
     `frames` is a list of `Frame(function, file, line, origin)`, innermost first;
     `cause` the next link of the chain (also set as `__cause__`, so Python prints
     the chain); `related` the errors this one groups; `traceback_text` the text of
-    `ndx_error_format` for the whole chain. Instances of the kind's subclass (e.g.
+    `ndx_error_format` for the whole chain; `check_info` a `CheckInfo` when the
+    error is one raised check flag, else None. Instances of the kind's subclass (e.g.
     `NdxValueError`) are also instances of the matching built-in exception.
     """
 
@@ -369,6 +409,7 @@ class NdxError(Exception):
         op: Optional[str] = None,
         sequence: int = 0,
         traceback_text: str = "",
+        check_info: Optional[CheckInfo] = None,
     ):
         super().__init__(message)
         self.kind = kind
@@ -380,6 +421,7 @@ class NdxError(Exception):
         self.op = op
         self.sequence = sequence
         self.traceback_text = traceback_text
+        self.check_info = check_info
         if cause is not None:
             self.__cause__ = cause
 
@@ -414,6 +456,11 @@ class NdxError(Exception):
             for i in range(lib.ndx_error_related_count(ptr))
         ]
         text = format_error(ptr)
+        info = ndx_check_info_t()
+        info.struct_size = ctypes.sizeof(ndx_check_info_t)
+        check_info = None
+        if lib.ndx_error_check_info(ptr, byref(info)):
+            check_info = CheckInfo(*(getattr(info, f) for f in CheckInfo._fields))
         klass = _KIND_CLASSES.get(kind, NdxError)
         return klass(
             kind,
@@ -424,6 +471,7 @@ class NdxError(Exception):
             _text(lib.ndx_error_op(ptr)),
             lib.ndx_error_sequence(ptr),
             text,
+            check_info,
         )
 
     @classmethod
@@ -959,6 +1007,9 @@ class Context:
         depth: int = 0,
         backend: Optional[str] = None,
         num_threads: int = 0,
+        check_policy: int = 0,
+        check_categories: int = 0,
+        check_capacity: int = 0,
     ):
         opts = ndx_context_options_t()
         opts.struct_size = ctypes.sizeof(ndx_context_options_t)
@@ -967,6 +1018,9 @@ class Context:
         opts.capture_depth = depth
         opts.num_threads = num_threads
         opts.backend = None if backend is None else backend.encode()
+        opts.check_policy = check_policy
+        opts.check_categories = check_categories
+        opts.check_capacity = check_capacity
         out = c_void_p()
         check(lib.ndx_context_new(byref(opts), byref(out)))
         self.ptr = out.value
@@ -997,6 +1051,17 @@ class Context:
 
     def set_backend(self, name: str) -> None:
         check(lib.ndx_context_set_backend(self.ptr, name.encode()))
+
+    def set_checks(self, policy: int, categories: int = 0, capacity: int = 0) -> None:
+        """`ndx_context_set_checks`: an NDX_CHECKS_* policy, a mask of NDX_CHECK_*
+        categories (0: all) and the distinct flags kept between reports (0: 1024)."""
+        check(lib.ndx_context_set_checks(self.ptr, policy, categories, capacity))
+
+    def take_check_errors(self) -> Optional[NdxError]:
+        """`ndx_context_take_check_errors`: the NdxError (CheckError) grouping the
+        flags collected so far, in enqueue order, or None when there is none."""
+        err = lib.ndx_context_take_check_errors(self.ptr)
+        return NdxError.from_ptr(err) if err else None
 
     def set_frame_provider(self, provider: Optional[PythonFrameProvider] = "default"):
         """Registers `provider` (a new PythonFrameProvider by default; None removes

@@ -173,7 +173,15 @@ IMAGE_OPS = {
     "resize": Recipe((IMAGE,), {"h": 2, "w": 3}, "HWC"),
     "rgb_to_gray": Recipe((IMAGE,), None, "HWC"),
 }
-RECIPES = {**ELEMENTWISE, **REDUCTIONS, **SHAPE_OPS, **IMAGE_OPS}
+# The check operators pass their input through; the contexts here keep the default
+# check policy (OFF), so they look at nothing, and the inputs would pass anyway.
+CHECK_OPS = {
+    "check": Recipe((BOOL,), {"message": "recipe"}),
+    "check_finite": Recipe((F32,)),
+    "check_range": Recipe((I32,), {"lo": -5.0, "hi": 5.0}),
+    "check_shape": Recipe((U8,), {"pattern": [2, -1]}),
+}
+RECIPES = {**ELEMENTWISE, **REDUCTIONS, **SHAPE_OPS, **IMAGE_OPS, **CHECK_OPS}
 OPS = sorted(RECIPES)
 
 # Every built-in operator of docs/operators.md (a guard against a dropped name).
@@ -183,7 +191,8 @@ BUILTINS = set(
     "rsqrt relu floor ceil round isnan isfinite clamp where cast "
     "sum prod mean min max all any argmin argmax "
     "reshape transpose slice flip squeeze expand_dims pad concat stack "
-    "crop resize flip_horizontal flip_vertical normalize rgb_to_gray".split()
+    "crop resize flip_horizontal flip_vertical normalize rgb_to_gray "
+    "check check_finite check_range check_shape".split()
 )
 
 

@@ -1,0 +1,278 @@
+/* Error flags through the C ABI: check operators and built-in categories under each
+ * policy, in EAGER, DEFERRED and SYNC mode; the group reported by evaluate and by
+ * ndx_context_take_check_errors in enqueue order with each flag's site, op, sequence
+ * number and ndx_check_info_t; folding, consequences, argument validation and the
+ * options struct's old size. */
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ndx_test.h"
+
+static ndx_context_t* context(int32_t mode, int32_t policy, uint32_t categories) {
+  ndx_context_options_t o;
+  memset(&o, 0, sizeof o);
+  o.struct_size = sizeof o;
+  o.eval_mode = mode;
+  o.check_policy = policy;
+  o.check_categories = categories;
+  ndx_context_t* ctx = NULL;
+  CHECK_OK(ndx_context_new(&o, &ctx));
+  return ctx;
+}
+
+static ndx_tensor_t* f32s(const float* v, int64_t n) {
+  return ndx_test_tensor(v, NDX_DTYPE_FLOAT32, 1, &n);
+}
+
+static ndx_tensor_t* i32s(const int32_t* v, int64_t n) {
+  return ndx_test_tensor(v, NDX_DTYPE_INT32, 1, &n);
+}
+
+static ndx_tensor_t* bools(const bool* v, int64_t n) {
+  return ndx_test_tensor(v, NDX_DTYPE_BOOL, 1, &n);
+}
+
+static ndx_args_t* message(const char* m) {
+  ndx_args_t* a = NULL;
+  CHECK_OK(ndx_args_new(&a));
+  CHECK_OK(ndx_args_set_string(a, "message", m));
+  return a;
+}
+
+static ndx_check_info_t info_of(const ndx_error_t* e) {
+  ndx_check_info_t i;
+  memset(&i, 0, sizeof i);
+  i.struct_size = sizeof i;
+  CHECK(ndx_error_check_info(e, &i), "a raised flag has check info: %s",
+        NDX_TEST_S(ndx_error_message(e)));
+  return i;
+}
+
+static void test_collect_in_enqueue_order(int32_t mode) {
+  NDX_TEST_CONTEXT(mode == NDX_EVAL_DEFERRED ? "DEFERRED" : "EAGER");
+  ndx_context_t* ctx = context(mode, NDX_CHECKS_COLLECT, NDX_CHECK_ALL);
+  const float xv[4] = {1.0f, 2.0f, 1.0f / 0.0f, 4.0f};
+  ndx_tensor_t* x = f32s(xv, 4);
+  ndx_input_t in1[1] = {ndx_test_in(x)};
+  ndx_future_t *f1 = NULL, *f2 = NULL, *f3 = NULL;
+  int l1 = __LINE__; CHECK_OK(ndx_invoke(ctx, "check_finite", in1, 1, NULL, NULL, &f1));
+  ndx_tensor_t* y = ndx_test_output(f1, 0);
+  ndx_input_t in2[2] = {ndx_test_in(y), ndx_test_in(y)};
+  CHECK_OK(ndx_invoke(ctx, "add", in2, 2, NULL, NULL, &f2));
+  ndx_tensor_t* z = ndx_test_output(f2, 0);
+  ndx_args_t* range = NULL;
+  CHECK_OK(ndx_args_new(&range));
+  CHECK_OK(ndx_args_set_float(range, "lo", 0.0));
+  CHECK_OK(ndx_args_set_float(range, "hi", 5.0));
+  ndx_input_t in3[1] = {ndx_test_in(z)};
+  int l3 = __LINE__; CHECK_OK(ndx_invoke(ctx, "check_range", in3, 1, range, NULL, &f3));
+  /* The computation went on: the values pass through. */
+  ndx_tensor_t* w = ndx_test_output(f3, 0);
+  float got[4] = {0};
+  CHECK_OK(ndx_tensor_copy_to(w, got, sizeof got));
+  CHECK(got[0] == 2.0f && got[3] == 8.0f, "values flow through checks: %g %g", got[0], got[3]);
+
+  ndx_error_t* g = ndx_context_evaluate(ctx);
+  if (CHECK(g != NULL, "evaluate reports the flags")) {
+    CHECK_LINK(g, NDX_ERROR_CHECK, "2 checks failed (in enqueue order)", NULL, 0);
+    CHECK(ndx_error_related_count(g) == 2, "two flags, got %zu", ndx_error_related_count(g));
+    const ndx_error_t* a = ndx_error_related(g, 0);
+    const ndx_error_t* b = ndx_error_related(g, 1);
+    CHECK_LINK(a, NDX_ERROR_CHECK,
+               "USER check failed: 1 of 4 elements not finite (first at flat index 2)",
+               "check_finite", 1);
+    CHECK_FRAME(a, 0, "test_checks.c", l1, NULL, NDX_FRAME_NATIVE);
+    CHECK_LINK(b, NDX_ERROR_CHECK, "2 of 4 elements outside [0, 5] (first at flat index 2)",
+               "check_range", 3);
+    CHECK_LINK(b, NDX_ERROR_CHECK, "a consequence of the flag raised by #1", "check_range", 3);
+    CHECK_FRAME(b, 0, "test_checks.c", l3, NULL, NDX_FRAME_NATIVE);
+    ndx_check_info_t ia = info_of(a), ib = info_of(b);
+    CHECK(ia.category == NDX_CHECK_USER && ia.first_index == 2 && ia.count == 1,
+          "flag 1: category %u first %llu count %llu", ia.category,
+          (unsigned long long)ia.first_index, (unsigned long long)ia.count);
+    CHECK(ia.occurrences == 1 && ia.sample == -1 && ia.consequence_of == 0,
+          "flag 1: occurrences %llu sample %lld consequence_of %llu",
+          (unsigned long long)ia.occurrences, (long long)ia.sample,
+          (unsigned long long)ia.consequence_of);
+    CHECK(ib.count == 2 && ib.consequence_of == 1, "flag 2: count %llu consequence_of %llu",
+          (unsigned long long)ib.count, (unsigned long long)ib.consequence_of);
+    CHECK(!ndx_error_check_info(g, &ia), "the group itself is not a flag");
+    ndx_error_free(g);
+  }
+  CHECK_OK(ndx_context_evaluate(ctx));
+  CHECK(ndx_context_take_check_errors(ctx) == NULL, "reported once");
+  ndx_args_free(range);
+  ndx_tensor_release(w);
+  ndx_tensor_release(z);
+  ndx_tensor_release(y);
+  ndx_tensor_release(x);
+  ndx_future_release(f1);
+  ndx_future_release(f2);
+  ndx_future_release(f3);
+  ndx_context_release(ctx);
+  NDX_TEST_CONTEXT(NULL);
+}
+
+static void test_fail_fast(void) {
+  ndx_context_t* ctx = context(NDX_EVAL_EAGER, NDX_CHECKS_FAIL_FAST, NDX_CHECK_ALL);
+  const bool pv[3] = {true, false, true};
+  ndx_tensor_t* p = bools(pv, 3);
+  ndx_input_t in[1] = {ndx_test_in(p)};
+  ndx_args_t* a = message("mask is complete");
+  ndx_future_t* f = NULL;
+  int line = __LINE__; CHECK_OK(ndx_invoke(ctx, "check", in, 1, a, NULL, &f));
+  ndx_error_t* e = ndx_future_wait(f, -1);
+  if (CHECK(e != NULL, "FAIL_FAST fails the invocation")) {
+    CHECK_LINK(e, NDX_ERROR_CHECK,
+               "USER check failed: mask is complete: 1 of 3 elements false (first at flat index 1)",
+               "check", 1);
+    CHECK_FRAME(e, 0, "test_checks.c", line, NULL, NDX_FRAME_NATIVE);
+    ndx_check_info_t i = info_of(e);
+    CHECK(i.first_index == 1 && i.count == 1, "first %llu count %llu",
+          (unsigned long long)i.first_index, (unsigned long long)i.count);
+    ndx_error_free(e);
+  }
+  CHECK(ndx_context_take_check_errors(ctx) == NULL, "nothing collected under FAIL_FAST");
+  CHECK_OK(ndx_context_evaluate(ctx));
+  ndx_future_release(f);
+  ndx_args_free(a);
+  ndx_tensor_release(p);
+  ndx_context_release(ctx);
+}
+
+static void test_off_and_switching(void) {
+  ndx_context_t* ctx = context(NDX_EVAL_SYNC_CPU, 0, 0);
+  const bool pv[1] = {false};
+  ndx_tensor_t* p = bools(pv, 1);
+  ndx_input_t in[1] = {ndx_test_in(p)};
+  ndx_args_t* a = message("off");
+  ndx_future_t* f = NULL;
+  CHECK_OK(ndx_invoke(ctx, "check", in, 1, a, NULL, &f));
+  CHECK_OK(ndx_future_wait(f, -1));
+  ndx_future_release(f);
+  CHECK_OK(ndx_context_evaluate(ctx));
+  /* Integer division by zero without DIV: a VALUE error. */
+  const int32_t nv[2] = {6, 7}, dv[2] = {3, 0};
+  ndx_tensor_t *n = i32s(nv, 2), *d = i32s(dv, 2);
+  ndx_input_t nd[2] = {ndx_test_in(n), ndx_test_in(d)};
+  CHECK_OK(ndx_invoke(ctx, "div", nd, 2, NULL, NULL, &f));
+  expect_error(ndx_future_wait(f, -1), NDX_ERROR_VALUE, "integer division by zero");
+  ndx_future_release(f);
+  /* With DIV collected: 0 and a flag. */
+  CHECK_OK(ndx_context_set_checks(ctx, NDX_CHECKS_COLLECT, NDX_CHECK_DIV, 0));
+  CHECK_OK(ndx_invoke(ctx, "div", nd, 2, NULL, NULL, &f));
+  CHECK_OK(ndx_future_wait(f, -1));
+  ndx_tensor_t* q = ndx_test_output(f, 0);
+  int32_t qv[2] = {-1, -1};
+  CHECK_OK(ndx_tensor_copy_to(q, qv, sizeof qv));
+  CHECK(qv[0] == 2 && qv[1] == 0, "quotients %d %d", qv[0], qv[1]);
+  ndx_future_release(f);
+  CHECK_OK(ndx_invoke(ctx, "check", in, 1, a, NULL, &f));
+  ndx_future_release(f);
+  ndx_error_t* g = ndx_context_take_check_errors(ctx);
+  if (CHECK(g != NULL, "the DIV flag is collected")) {
+    CHECK(ndx_error_related_count(g) == 1, "USER is off: one flag, got %zu",
+          ndx_error_related_count(g));
+    CHECK_LINK(ndx_error_related(g, 0), NDX_ERROR_CHECK, "DIV check failed: 1 element divided by zero",
+               "div", 3);
+    ndx_error_free(g);
+  }
+  ndx_tensor_release(q);
+  ndx_tensor_release(n);
+  ndx_tensor_release(d);
+  ndx_args_free(a);
+  ndx_tensor_release(p);
+  ndx_context_release(ctx);
+}
+
+static void test_folding_in_a_loop(void) {
+  ndx_context_t* ctx = context(NDX_EVAL_DEFERRED, NDX_CHECKS_COLLECT, NDX_CHECK_USER);
+  const bool pv[2] = {false, false};
+  ndx_tensor_t* p = bools(pv, 2);
+  ndx_input_t in[1] = {ndx_test_in(p)};
+  ndx_args_t* a = message("in a loop");
+  int line = 0;
+  for (int i = 0; i < 8; i++) {
+    ndx_future_t* f = NULL;
+    line = __LINE__; CHECK_OK(ndx_invoke(ctx, "check", in, 1, a, NULL, &f));
+    ndx_future_release(f);
+  }
+  ndx_error_t* g = ndx_context_evaluate(ctx);
+  if (CHECK(g != NULL, "flags")) {
+    CHECK(ndx_error_related_count(g) == 1, "folded into one, got %zu", ndx_error_related_count(g));
+    const ndx_error_t* r = ndx_error_related(g, 0);
+    CHECK_LINK(r, NDX_ERROR_CHECK, "raised 8 times at this site (first by #1): 16 failing", "check", 1);
+    CHECK_FRAME(r, 0, "test_checks.c", line, NULL, NDX_FRAME_NATIVE);
+    ndx_check_info_t i = info_of(r);
+    CHECK(i.occurrences == 8 && i.count == 16, "occurrences %llu count %llu",
+          (unsigned long long)i.occurrences, (unsigned long long)i.count);
+    /* A caller built against a smaller ndx_check_info_t gets only its prefix. */
+    ndx_check_info_t small;
+    memset(&small, 0xAB, sizeof small);
+    small.struct_size = offsetof(ndx_check_info_t, count);
+    CHECK(ndx_error_check_info(r, &small), "prefix");
+    CHECK(small.first_index == 0, "prefix field written");
+    CHECK(small.count == 0xABABABABABABABABull, "nothing beyond struct_size written");
+    ndx_error_free(g);
+  }
+  ndx_args_free(a);
+  ndx_tensor_release(p);
+  ndx_context_release(ctx);
+}
+
+static void test_bad_arguments(void) {
+  ndx_context_t* ctx = context(0, 0, 0);
+  expect_error(ndx_context_set_checks(ctx, 7, 0, 0), NDX_ERROR_VALUE,
+               "argument 'policy' is 7, not an ndx_check_policy_t value");
+  expect_error(ndx_context_set_checks(ctx, NDX_CHECKS_COLLECT, 0x30, 0), NDX_ERROR_VALUE,
+               "unknown bits 0x30");
+  expect_error(ndx_context_set_checks(NULL, NDX_CHECKS_COLLECT, 0, 0), NDX_ERROR_VALUE, "ctx");
+  ndx_error_t* e = ndx_context_take_check_errors(NULL);
+  CHECK_LINK(e, NDX_ERROR_VALUE, "ctx", NULL, 0);
+  ndx_error_free(e);
+  CHECK(!ndx_error_check_info(NULL, NULL), "NULL is not a flag");
+  /* check_range validates its bounds at enqueue. */
+  const float v[1] = {1};
+  ndx_tensor_t* x = f32s(v, 1);
+  ndx_input_t in[1] = {ndx_test_in(x)};
+  ndx_args_t* a = NULL;
+  CHECK_OK(ndx_args_new(&a));
+  CHECK_OK(ndx_args_set_float(a, "lo", 3));
+  CHECK_OK(ndx_args_set_float(a, "hi", 1));
+  ndx_future_t* f = NULL;
+  expect_error(ndx_invoke(ctx, "check_range", in, 1, a, NULL, &f), NDX_ERROR_VALUE,
+               "needs lo <= hi, got lo=3 and hi=1");
+  expect_error(ndx_invoke(ctx, "check", in, 1, NULL, NULL, &f), NDX_ERROR_TYPE,
+               "needs a bool predicate, got float32");
+  CHECK(f == NULL, "no future on failure");
+  ndx_args_free(a);
+  ndx_tensor_release(x);
+  /* The options struct: an old size (ending before check_policy) is accepted, a size
+   * that cuts an older field is not, unknown policies are refused. */
+  ndx_context_options_t o;
+  memset(&o, 0, sizeof o);
+  o.struct_size = offsetof(ndx_context_options_t, check_policy);
+  o.check_policy = 99; /* beyond the old size: never read */
+  ndx_context_t* old = NULL;
+  CHECK_OK(ndx_context_new(&o, &old));
+  ndx_context_release(old);
+  o.struct_size = offsetof(ndx_context_options_t, backend);
+  expect_error(ndx_context_new(&o, &old), NDX_ERROR_VALUE, "opts->struct_size is");
+  o.struct_size = sizeof o;
+  expect_error(ndx_context_new(&o, &old), NDX_ERROR_VALUE,
+               "opts->check_policy is 99, not an ndx_check_policy_t value");
+  CHECK(old == NULL, "no context on failure");
+  ndx_context_release(ctx);
+}
+
+int main(void) {
+  test_collect_in_enqueue_order(NDX_EVAL_EAGER);
+  test_collect_in_enqueue_order(NDX_EVAL_DEFERRED);
+  test_fail_fast();
+  test_off_and_switching();
+  test_folding_in_a_loop();
+  test_bad_arguments();
+  return NDX_TEST_SUMMARY("test_checks");
+}
