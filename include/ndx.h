@@ -881,8 +881,8 @@ typedef struct {
    */
   int64_t time_ns;
   /**
-   * The sequence number of the invocation whose result was asked for (for
-   * `evaluate`, the first one recorded).
+   * The sequence number of the first deferred invocation it ran: the one whose
+   * value was needed (for `evaluate`, the earliest recorded one).
    */
   uint64_t seq;
 } ndx_explain_graph_t;

@@ -66,7 +66,8 @@ pub struct Graph {
     pub ops: u64,
     /// Submission to the completion of its last invocation (None: still running).
     pub time_ns: Option<u64>,
-    /// The invocation whose result was asked for (the first one for `evaluate`).
+    /// The first deferred invocation it ran: the one whose value was needed (for
+    /// `evaluate`, the earliest recorded one).
     pub seq: u64,
     start: Instant,
     /// Invocations not complete yet, plus one while the submitter is still adding.

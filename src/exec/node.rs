@@ -428,7 +428,7 @@ impl Node {
                 if let Some(ctx) = &ctx {
                     ctx.node_started(&node);
                     if node.mode == EvalMode::Deferred {
-                        let id = *graph.get_or_insert_with(|| ctx.open_graph(&why, first.seq));
+                        let id = *graph.get_or_insert_with(|| ctx.open_graph(&why, node.seq));
                         if let Some(id) = id {
                             node.graph.store(id as u64 + 1, Ordering::Release);
                             ctx.graph_add(id);

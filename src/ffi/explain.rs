@@ -77,8 +77,8 @@ pub struct ndx_explain_graph_t {
     /// Nanoseconds from its submission to the completion of its last invocation;
     /// -1 while some of it still runs.
     pub time_ns: i64,
-    /// The sequence number of the invocation whose result was asked for (for
-    /// `evaluate`, the first one recorded).
+    /// The sequence number of the first deferred invocation it ran: the one whose
+    /// value was needed (for `evaluate`, the earliest recorded one).
     pub seq: u64,
 }
 
