@@ -658,6 +658,11 @@ typedef struct {
    * and counted.
    */
   uint32_t check_capacity;
+  /**
+   * Most input bytes a failing invocation's repro document carries (0: 1 MiB;
+   * negative: none, metadata only); see `ndx_error_repro`.
+   */
+  int64_t repro_max_bytes;
 } ndx_context_options_t;
 
 /**
@@ -1445,6 +1450,36 @@ ndx_error_t *ndx_explain_break(const ndx_explain_t *explain, size_t index, ndx_g
  * seq, file, line, function). Returns 0 for NULL.
  */
 size_t ndx_explain_json(const ndx_explain_t *explain, char *buf, size_t cap);
+
+/**
+ * Writes the repro document of `err` into `buf` (snprintf-like: at most `cap` bytes,
+ * always NUL-terminated when `cap > 0`) and returns the length the full text needs;
+ * 0 when `err` (and its cause chain) has none. Errors of invocations that failed
+ * while running carry one (an invocation failed by its input's failure finds it in
+ * its cause chain): a JSON object with `op`, `args` (name, type, value), `inputs`
+ * (dtype, shape, strides, layout, device, read_only, and `bytes` in hexadecimal, or
+ * null beyond the context's `repro_max_bytes`), `sample` (the failing batch sample),
+ * `mode`, `backend`, `ndx_version`, `site` (frames, innermost first) and `error`
+ * (kind and message). Save it with a bug report; `ndx_repro_run` replays it.
+ * Thread-safe.
+ */
+size_t ndx_error_repro(const ndx_error_t *err, char *buf, size_t cap);
+
+/**
+ * Replays a repro document on `ctx`: rebuilds the inputs from their bytes (compact
+ * host tensors) and invokes the operator with the recorded arguments in the recorded
+ * eval mode, on the context's backend; `*out` is the new invocation's future, which
+ * fails as the original did when the failure reproduces. A document without input
+ * bytes, or malformed, is NDX_ERROR_VALUE naming what is wrong. Thread-safe.
+ */
+ndx_error_t *ndx_repro_run(const ndx_context_t *ctx, const char *json, ndx_future_t **out);
+
+/**
+ * Sets the most input bytes (all inputs together) a repro document of this context's
+ * later failures carries: 0 records metadata only; the default is 1 MiB.
+ * Thread-safe.
+ */
+ndx_error_t *ndx_context_set_repro_max_bytes(const ndx_context_t *ctx, uint64_t max_bytes);
 
 /**
  * Imports a versioned DLPack tensor (DLPack >= 1.0) without copying.

@@ -3,3 +3,4 @@
 //! fault-injection backends live with the execution engine, in `exec`.)
 
 pub mod explain;
+pub mod repro;

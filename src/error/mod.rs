@@ -102,6 +102,8 @@ pub struct Error {
     sequence: Option<u64>,
     /// What a raised check flag reports (flag errors only).
     check: Option<Box<crate::checks::Info>>,
+    /// A repro document of the failing invocation (invocation failures only).
+    repro: Option<Arc<str>>,
 }
 
 /// Shorthand for results that fail with [`Error`].
@@ -132,6 +134,7 @@ impl Error {
             op: None,
             sequence: None,
             check: None,
+            repro: None,
         }
     }
 
@@ -192,6 +195,18 @@ impl Error {
     pub fn with_check(mut self, info: crate::checks::Info) -> Error {
         self.check = Some(Box::new(info));
         self
+    }
+
+    /// Attaches a repro document (JSON) of the failing invocation.
+    pub fn with_repro(mut self, document: String) -> Error {
+        self.repro = Some(document.into());
+        self
+    }
+
+    /// The repro document of this error or, failing that, of the first link of its
+    /// cause chain that has one (the invocation that failed first).
+    pub fn repro(&self) -> Option<&str> {
+        self.chain().find_map(|e| e.repro.as_deref())
     }
 
     /// The check flag's report, for errors that are raised flags.

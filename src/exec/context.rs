@@ -88,6 +88,18 @@ pub enum Backend {
 }
 
 impl Backend {
+    /// The backend's name, as [`Backend::parse`] reads it.
+    pub fn name(&self) -> String {
+        match self {
+            Backend::Default => "default".into(),
+            Backend::NoExcept => "noexcept".into(),
+            Backend::Debug => "debug".into(),
+            Backend::InjectCompile(op) => format!("inject_compile_error:{op}"),
+            Backend::InjectRuntime(op) => format!("inject_runtime_error:{op}"),
+            Backend::InjectAccuracy(op) => format!("inject_accuracy_error:{op}"),
+        }
+    }
+
     /// Parses a backend name.
     pub fn parse(name: &str) -> Result<Backend> {
         let fault = |prefix: &str| {
@@ -137,6 +149,8 @@ pub struct Settings {
     pub provider: Option<FrameProvider>,
     /// Error-flag checks: policy, categories, capacity.
     pub checks: crate::checks::Settings,
+    /// Most input bytes a failing invocation's repro document carries (0: none).
+    pub repro_max_bytes: u64,
 }
 
 impl Default for Settings {
@@ -149,6 +163,7 @@ impl Default for Settings {
             events_mode: false,
             provider: None,
             checks: crate::checks::Settings::default(),
+            repro_max_bytes: crate::debug::repro::DEFAULT_MAX_BYTES,
         }
     }
 }
@@ -349,6 +364,7 @@ impl ContextInner {
             backend: settings.backend.clone(),
             events: settings.events_mode,
             checks: settings.checks,
+            repro_max_bytes: settings.repro_max_bytes,
             ctx: Arc::downgrade(self),
             out_meta,
             batch_len,

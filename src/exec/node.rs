@@ -162,6 +162,7 @@ pub struct Node {
     backend: Backend,
     events: bool,
     checks: checks::Settings,
+    repro_max_bytes: u64,
     /// The latest invocation at or upstream of this one that raised a check flag (0:
     /// none), set when it completes.
     taint: AtomicU64,
@@ -190,6 +191,7 @@ pub(crate) struct NodeSpec {
     pub backend: Backend,
     pub events: bool,
     pub checks: checks::Settings,
+    pub repro_max_bytes: u64,
     pub ctx: Weak<ContextInner>,
     pub out_meta: Vec<OutMeta>,
     pub batch_len: Option<usize>,
@@ -208,6 +210,7 @@ impl Node {
             backend: spec.backend,
             events: spec.events,
             checks: spec.checks,
+            repro_max_bytes: spec.repro_max_bytes,
             taint: AtomicU64::new(0),
             graph: AtomicU64::new(0),
             ctx: spec.ctx,
@@ -613,18 +616,20 @@ impl Node {
         let active = self.checks.active();
         let mut raised: Vec<checks::Raised> = Vec::new();
         let mut run = |tensors: Vec<Arc<Tensor>>, sample: Option<usize>| {
-            if active == 0 {
-                return self.run_kernel(&tensors);
-            }
-            if let Some(ctx) = self.ctx.upgrade() {
-                ctx.count_checked_run();
-            }
-            let (outs, outcome) = checks::run_scoped(active, || self.run_kernel(&tensors));
-            raised.extend(outcome.raised.into_iter().map(|mut r| {
-                r.sample = sample;
-                r
-            }));
-            outs
+            let outs = if active == 0 {
+                self.run_kernel(&tensors)
+            } else {
+                if let Some(ctx) = self.ctx.upgrade() {
+                    ctx.count_checked_run();
+                }
+                let (outs, outcome) = checks::run_scoped(active, || self.run_kernel(&tensors));
+                raised.extend(outcome.raised.into_iter().map(|mut r| {
+                    r.sample = sample;
+                    r
+                }));
+                outs
+            };
+            outs.map_err(|e| self.with_repro(e, &tensors, sample))
         };
         let result = match self.batch_len {
             None => {
@@ -662,6 +667,24 @@ impl Node {
         let result = result.map_err(|e| self.backend_wrap(e))?;
         self.settle_flags(inputs, raised)?;
         Ok(result)
+    }
+
+    /// Attaches the repro document of this failing call to its error.
+    fn with_repro(&self, e: Error, inputs: &[Arc<Tensor>], sample: Option<usize>) -> Error {
+        let doc = crate::debug::repro::document(
+            &crate::debug::repro::Invocation {
+                op: &self.op.name,
+                args: &self.args,
+                inputs,
+                sample,
+                mode: self.mode,
+                backend: self.backend.name(),
+                site: &self.site,
+            },
+            &e,
+            self.repro_max_bytes,
+        );
+        e.with_repro(doc)
     }
 
     /// Runs the kernel once (per sample for batches), with the `debug` backend's

@@ -131,6 +131,9 @@ pub struct ndx_context_options_t {
     /// Distinct check flags kept between reports (0: 1024); later ones are dropped
     /// and counted.
     pub check_capacity: u32,
+    /// Most input bytes a failing invocation's repro document carries (0: 1 MiB;
+    /// negative: none, metadata only); see `ndx_error_repro`.
+    pub repro_max_bytes: i64,
 }
 
 impl Default for ndx_context_options_t {
@@ -147,6 +150,7 @@ impl Default for ndx_context_options_t {
             check_policy: 0,
             check_categories: 0,
             check_capacity: 0,
+            repro_max_bytes: 0,
         }
     }
 }
@@ -343,6 +347,9 @@ pub extern "C" fn ndx_context_new(
                     size.min(std::mem::size_of::<ndx_context_options_t>()),
                 )
             };
+            if o.repro_max_bytes != 0 {
+                settings.repro_max_bytes = u64::try_from(o.repro_max_bytes).unwrap_or(0);
+            }
             if o.check_policy != 0 || o.check_categories != 0 || o.check_capacity != 0 {
                 let policy = if o.check_policy == 0 {
                     crate::checks::Policy::Off as i32

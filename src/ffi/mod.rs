@@ -17,6 +17,7 @@ mod error;
 mod exec;
 mod explain;
 mod handle;
+mod repro;
 mod tensor;
 
 pub use checks::*;
@@ -24,6 +25,7 @@ pub use error::*;
 pub use exec::*;
 pub use explain::*;
 pub use handle::{ndx_batch_t, ndx_context_t, ndx_future_t, ndx_tensor_t};
+pub use repro::*;
 pub use tensor::*;
 
 use std::ffi::{CStr, c_char};

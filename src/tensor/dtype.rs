@@ -59,6 +59,11 @@ impl DType {
         DType::ALL.iter().copied().find(|d| *d as i32 == raw)
     }
 
+    /// The dtype named `name` (as [`DType::name`] spells it).
+    pub fn from_name(name: &str) -> Option<DType> {
+        DType::ALL.iter().copied().find(|d| d.name() == name)
+    }
+
     /// Bytes per element.
     pub fn itemsize(self) -> usize {
         match self {

@@ -1,0 +1,294 @@
+//! Repro documents: a failing invocation written as self-contained JSON (operator,
+//! arguments, inputs' metadata and, within a size cap, their bytes, mode, backend, ndx
+//! version, site and the error it ended with), and the replay of such a document.
+
+use std::ffi::CString;
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use crate::error::{Error, Result, Site};
+use crate::exec::{ArgValue, Args, EvalMode};
+use crate::tensor::{DType, Tensor};
+
+/// Default cap on the input bytes a repro document carries (1 MiB).
+pub const DEFAULT_MAX_BYTES: u64 = 1 << 20;
+
+/// The document's format version.
+const FORMAT: u64 = 1;
+
+fn mode_name(m: EvalMode) -> &'static str {
+    match m {
+        EvalMode::SyncCpu => "sync_cpu",
+        EvalMode::SyncFull => "sync_full",
+        EvalMode::Deferred => "deferred",
+        EvalMode::Eager => "eager",
+    }
+}
+
+fn float_json(v: f64) -> Value {
+    if v.is_finite() {
+        json!(v)
+    } else if v.is_nan() {
+        json!("nan")
+    } else if v > 0.0 {
+        json!("inf")
+    } else {
+        json!("-inf")
+    }
+}
+
+fn float_of(v: &Value) -> Option<f64> {
+    match v {
+        Value::String(s) => match s.as_str() {
+            "nan" => Some(f64::NAN),
+            "inf" => Some(f64::INFINITY),
+            "-inf" => Some(f64::NEG_INFINITY),
+            _ => None,
+        },
+        v => v.as_f64(),
+    }
+}
+
+fn arg_json(name: &str, v: &ArgValue) -> Value {
+    let (ty, value) = match v {
+        ArgValue::Int(i) => ("int", json!(i)),
+        ArgValue::Float(f) => ("float", float_json(*f)),
+        ArgValue::Bool(b) => ("bool", json!(b)),
+        ArgValue::Str(s) => ("string", json!(s.to_string_lossy())),
+        ArgValue::Ints(v) => ("ints", json!(v)),
+        ArgValue::Floats(v) => (
+            "floats",
+            Value::Array(v.iter().map(|&f| float_json(f)).collect()),
+        ),
+        ArgValue::DType(d) => ("dtype", json!(d.name())),
+    };
+    json!({ "name": name, "type": ty, "value": value })
+}
+
+fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(DIGITS[(b >> 4) as usize] as char);
+        s.push(DIGITS[(b & 15) as usize] as char);
+    }
+    s
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    let b = s.as_bytes();
+    if b.len() % 2 != 0 {
+        return None;
+    }
+    b.chunks(2)
+        .map(|p| Some(digit(p[0])? << 4 | digit(p[1])?))
+        .collect()
+}
+
+/// What a repro document records about the failing invocation.
+pub struct Invocation<'a> {
+    /// Operator name.
+    pub op: &'a str,
+    /// Its arguments.
+    pub args: &'a Args,
+    /// The inputs of the failing call (one sample's, for a batch invocation).
+    pub inputs: &'a [Arc<Tensor>],
+    /// The batch sample that failed, if any.
+    pub sample: Option<usize>,
+    /// Eval mode.
+    pub mode: EvalMode,
+    /// Backend name.
+    pub backend: String,
+    /// Enqueue site.
+    pub site: &'a Site,
+}
+
+/// Writes the document for `inv`, which failed with `error`; input bytes are
+/// included when all of them together fit in `max_bytes`.
+pub fn document(inv: &Invocation<'_>, error: &Error, max_bytes: u64) -> String {
+    let total: u64 = inv.inputs.iter().map(|t| t.nbytes() as u64).sum();
+    let with_bytes = total <= max_bytes && inv.inputs.iter().all(|t| t.device().host_accessible());
+    let inputs: Vec<Value> = inv
+        .inputs
+        .iter()
+        .map(|t| {
+            let bytes = with_bytes
+                .then(|| t.compact_bytes().ok().map(|b| hex(&b)))
+                .flatten();
+            json!({
+                "dtype": t.dtype().name(),
+                "shape": t.shape(),
+                "strides": t.strides(),
+                "layout": t.layout(),
+                "device": t.device().to_string(),
+                "read_only": t.read_only(),
+                "bytes": bytes,
+            })
+        })
+        .collect();
+    let site: Vec<Value> = inv
+        .site
+        .frames()
+        .iter()
+        .map(|f| json!({ "file": f.file(), "line": f.line(), "function": f.function() }))
+        .collect();
+    let args: Vec<Value> = inv
+        .args
+        .entries()
+        .iter()
+        .map(|(n, v)| arg_json(n, v))
+        .collect();
+    let doc = json!({
+        "ndx_repro": FORMAT,
+        "ndx_version": env!("CARGO_PKG_VERSION"),
+        "op": inv.op,
+        "args": args,
+        "inputs": inputs,
+        "input_bytes": total,
+        "bytes_included": with_bytes,
+        "sample": inv.sample,
+        "mode": mode_name(inv.mode),
+        "backend": inv.backend,
+        "site": site,
+        "error": { "kind": error.kind().name(), "message": error.message() },
+    });
+    serde_json::to_string_pretty(&doc).unwrap_or_default()
+}
+
+/// A parsed document, ready to be invoked again.
+pub struct Replay {
+    /// Operator name.
+    pub op: String,
+    /// Its arguments.
+    pub args: Args,
+    /// The inputs, rebuilt from their bytes (compact).
+    pub inputs: Vec<Arc<Tensor>>,
+    /// The recorded eval mode.
+    pub mode: EvalMode,
+}
+
+fn bad(what: impl std::fmt::Display) -> Error {
+    Error::value(format!("repro document: {what}"))
+}
+
+fn field<'a>(v: &'a Value, key: &str, at: &str) -> Result<&'a Value> {
+    v.get(key)
+        .ok_or_else(|| bad(format!("{at} has no \"{key}\"")))
+}
+
+fn str_field<'a>(v: &'a Value, key: &str, at: &str) -> Result<&'a str> {
+    field(v, key, at)?
+        .as_str()
+        .ok_or_else(|| bad(format!("{at}.{key} is not a string")))
+}
+
+fn ints_of(v: &Value, at: &str) -> Result<Vec<i64>> {
+    v.as_array()
+        .and_then(|a| a.iter().map(Value::as_i64).collect::<Option<Vec<_>>>())
+        .ok_or_else(|| bad(format!("{at} is not an array of integers")))
+}
+
+fn arg_of(a: &Value, i: usize) -> Result<(String, ArgValue)> {
+    let at = format!("args[{i}]");
+    let name = str_field(a, "name", &at)?.to_string();
+    let ty = str_field(a, "type", &at)?;
+    let v = field(a, "value", &at)?;
+    let wrong = || bad(format!("{at} ('{name}') has a value that is not {ty}"));
+    let value = match ty {
+        "int" => ArgValue::Int(v.as_i64().ok_or_else(wrong)?),
+        "float" => ArgValue::Float(float_of(v).ok_or_else(wrong)?),
+        "bool" => ArgValue::Bool(v.as_bool().ok_or_else(wrong)?),
+        "string" => ArgValue::Str(crate::error::to_cstring(v.as_str().ok_or_else(wrong)?)),
+        "ints" => ArgValue::Ints(ints_of(v, &at)?),
+        "floats" => ArgValue::Floats(
+            v.as_array()
+                .and_then(|a| a.iter().map(float_of).collect::<Option<Vec<_>>>())
+                .ok_or_else(wrong)?,
+        ),
+        "dtype" => {
+            let n = v.as_str().ok_or_else(wrong)?;
+            ArgValue::DType(
+                DType::from_name(n).ok_or_else(|| bad(format!("{at}: unknown dtype '{n}'")))?,
+            )
+        }
+        other => return Err(bad(format!("{at} has unknown type '{other}'"))),
+    };
+    Ok((name, value))
+}
+
+fn input_of(t: &Value, i: usize) -> Result<Arc<Tensor>> {
+    let at = format!("inputs[{i}]");
+    let name = str_field(t, "dtype", &at)?;
+    let dtype =
+        DType::from_name(name).ok_or_else(|| bad(format!("{at}: unknown dtype '{name}'")))?;
+    let shape = ints_of(field(t, "shape", &at)?, &format!("{at}.shape"))?;
+    let layout = t.get("layout").and_then(Value::as_str).unwrap_or("");
+    let hexed = field(t, "bytes", &at)?.as_str().ok_or_else(|| {
+        bad(format!(
+            "{at} has no bytes: the context that wrote it capped them (repro_max_bytes); \
+             raise the cap and reproduce the failure again"
+        ))
+    })?;
+    let bytes = unhex(hexed).ok_or_else(|| bad(format!("{at}.bytes is not hexadecimal")))?;
+    let layout = CString::new(layout).map_err(|_| bad(format!("{at}.layout holds a NUL")))?;
+    let tensor = Tensor::new_host(dtype, &shape, layout, |out| {
+        if out.len() != bytes.len() {
+            return Err(bad(format!(
+                "{at} has {} bytes, its dtype and shape need {}",
+                bytes.len(),
+                out.len()
+            )));
+        }
+        out.copy_from_slice(&bytes);
+        Ok(())
+    })?;
+    Ok(Arc::new(tensor))
+}
+
+/// Parses a document written by [`document`].
+pub fn parse(text: &str) -> Result<Replay> {
+    let doc: Value =
+        serde_json::from_str(text).map_err(|e| bad(format!("not valid JSON ({e})")))?;
+    let format = field(&doc, "ndx_repro", "the document")?.as_u64();
+    if format != Some(FORMAT) {
+        return Err(bad(format!(
+            "format {} is not supported (this ndx reads format {FORMAT})",
+            field(&doc, "ndx_repro", "the document")?
+        )));
+    }
+    let op = str_field(&doc, "op", "the document")?.to_string();
+    let args = field(&doc, "args", "the document")?
+        .as_array()
+        .ok_or_else(|| bad("args is not an array"))?
+        .iter()
+        .enumerate()
+        .map(|(i, a)| arg_of(a, i))
+        .collect::<Result<Vec<_>>>()?
+        .into_iter()
+        .fold(Args::new(), |acc, (n, v)| acc.with(&n, v));
+    let inputs = field(&doc, "inputs", "the document")?
+        .as_array()
+        .ok_or_else(|| bad("inputs is not an array"))?
+        .iter()
+        .enumerate()
+        .map(|(i, t)| input_of(t, i))
+        .collect::<Result<Vec<_>>>()?;
+    let mode_text = str_field(&doc, "mode", "the document")?;
+    let mode = [
+        EvalMode::SyncCpu,
+        EvalMode::SyncFull,
+        EvalMode::Deferred,
+        EvalMode::Eager,
+    ]
+    .into_iter()
+    .find(|m| mode_name(*m) == mode_text)
+    .ok_or_else(|| bad(format!("unknown mode '{mode_text}'")))?;
+    Ok(Replay {
+        op,
+        args,
+        inputs,
+        mode,
+    })
+}
