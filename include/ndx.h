@@ -1403,7 +1403,8 @@ ndx_error_t *ndx_register_op(const ndx_context_t *ctx,
 /**
  * A snapshot of what `ctx` evaluated so far: graphs, graph breaks with their reason
  * and site, invocations per mode, check flags. Free it with `ndx_explain_free`.
- * Only the first 4096 graphs and breaks are kept in detail; the totals count all.
+ * Only the first 4096 graphs (and the breaks among them) are kept in detail; the
+ * totals count all. Break sites are symbolised when first read.
  * Thread-safe.
  */
 ndx_error_t *ndx_context_explain(const ndx_context_t *ctx, ndx_explain_t **out);
@@ -1447,7 +1448,8 @@ ndx_error_t *ndx_explain_break(const ndx_explain_t *explain, size_t index, ndx_g
  * NUL-terminated when `cap > 0`; returns the length the full text needs). Keys:
  * `graphs_total`, `breaks_total`, `ops`, `graph_ops`, `invocations` (per mode),
  * `checks_raised`, `graphs` (reason, ops, time_ns, seq) and `breaks` (graph, reason,
- * seq, file, line, function). Returns 0 for NULL.
+ * seq, file, line, function). A graph still running has `time_ns` -1. NULL `explain`
+ * gives the empty text (0).
  */
 size_t ndx_explain_json(const ndx_explain_t *explain, char *buf, size_t cap);
 

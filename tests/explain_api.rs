@@ -59,7 +59,7 @@ fn an_evaluate_is_one_graph_with_its_ops_and_time() {
     let g = &ex.graphs[0];
     assert_eq!((g.reason, g.ops, g.seq), (Flush::Evaluate, 3, 1));
     assert!(g.time_ns.is_some(), "complete graphs have a time");
-    assert_eq!((ex.breaks_total, ex.ops(), ex.graph_ops()), (0, 3, 3));
+    assert_eq!((ex.breaks_total, ex.ops(), ex.graph_ops), (0, 3, 3));
     assert_eq!(ex.by_mode, [0, 0, 3, 0]);
 }
 

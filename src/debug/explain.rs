@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use serde_json::json;
 
-use crate::error::{DEFAULT_DEPTH, Site};
+use crate::error::Site;
 use crate::exec::EvalMode;
 
 /// Why deferred work was handed to the workers.
@@ -94,6 +94,7 @@ pub struct Stats {
     graphs_total: u64,
     breaks: Vec<Break>,
     breaks_total: u64,
+    graph_ops_total: u64,
     by_mode: [u64; 4],
 }
 
@@ -125,10 +126,11 @@ impl Stats {
         if why.reason.is_break() {
             self.breaks_total += 1;
             if let (Some(graph), true) = (id, self.breaks.len() < MAX_RECORDS) {
+                // The forcing call's own frame (symbolised only when read).
                 let site = why
                     .site
                     .clone()
-                    .unwrap_or_else(|| Arc::new(Site::capture_native(DEFAULT_DEPTH)));
+                    .unwrap_or_else(|| Arc::new(Site::capture_native(1)));
                 self.breaks.push(Break {
                     graph,
                     reason: why.reason,
@@ -150,11 +152,14 @@ impl Stats {
         id
     }
 
-    /// Adds an invocation to graph `id`.
-    pub fn add(&mut self, id: usize) {
-        let g = &mut self.graphs[id];
-        g.ops += 1;
-        g.remaining += 1;
+    /// Adds an invocation to graph `id` (`None`: a graph past the records).
+    pub fn add(&mut self, id: Option<usize>) {
+        self.graph_ops_total += 1;
+        if let Some(id) = id {
+            let g = &mut self.graphs[id];
+            g.ops += 1;
+            g.remaining += 1;
+        }
     }
 
     /// One invocation of graph `id` (or the submitter's hold) is done.
@@ -173,6 +178,7 @@ impl Stats {
             graphs_total: self.graphs_total,
             breaks: self.breaks.clone(),
             breaks_total: self.breaks_total,
+            graph_ops: self.graph_ops_total,
             by_mode: self.by_mode,
             checks_raised,
         }
@@ -190,6 +196,8 @@ pub struct Explain {
     pub breaks: Vec<Break>,
     /// Graph breaks.
     pub breaks_total: u64,
+    /// Deferred invocations run by all graphs.
+    pub graph_ops: u64,
     /// Invocations per eval mode (SYNC_CPU, SYNC_FULL, DEFERRED, EAGER).
     pub by_mode: [u64; 4],
     /// Check flags raised.
@@ -202,11 +210,6 @@ impl Explain {
         self.by_mode.iter().sum()
     }
 
-    /// Deferred invocations run by the recorded graphs.
-    pub fn graph_ops(&self) -> u64 {
-        self.graphs.iter().map(|g| g.ops).sum()
-    }
-
     /// The report as JSON text.
     pub fn json(&self) -> String {
         let graphs: Vec<_> = self
@@ -216,7 +219,7 @@ impl Explain {
                 json!({
                     "reason": g.reason.name(),
                     "ops": g.ops,
-                    "time_ns": g.time_ns,
+                    "time_ns": g.time_ns.map_or(-1, |t| t as i64),
                     "seq": g.seq,
                 })
             })
@@ -242,7 +245,7 @@ impl Explain {
             "graphs_total": self.graphs_total,
             "breaks_total": self.breaks_total,
             "ops": self.ops(),
-            "graph_ops": self.graph_ops(),
+            "graph_ops": self.graph_ops,
             "invocations": {
                 "sync_cpu": m[0], "sync_full": m[1], "deferred": m[2], "eager": m[3],
             },

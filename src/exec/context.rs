@@ -267,7 +267,7 @@ impl ContextInner {
         self.stats.lock().open(why, seq)
     }
 
-    pub(crate) fn graph_add(&self, id: usize) {
+    pub(crate) fn graph_add(&self, id: Option<usize>) {
         self.stats.lock().add(id);
     }
 

@@ -434,8 +434,8 @@ impl Node {
                         let id = *graph.get_or_insert_with(|| ctx.open_graph(&why, node.seq));
                         if let Some(id) = id {
                             node.graph.store(id as u64 + 1, Ordering::Release);
-                            ctx.graph_add(id);
                         }
+                        ctx.graph_add(id);
                     }
                 }
                 s.phase = if s.deps_left == 0 {

@@ -131,7 +131,8 @@ fn write_sized<T: Copy>(out: *mut T, value: impl FnOnce(usize) -> T, what: &str)
 
 /// A snapshot of what `ctx` evaluated so far: graphs, graph breaks with their reason
 /// and site, invocations per mode, check flags. Free it with `ndx_explain_free`.
-/// Only the first 4096 graphs and breaks are kept in detail; the totals count all.
+/// Only the first 4096 graphs (and the breaks among them) are kept in detail; the
+/// totals count all. Break sites are symbolised when first read.
 /// Thread-safe.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_context_explain(
@@ -140,10 +141,6 @@ pub extern "C" fn ndx_context_explain(
 ) -> *mut ndx_error_t {
     boundary_out("ndx_context_explain", out, std::ptr::null_mut(), || {
         let ex = borrow(ctx, "ctx")?.explain();
-        // Symbolise the break sites now, so accessors only lend.
-        for b in &ex.breaks {
-            b.site.frames();
-        }
         Ok(Box::into_raw(Box::new(ex)).cast())
     })
 }
@@ -179,7 +176,7 @@ pub extern "C" fn ndx_explain_summary(
                 graphs: ex.graphs_total,
                 breaks: ex.breaks_total,
                 ops: ex.ops(),
-                graph_ops: ex.graph_ops(),
+                graph_ops: ex.graph_ops,
                 sync_cpu: m[0],
                 sync_full: m[1],
                 deferred: m[2],
@@ -282,7 +279,8 @@ pub extern "C" fn ndx_explain_break(
 /// NUL-terminated when `cap > 0`; returns the length the full text needs). Keys:
 /// `graphs_total`, `breaks_total`, `ops`, `graph_ops`, `invocations` (per mode),
 /// `checks_raised`, `graphs` (reason, ops, time_ns, seq) and `breaks` (graph, reason,
-/// seq, file, line, function). Returns 0 for NULL.
+/// seq, file, line, function). A graph still running has `time_ns` -1. NULL `explain`
+/// gives the empty text (0).
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_explain_json(
     explain: *const ndx_explain_t,
@@ -292,7 +290,10 @@ pub extern "C" fn ndx_explain_json(
     boundary_value(
         "ndx_explain_json",
         |_| 0,
-        || explain_ref(explain).map_or(0, |e| write_text(&e.json(), buf, cap)),
+        || {
+            let text = explain_ref(explain).map_or_else(|_| String::new(), |e| e.json());
+            write_text(&text, buf, cap)
+        },
     )
 }
 

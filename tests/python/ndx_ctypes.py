@@ -20,6 +20,7 @@ when the last reference to the tensor goes.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import struct
 import sys
@@ -128,6 +129,14 @@ NDX_CHECK_INDEX = 4
 NDX_CHECK_USER = 8
 NDX_CHECK_ALL = 15
 
+NDX_FLUSH_EVALUATE = 1
+NDX_FLUSH_WAIT = 2
+NDX_FLUSH_POLL = 3
+NDX_FLUSH_DATA_READ = 4  # the last four are graph breaks
+NDX_FLUSH_EXPORT = 5
+NDX_FLUSH_CONSUMER = 6
+NDX_FLUSH_METADATA = 7
+
 kDLCPU = 1
 DLPACK_FLAG_BITMASK_READ_ONLY = 1 << 0
 DLPACK_FLAG_BITMASK_IS_COPIED = 1 << 1
@@ -180,6 +189,7 @@ class ndx_context_options_t(Structure):
         ("check_policy", c_int32),
         ("check_categories", c_uint32),
         ("check_capacity", c_uint32),
+        ("repro_max_bytes", ctypes.c_int64),
     ]
 
 
@@ -192,6 +202,43 @@ class ndx_check_info_t(Structure):
         ("occurrences", c_uint64),
         ("sample", c_int64),
         ("consequence_of", c_uint64),
+    ]
+
+
+class ndx_explain_summary_t(Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("graphs", c_uint64),
+        ("breaks", c_uint64),
+        ("ops", c_uint64),
+        ("graph_ops", c_uint64),
+        ("sync_cpu", c_uint64),
+        ("sync_full", c_uint64),
+        ("deferred", c_uint64),
+        ("eager", c_uint64),
+        ("checks_raised", c_uint64),
+    ]
+
+
+class ndx_explain_graph_t(Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("reason", c_int32),
+        ("ops", c_uint64),
+        ("time_ns", c_int64),
+        ("seq", c_uint64),
+    ]
+
+
+class ndx_graph_break_t(Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("reason", c_int32),
+        ("graph", c_size_t),
+        ("seq", c_uint64),
+        ("file", c_char_p),
+        ("line", c_uint32),
+        ("function", c_char_p),
     ]
 
 
@@ -284,6 +331,9 @@ _proto("ndx_error_sequence", c_uint64, c_void_p)
 _proto("ndx_error_format", c_size_t, c_void_p, c_void_p, c_size_t)
 _proto("ndx_error_free", None, c_void_p)
 _proto("ndx_error_check_info", c_bool, c_void_p, POINTER(ndx_check_info_t))
+_proto("ndx_error_repro", c_size_t, c_void_p, c_void_p, c_size_t)
+_proto("ndx_repro_run", _err, c_void_p, c_char_p, POINTER(c_void_p))
+_proto("ndx_context_set_repro_max_bytes", _err, c_void_p, ctypes.c_uint64)
 # contexts
 _proto("ndx_context_new", _err, POINTER(ndx_context_options_t), POINTER(c_void_p))
 _proto("ndx_context_release", None, c_void_p)
@@ -294,6 +344,15 @@ _proto("ndx_context_set_frame_provider", _err, c_void_p, FRAME_PROVIDER_T, c_voi
 _proto("ndx_context_evaluate", _err, c_void_p)
 _proto("ndx_context_set_checks", _err, c_void_p, c_int32, c_uint32, c_uint32)
 _proto("ndx_context_take_check_errors", _err, c_void_p)
+# explain
+_proto("ndx_context_explain", _err, c_void_p, POINTER(c_void_p))
+_proto("ndx_explain_free", None, c_void_p)
+_proto("ndx_explain_summary", _err, c_void_p, POINTER(ndx_explain_summary_t))
+_proto("ndx_explain_graph_count", c_size_t, c_void_p)
+_proto("ndx_explain_graph", _err, c_void_p, c_size_t, POINTER(ndx_explain_graph_t))
+_proto("ndx_explain_break_count", c_size_t, c_void_p)
+_proto("ndx_explain_break", _err, c_void_p, c_size_t, POINTER(ndx_graph_break_t))
+_proto("ndx_explain_json", c_size_t, c_void_p, c_void_p, c_size_t)
 # args
 _proto("ndx_args_new", _err, POINTER(c_void_p))
 _proto("ndx_args_free", None, c_void_p)
@@ -388,6 +447,80 @@ def _text(b: Optional[bytes]) -> Optional[str]:
     return None if b is None else b.decode("utf-8", "replace")
 
 
+class ExplainSummary(NamedTuple):
+    """The totals of an explain snapshot (`ndx_explain_summary_t`, field for field)."""
+
+    graphs: int
+    breaks: int
+    ops: int
+    graph_ops: int
+    sync_cpu: int
+    sync_full: int
+    deferred: int
+    eager: int
+    checks_raised: int
+
+
+class ExplainGraph(NamedTuple):
+    """One evaluated graph (`ndx_explain_graph_t`)."""
+
+    reason: int  # an NDX_FLUSH_* value
+    ops: int
+    time_ns: int  # -1 while some of it still runs
+    seq: int
+
+
+class GraphBreak(NamedTuple):
+    """One graph break (`ndx_graph_break_t`), its strings copied."""
+
+    reason: int  # NDX_FLUSH_DATA_READ, _EXPORT, _CONSUMER or _METADATA
+    graph: int  # index into `Explain.graphs`
+    seq: int
+    file: Optional[str]
+    line: int
+    function: Optional[str]
+
+
+class Explain(NamedTuple):
+    """What `Context.explain` returns: a plain copy of an `ndx_explain_t` snapshot
+    (the native snapshot is already freed): `summary`, the `graphs` and `breaks`
+    records in order, and `json`, the parsed text of `ndx_explain_json`."""
+
+    summary: ExplainSummary
+    graphs: list
+    breaks: list
+    json: dict
+
+    @classmethod
+    def from_borrowed(cls, ptr: int) -> "Explain":
+        """Reads an `ndx_explain_t*` without freeing it."""
+        s = ndx_explain_summary_t()
+        s.struct_size = ctypes.sizeof(ndx_explain_summary_t)
+        check(lib.ndx_explain_summary(ptr, byref(s)))
+        summary = ExplainSummary(*(getattr(s, f) for f in ExplainSummary._fields))
+        graphs = []
+        g = ndx_explain_graph_t()
+        for i in range(lib.ndx_explain_graph_count(ptr)):
+            g.struct_size = ctypes.sizeof(ndx_explain_graph_t)
+            check(lib.ndx_explain_graph(ptr, i, byref(g)))
+            graphs.append(ExplainGraph(g.reason, g.ops, g.time_ns, g.seq))
+        breaks = []
+        b = ndx_graph_break_t()
+        for i in range(lib.ndx_explain_break_count(ptr)):
+            b.struct_size = ctypes.sizeof(ndx_graph_break_t)
+            check(lib.ndx_explain_break(ptr, i, byref(b)))
+            breaks.append(GraphBreak(b.reason, b.graph, b.seq, _text(b.file), b.line, _text(b.function)))
+        return cls(summary, graphs, breaks, json.loads(explain_json(ptr)))
+
+
+def explain_json(ptr: int) -> str:
+    """`ndx_explain_json` of a (borrowed) `ndx_explain_t*`."""
+    n = lib.ndx_explain_json(ptr, None, 0)
+    buf = ctypes.create_string_buffer(n + 1)
+    lib.ndx_explain_json(ptr, buf, n + 1)
+    return buf.value.decode("utf-8", "replace")
+
+
 class NdxError(Exception):
     """An ndx error: kind, message, capture-site frames, cause chain, related errors.
 
@@ -395,7 +528,8 @@ class NdxError(Exception):
     `cause` the next link of the chain (also set as `__cause__`, so Python prints
     the chain); `related` the errors this one groups; `traceback_text` the text of
     `ndx_error_format` for the whole chain; `check_info` a `CheckInfo` when the
-    error is one raised check flag, else None. Instances of the kind's subclass (e.g.
+    error is one raised check flag, else None; `repro` the repro document (JSON text)
+    of the invocation that failed first in the chain, else None. Instances of the kind's subclass (e.g.
     `NdxValueError`) are also instances of the matching built-in exception.
     """
 
@@ -410,6 +544,7 @@ class NdxError(Exception):
         sequence: int = 0,
         traceback_text: str = "",
         check_info: Optional[CheckInfo] = None,
+        repro: Optional[str] = None,
     ):
         super().__init__(message)
         self.kind = kind
@@ -422,6 +557,7 @@ class NdxError(Exception):
         self.sequence = sequence
         self.traceback_text = traceback_text
         self.check_info = check_info
+        self.repro = repro
         if cause is not None:
             self.__cause__ = cause
 
@@ -472,6 +608,7 @@ class NdxError(Exception):
             lib.ndx_error_sequence(ptr),
             text,
             check_info,
+            repro_document(ptr),
         )
 
     @classmethod
@@ -481,6 +618,16 @@ class NdxError(Exception):
             return cls.from_borrowed(ptr)
         finally:
             lib.ndx_error_free(ptr)
+
+
+def repro_document(ptr: int) -> Optional[str]:
+    """`ndx_error_repro` of a (borrowed) `ndx_error_t*`, or None when it has none."""
+    n = lib.ndx_error_repro(ptr, None, 0)
+    if n == 0:
+        return None
+    buf = ctypes.create_string_buffer(n + 1)
+    lib.ndx_error_repro(ptr, buf, n + 1)
+    return buf.value.decode("utf-8", "replace")
 
 
 def format_error(ptr: int) -> str:
@@ -1010,6 +1157,7 @@ class Context:
         check_policy: int = 0,
         check_categories: int = 0,
         check_capacity: int = 0,
+        repro_max_bytes: int = 0,
     ):
         opts = ndx_context_options_t()
         opts.struct_size = ctypes.sizeof(ndx_context_options_t)
@@ -1021,6 +1169,7 @@ class Context:
         opts.check_policy = check_policy
         opts.check_categories = check_categories
         opts.check_capacity = check_capacity
+        opts.repro_max_bytes = repro_max_bytes
         out = c_void_p()
         check(lib.ndx_context_new(byref(opts), byref(out)))
         self.ptr = out.value
@@ -1062,6 +1211,26 @@ class Context:
         flags collected so far, in enqueue order, or None when there is none."""
         err = lib.ndx_context_take_check_errors(self.ptr)
         return NdxError.from_ptr(err) if err else None
+
+    def set_repro_max_bytes(self, max_bytes: int) -> None:
+        """`ndx_context_set_repro_max_bytes` (0: metadata only)."""
+        check(lib.ndx_context_set_repro_max_bytes(self.ptr, max_bytes))
+
+    def repro_run(self, document: str) -> "Future":
+        """`ndx_repro_run`: replays a repro document; the future of the replay."""
+        out = c_void_p()
+        check(lib.ndx_repro_run(self.ptr, document.encode(), byref(out)))
+        return Future(out.value)
+
+    def explain(self) -> Explain:
+        """`ndx_context_explain`: an `Explain` copy of what the context evaluated so far
+        (graphs, graph breaks, invocations per mode, check flags)."""
+        out = c_void_p()
+        check(lib.ndx_context_explain(self.ptr, byref(out)))
+        try:
+            return Explain.from_borrowed(out.value)
+        finally:
+            lib.ndx_explain_free(out.value)
 
     def set_frame_provider(self, provider: Optional[PythonFrameProvider] = "default"):
         """Registers `provider` (a new PythonFrameProvider by default; None removes

@@ -1,0 +1,126 @@
+/* Repro documents through the C ABI: a real kernel failure (integer division by
+ * zero) carries a document naming the op, inputs and site; ndx_repro_run replays it to
+ * the same error kind and message; a dependent finds the document in its cause chain;
+ * the byte cap and malformed documents give clear errors. */
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ndx_test.h"
+
+static char* repro_of(const ndx_error_t* e) {
+  size_t n = ndx_error_repro(e, NULL, 0);
+  if (n == 0) return NULL;
+  char* doc = (char*)malloc(n + 1);
+  CHECK(ndx_error_repro(e, doc, n + 1) == n, "same length twice");
+  return doc;
+}
+
+static void test_replay_of_a_kernel_failure(void) {
+  ndx_context_t* ctx = NULL;
+  CHECK_OK(ndx_context_new(NULL, &ctx));
+  const int32_t nv[3] = {5, 6, 7}, dv[3] = {1, 0, 2};
+  const int64_t n = 3;
+  ndx_tensor_t* a = ndx_test_tensor(nv, NDX_DTYPE_INT32, 1, &n);
+  ndx_tensor_t* b = ndx_test_tensor(dv, NDX_DTYPE_INT32, 1, &n);
+  ndx_input_t in[2] = {ndx_test_in(a), ndx_test_in(b)};
+  ndx_future_t* f = NULL;
+  int line = __LINE__; CHECK_OK(ndx_invoke(ctx, "mod", in, 2, NULL, NULL, &f));
+  ndx_tensor_t* q = ndx_test_output(f, 0);
+  ndx_input_t in2[1] = {ndx_test_in(q)};
+  ndx_future_t* g = NULL;
+  CHECK_OK(ndx_invoke(ctx, "sum", in2, 1, NULL, NULL, &g));
+  ndx_error_t* e = ndx_future_wait(f, -1);
+  ndx_error_t* dep = ndx_future_wait(g, -1);
+  CHECK_LINK(e, NDX_ERROR_VALUE, "integer modulo by zero (output element 1)", "mod", 1);
+  char* doc = repro_of(e);
+  char* dep_doc = repro_of(dep);
+  if (CHECK(doc != NULL, "a kernel failure has a repro document")) {
+    CHECK_CONTAINS(doc, "\"op\": \"mod\"");
+    CHECK_CONTAINS(doc, "\"bytes\": \"050000000600000007000000\"");
+    CHECK_CONTAINS(doc, "\"mode\": \"eager\"");
+    CHECK_CONTAINS(doc, "test_repro.c");
+    char at[32];
+    snprintf(at, sizeof at, "\"line\": %d", line);
+    CHECK_CONTAINS(doc, at);
+    CHECK(dep_doc != NULL && strcmp(doc, dep_doc) == 0, "the dependent finds the same document");
+    /* Replayed on another context, it fails the same way. */
+    ndx_context_t* other = NULL;
+    CHECK_OK(ndx_context_new(NULL, &other));
+    ndx_future_t* r = NULL;
+    CHECK_OK(ndx_repro_run(other, doc, &r));
+    ndx_error_t* again = ndx_future_wait(r, -1);
+    CHECK_LINK(again, NDX_ERROR_VALUE, "integer modulo by zero (output element 1)", "mod", 1);
+    ndx_error_free(again);
+    ndx_future_release(r);
+    ndx_context_release(other);
+  }
+  /* Small buffers get a truncated, terminated prefix and the full length. */
+  char small[8];
+  size_t need = ndx_error_repro(e, small, sizeof small);
+  CHECK(need > sizeof small && small[7] == '\0' && small[0] == '{', "snprintf-like");
+  CHECK(ndx_error_repro(NULL, NULL, 0) == 0, "NULL has none");
+  free(dep_doc);
+  free(doc);
+  ndx_error_free(e);
+  ndx_error_free(dep);
+  ndx_future_release(f);
+  ndx_future_release(g);
+  ndx_tensor_release(q);
+  ndx_tensor_release(a);
+  ndx_tensor_release(b);
+  ndx_context_release(ctx);
+}
+
+static void test_cap_and_bad_documents(void) {
+  ndx_context_options_t o;
+  memset(&o, 0, sizeof o);
+  o.struct_size = sizeof o;
+  o.eval_mode = NDX_EVAL_SYNC_CPU;
+  o.repro_max_bytes = -1; /* metadata only */
+  ndx_context_t* ctx = NULL;
+  CHECK_OK(ndx_context_new(&o, &ctx));
+  const int32_t v[1] = {1}, z[1] = {0};
+  const int64_t n = 1;
+  ndx_tensor_t* a = ndx_test_tensor(v, NDX_DTYPE_INT32, 1, &n);
+  ndx_tensor_t* b = ndx_test_tensor(z, NDX_DTYPE_INT32, 1, &n);
+  ndx_input_t in[2] = {ndx_test_in(a), ndx_test_in(b)};
+  ndx_future_t* f = NULL;
+  CHECK_OK(ndx_invoke(ctx, "div", in, 2, NULL, NULL, &f));
+  ndx_error_t* e = ndx_future_wait(f, -1);
+  char* doc = repro_of(e);
+  if (CHECK(doc != NULL, "metadata-only document")) {
+    CHECK_CONTAINS(doc, "\"bytes\": null");
+    ndx_future_t* r = NULL;
+    expect_error(ndx_repro_run(ctx, doc, &r), NDX_ERROR_VALUE, "inputs[0] has no bytes");
+    CHECK(r == NULL, "no future on failure");
+  }
+  /* With the cap raised, the same failure carries its bytes. */
+  CHECK_OK(ndx_context_set_repro_max_bytes(ctx, 64));
+  ndx_future_t* f2 = NULL;
+  CHECK_OK(ndx_invoke(ctx, "div", in, 2, NULL, NULL, &f2));
+  ndx_error_t* e2 = ndx_future_wait(f2, -1);
+  char* doc2 = repro_of(e2);
+  CHECK(doc2 && ndx_test_contains(doc2, "\"bytes\": \"01000000\""), "bytes within the cap");
+  ndx_future_t* r = NULL;
+  expect_error(ndx_repro_run(ctx, "not json", &r), NDX_ERROR_VALUE, "repro document: not valid JSON");
+  expect_error(ndx_repro_run(ctx, "{\"ndx_repro\": 1}", &r), NDX_ERROR_VALUE,
+               "the document has no \"op\"");
+  expect_error(ndx_repro_run(ctx, NULL, &r), NDX_ERROR_VALUE, "argument 'json' is NULL");
+  free(doc);
+  free(doc2);
+  ndx_error_free(e);
+  ndx_error_free(e2);
+  ndx_future_release(f);
+  ndx_future_release(f2);
+  ndx_tensor_release(a);
+  ndx_tensor_release(b);
+  ndx_context_release(ctx);
+}
+
+int main(void) {
+  test_replay_of_a_kernel_failure();
+  test_cap_and_bad_documents();
+  return NDX_TEST_SUMMARY("test_repro");
+}
