@@ -340,81 +340,70 @@ fn zip_fast<T: Elem>(
         (false, true) => &[checks::NAN, checks::DIV],
     };
     let watch = Watch::new(categories);
+    let nan = watch.tallies.iter().any(|(c, _)| *c == checks::NAN);
+    let div = watch.tallies.iter().any(|(c, _)| *c == checks::DIV);
+    let bits = move |x: T, y: T, o: T| watch_bits(x, y, o, nan, div);
     let t = if watch.on() {
-        let nan = watch.tallies.iter().any(|(c, _)| *c == checks::NAN);
-        let div = watch.tallies.iter().any(|(c, _)| *c == checks::DIV);
-        zip_fast_loop::<T, true>(
-            a,
-            b,
-            shape,
-            layout,
-            &f,
-            |x, y, o| watch_bits(x, y, o, nan, div),
-            &watch,
-        )?
+        zip_fast_loop::<T, true>(a, b, shape, layout, &f, bits, &watch)?
     } else {
-        zip_fast_loop::<T, false>(a, b, shape, layout, &f, |_, _, _| 0, &watch)?
+        zip_fast_loop::<T, false>(a, b, shape, layout, &f, bits, &watch)?
     };
     watch.raise();
     Ok(Some(t))
 }
 
-/// The loops of [`zip_fast`]; `CHECK` compiles the flag bits in or out.
+/// The loops of [`zip_fast`]. `CHECK` compiles the in-loop test in or out: an OR of
+/// "the output is not finite", the one test both float categories need (a float
+/// divided by zero is an infinity or NaN); a piece where it held is counted exactly
+/// by `bits` afterwards.
 fn zip_fast_loop<T: Elem, const CHECK: bool>(
     a: &Tensor,
     b: &Tensor,
     shape: &[i64],
     layout: &str,
     f: &(impl Fn(T, T) -> T + Sync + Send),
-    bits_of: impl Fn(T, T, T) -> u32 + Sync + Send,
+    bits: impl Fn(T, T, T) -> u32 + Sync + Send,
     watch: &Watch,
 ) -> Result<Tensor> {
     let (full_a, full_b) = (a.shape() == shape, b.shape() == shape);
     let (va, vb) = (typed::<T>(a)?, typed::<T>(b)?);
+    let suspect = |_: T, o: T| CHECK && !o.is_finite();
     make_overwritten::<T>(shape, layout, |out| {
         par::chunks_mut(out, 1, 1, |first, piece| {
             let r = first..first + piece.len();
-            let mut bits = 0u32;
+            let mut any = false;
             match (full_a, full_b) {
                 (true, true) => {
                     for ((o, &x), &y) in piece.iter_mut().zip(&va[r.clone()]).zip(&vb[r.clone()]) {
                         *o = f(x, y);
-                        if CHECK {
-                            bits |= bits_of(x, y, *o);
-                        }
+                        any |= suspect(y, *o);
                     }
                 }
                 (true, false) => {
                     let y = vb[0];
                     for (o, &x) in piece.iter_mut().zip(&va[r.clone()]) {
                         *o = f(x, y);
-                        if CHECK {
-                            bits |= bits_of(x, y, *o);
-                        }
+                        any |= suspect(y, *o);
                     }
                 }
                 (false, true) => {
                     let x = va[0];
                     for (o, &y) in piece.iter_mut().zip(&vb[r.clone()]) {
                         *o = f(x, y);
-                        if CHECK {
-                            bits |= bits_of(x, y, *o);
-                        }
+                        any |= suspect(y, *o);
                     }
                 }
                 (false, false) => {
                     let o = f(va[0], vb[0]);
                     piece.fill(o);
-                    if CHECK {
-                        bits |= bits_of(va[0], vb[0], o);
-                    }
+                    any |= suspect(vb[0], o);
                 }
             }
-            if CHECK && bits != 0 {
+            if any {
                 let at = |v: &[T], full: bool, i: usize| if full { v[first + i] } else { v[0] };
-                watch.piece(bits, first, piece.len(), |i| {
-                    bits_of(at(&va, full_a, i), at(&vb, full_b, i), piece[i])
-                });
+                let bits_at = |i| bits(at(&va, full_a, i), at(&vb, full_b, i), piece[i]);
+                let raised = (0..piece.len()).fold(0, |acc, i| acc | bits_at(i));
+                watch.piece(raised, first, piece.len(), bits_at);
             }
             Ok(())
         })
@@ -564,15 +553,13 @@ fn map_loop<T: Elem, O: Elem, const CHECK: bool>(
     make_overwritten::<O>(t.shape(), t.layout(), |out| {
         par::chunks_mut(out, 1, 1, |first, piece| {
             let n = piece.len();
-            let mut bits = 0u32;
+            let mut any = false;
             for (o, &v) in piece.iter_mut().zip(&src[first..first + n]) {
                 *o = f(v);
-                if CHECK {
-                    bits |= bad(v, *o);
-                }
+                any |= CHECK && !o.is_finite();
             }
-            if CHECK && bits != 0 {
-                watch.piece(bits, first, n, |i| bad(src[first + i], piece[i]));
+            if any {
+                watch.piece(checks::NAN, first, n, |i| bad(src[first + i], piece[i]));
             }
             Ok(())
         })
@@ -580,35 +567,55 @@ fn map_loop<T: Elem, O: Elem, const CHECK: bool>(
 }
 
 fn unary_kernel(op: Unary, t: &Tensor) -> Result<Tensor> {
-    with_elem!(t.dtype(), T => map::<T, T>(t, |v| match op {
-        Unary::Neg => Elem::neg(v),
-        Unary::Abs => Elem::abs(v),
-        Unary::Sign => Elem::sign(v),
-        Unary::Relu => {
-            let zero = T::from_i128(0);
-            if Elem::is_nan(v) || v > zero { v } else { zero }
-        }
-        Unary::Floor if !T::INT => T::from_f64(Elem::to_f64(v).floor()),
-        Unary::Ceil if !T::INT => T::from_f64(Elem::to_f64(v).ceil()),
-        Unary::Round if !T::INT => T::from_f64(Elem::to_f64(v).round_ties_even()),
-        Unary::Floor | Unary::Ceil | Unary::Round => v,
-    }), bool => unreachable!("rejected at inference"))
+    with_elem!(t.dtype(), T => unary_typed::<T>(op, t), bool => unreachable!("rejected at inference"))
+}
+
+/// One loop per operation (the choice is made once, not per element, so each loop
+/// vectorises).
+fn unary_typed<T: Elem>(op: Unary, t: &Tensor) -> Result<Tensor> {
+    let zero = T::from_i128(0);
+    let rounded = |g: fn(f64) -> f64| move |v: T| T::from_f64(g(Elem::to_f64(v)));
+    match op {
+        Unary::Neg => map::<T, T>(t, Elem::neg),
+        Unary::Abs => map::<T, T>(t, Elem::abs),
+        Unary::Sign => map::<T, T>(t, Elem::sign),
+        Unary::Relu => map::<T, T>(
+            t,
+            move |v| {
+                if Elem::is_nan(v) || v > zero { v } else { zero }
+            },
+        ),
+        Unary::Floor | Unary::Ceil | Unary::Round if T::INT => map::<T, T>(t, |v| v),
+        Unary::Floor => map::<T, T>(t, rounded(f64::floor)),
+        Unary::Ceil => map::<T, T>(t, rounded(f64::ceil)),
+        Unary::Round => map::<T, T>(t, rounded(f64::round_ties_even)),
+    }
 }
 
 fn math_kernel(op: Math, t: &Tensor) -> Result<Tensor> {
     let dtype = float_for(t.dtype());
     let x = as_dtype(t, dtype)?;
-    let f = move |v: f64| match op {
-        Math::Sqrt => v.sqrt(),
-        Math::Rsqrt => 1.0 / v.sqrt(),
-        Math::Exp => v.exp(),
-        Math::Log => v.ln(),
-        Math::Sin => v.sin(),
-        Math::Cos => v.cos(),
-        Math::Tanh => v.tanh(),
-        Math::Sigmoid => 1.0 / (1.0 + (-v).exp()),
+    let f: fn(f64) -> f64 = match op {
+        Math::Sqrt => f64::sqrt,
+        Math::Rsqrt => |v| 1.0 / v.sqrt(),
+        Math::Exp => f64::exp,
+        Math::Log => f64::ln,
+        Math::Sin => f64::sin,
+        Math::Cos => f64::cos,
+        Math::Tanh => f64::tanh,
+        Math::Sigmoid => |v| 1.0 / (1.0 + (-v).exp()),
     };
-    with_elem!(dtype, T => map::<T, T>(&x, |v| T::from_f64(f(Elem::to_f64(v)))), bool => unreachable!("floats only"))
+    // Computed in f64 and rounded once to the output type.
+    with_elem!(dtype, T => math_typed::<T>(&x, op, f), bool => unreachable!("floats only"))
+}
+
+/// A loop per math function; `sqrt` (the common one) gets its own instance so it
+/// vectorises.
+fn math_typed<T: Elem>(x: &Tensor, op: Math, f: fn(f64) -> f64) -> Result<Tensor> {
+    match op {
+        Math::Sqrt => map::<T, T>(x, |v| T::from_f64(Elem::to_f64(v).sqrt())),
+        _ => map::<T, T>(x, move |v| T::from_f64(f(Elem::to_f64(v)))),
+    }
 }
 
 fn predicate_kernel(name: &str, t: &Tensor) -> Result<Tensor> {

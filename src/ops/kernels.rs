@@ -234,11 +234,12 @@ macro_rules! float_elem {
                     v
                 })
             }
+            // The types' own tests: no widening, so checked loops stay vectorised.
             fn is_nan(self) -> bool {
-                $to(self).is_nan()
+                <$t>::is_nan(self)
             }
             fn is_finite(self) -> bool {
-                $to(self).is_finite()
+                <$t>::is_finite(self)
             }
             fn truthy(self) -> bool {
                 $to(self) != 0.0
