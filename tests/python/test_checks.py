@@ -70,24 +70,14 @@ def dlpack_view(tensor):
 
 
 @pytest.fixture
-def context():
-    """`context(mode=..., check_policy=..., ...)`: a new ndx.Context with the Python
-    frame provider and HOST capture (so flags name lines of this file), released
-    after the test. `provider=False` leaves the defaults (NATIVE capture)."""
-    made = []
+def context(make_context):
+    """`context(mode=SYNC, provider=True, **kw)`: a new ndx.Context (with the Python frame provider and HOST capture by default),
+    released after the test (see conftest.py)."""
 
     def make(mode=SYNC, provider=True, **kw):
-        if provider:
-            kw.setdefault("capture", ndx.NDX_CAPTURE_HOST)
-        ctx = ndx.Context(mode=mode, **kw)
-        made.append(ctx)
-        if provider:
-            ctx.set_frame_provider()
-        return ctx
+        return make_context(mode, provider, **kw)
 
-    yield make
-    for c in made:
-        c.release()
+    return make
 
 
 def group_flags(err, n):

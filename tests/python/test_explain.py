@@ -97,24 +97,14 @@ def same_file(path):
 
 
 @pytest.fixture
-def context():
-    """`context(mode=DEFERRED, provider=False, **kw)`: a new ndx.Context, released
-    after the test; `provider=True` adds the Python frame provider and HOST capture
-    (unless `capture` is given)."""
-    made = []
+def context(make_context):
+    """`context(mode=DEFERRED, provider=False, **kw)`: a new ndx.Context (without a frame provider by default),
+    released after the test (see conftest.py)."""
 
     def make(mode=DEFERRED, provider=False, **kw):
-        if provider:
-            kw.setdefault("capture", ndx.NDX_CAPTURE_HOST)
-        ctx = ndx.Context(mode=mode, **kw)
-        made.append(ctx)
-        if provider:
-            ctx.set_frame_provider()
-        return ctx
+        return make_context(mode, provider, **kw)
 
-    yield make
-    for c in made:
-        c.release()
+    return make
 
 
 def expected_json(ex):
