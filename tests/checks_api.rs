@@ -546,3 +546,30 @@ fn take_check_errors_reports_what_completed_and_clears_it() {
     assert!(ctx.take_check_errors().is_none());
     assert!(ctx.evaluate().is_ok());
 }
+
+#[test]
+fn a_check_downstream_of_a_failed_invocation_fails_with_it_and_raises_nothing() {
+    for mode in [EvalMode::Eager, EvalMode::Deferred] {
+        let ctx = context(mode, Policy::Collect, checks::USER);
+        let div = ctx
+            .invoke(
+                "div",
+                vec![i32s(&[1]), i32s(&[0])],
+                Args::new(),
+                None,
+                here(),
+            )
+            .unwrap();
+        let chk = ctx
+            .invoke("check_finite", vec![out(&div)], Args::new(), None, here())
+            .unwrap();
+        chk.wait(None).unwrap();
+        let Some(Err(e)) = chk.result() else {
+            panic!("{mode:?}: the check fails with its input")
+        };
+        assert_eq!(e.kind(), ErrorKind::Value);
+        assert_eq!(e.cause().and_then(Error::op), Some("div"));
+        assert!(ctx.take_check_errors().is_none(), "{mode:?}: no flag");
+        assert_eq!(ctx.check_counts().0, 0);
+    }
+}
