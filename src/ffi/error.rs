@@ -183,17 +183,6 @@ pub extern "C" fn ndx_error_frame(
 ) -> *mut ndx_error_t {
     boundary("ndx_error_frame", || {
         let e = error_ref(error).ok_or_else(|| Error::value("argument 'error' is NULL"))?;
-        if out.is_null() {
-            return Err(Error::value("argument 'out' is NULL"));
-        }
-        // SAFETY: non-NULL; the caller sets struct_size before the call.
-        let size = unsafe { (*out).struct_size };
-        let ours = std::mem::size_of::<ndx_frame_t>();
-        if size < ours {
-            return Err(Error::value(format!(
-                "out->struct_size is {size}, expected at least {ours} (sizeof(ndx_frame_t))"
-            )));
-        }
         let frames = e.frames();
         let f = frames.get(index).ok_or_else(|| {
             Error::index(format!(
@@ -201,8 +190,8 @@ pub extern "C" fn ndx_error_frame(
                 frames.len()
             ))
         })?;
-        let frame = ndx_frame_t {
-            struct_size: size,
+        let frame = |struct_size| ndx_frame_t {
+            struct_size,
             function: f.c_function().map_or(std::ptr::null(), |c| c.as_ptr()),
             file: f.c_file().map_or(std::ptr::null(), |c| c.as_ptr()),
             line: f.line(),
@@ -213,9 +202,7 @@ pub extern "C" fn ndx_error_frame(
                 FrameOrigin::Host => ndx_frame_origin_t::NDX_FRAME_HOST,
             },
         };
-        // SAFETY: `out` points to at least `size >= sizeof(ndx_frame_t)` bytes.
-        unsafe { out.write(frame) };
-        Ok(())
+        super::write_sized(out, frame, "ndx_frame_t")
     })
 }
 

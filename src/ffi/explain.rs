@@ -5,7 +5,7 @@ use std::ffi::c_char;
 
 use super::error::write_text;
 use super::handle::borrow;
-use super::{boundary, boundary_out, boundary_value, ndx_context_t, ndx_error_t};
+use super::{boundary, boundary_out, boundary_value, ndx_context_t, ndx_error_t, write_sized};
 use crate::debug::explain::{Explain, Flush};
 use crate::error::{Error, Result};
 
@@ -108,25 +108,6 @@ fn explain_ref<'a>(ex: *const ndx_explain_t) -> Result<&'a Explain> {
     // until `ndx_explain_free` (API contract).
     unsafe { ex.cast::<Explain>().as_ref() }
         .ok_or_else(|| Error::value("argument 'explain' is NULL"))
-}
-
-/// Writes `value` to a caller struct whose first field is its size, refusing a size
-/// smaller than ours.
-fn write_sized<T: Copy>(out: *mut T, value: impl FnOnce(usize) -> T, what: &str) -> Result<()> {
-    if out.is_null() {
-        return Err(Error::value("argument 'out' is NULL"));
-    }
-    // SAFETY: non-NULL; its first field is `struct_size` (API contract).
-    let size = unsafe { *out.cast::<usize>() };
-    let ours = std::mem::size_of::<T>();
-    if size < ours {
-        return Err(Error::value(format!(
-            "out->struct_size is {size}, expected at least {ours} (sizeof({what}))"
-        )));
-    }
-    // SAFETY: `out` holds at least `size >= sizeof(T)` bytes.
-    unsafe { out.write(value(size)) };
-    Ok(())
 }
 
 /// A snapshot of what `ctx` evaluated so far: graphs, graph breaks with their reason

@@ -194,6 +194,29 @@ pub extern "C" fn ndx_test_panic(message: *const c_char) -> *mut ndx_error_t {
     })
 }
 
+/// Writes `value` to a caller struct whose first field is its size, refusing a size
+/// smaller than ours.
+pub(crate) fn write_sized<T>(
+    out: *mut T,
+    value: impl FnOnce(usize) -> T,
+    what: &str,
+) -> Result<()> {
+    if out.is_null() {
+        return Err(Error::value("argument 'out' is NULL"));
+    }
+    // SAFETY: non-NULL; its first field is `struct_size` (API contract).
+    let size = unsafe { *out.cast::<usize>() };
+    let ours = std::mem::size_of::<T>();
+    if size < ours {
+        return Err(Error::value(format!(
+            "out->struct_size is {size}, expected at least {ours} (sizeof({what}))"
+        )));
+    }
+    // SAFETY: `out` holds at least `size >= sizeof(T)` bytes.
+    unsafe { out.write(value(size)) };
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

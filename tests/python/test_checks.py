@@ -23,6 +23,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ndx_ctypes as ndx  # noqa: E402
+from conftest import c_layout, header_dir  # noqa: E402
 
 THIS_FILE = os.path.realpath(__file__)
 SYNC = ndx.NDX_EVAL_SYNC_CPU
@@ -831,26 +832,8 @@ def test_older_options_struct_gets_the_default_checks():
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
 def test_check_struct_layouts_match_header(tmp_path):
-    include = os.path.join(ndx.REPO_ROOT, "include")
-    if not os.path.isfile(os.path.join(include, "ndx.h")):
-        pytest.skip(f"no header at {include}")
     structs = {"ndx_check_info_t": ndx.ndx_check_info_t, "ndx_context_options_t": ndx.ndx_context_options_t}
-    body, expected = [], []
-    for name, cls in structs.items():
-        body.append(f'printf("%zu\\n", sizeof({name}));')
-        expected.append(ctypes.sizeof(cls))
-        for field, _ in cls._fields_:
-            body.append(f'printf("%zu\\n", offsetof({name}, {field}));')
-            expected.append(getattr(cls, field).offset)
     consts = ["NDX_CHECKS_OFF", "NDX_CHECKS_COLLECT", "NDX_CHECKS_FAIL_FAST", "NDX_CHECK_NAN", "NDX_CHECK_DIV",
               "NDX_CHECK_INDEX", "NDX_CHECK_USER", "NDX_CHECK_ALL", "NDX_ERROR_CHECK"]
-    for c in consts:
-        body.append(f'printf("%d\\n", (int){c});')
-        expected.append(getattr(ndx, c))
-    src = tmp_path / "layout.c"
-    src.write_text('#include <stdio.h>\n#include <stddef.h>\n#include "ndx.h"\nint main(void) {\n'
-                   + "\n".join(body) + "\nreturn 0;\n}\n")
-    exe = tmp_path / "layout"
-    subprocess.run(["cc", "-I", include, str(src), "-o", str(exe)], check=True)
-    got = [int(x) for x in subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split()]
+    got, expected = c_layout(tmp_path, header_dir(), structs, consts)
     assert got == expected

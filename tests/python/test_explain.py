@@ -33,6 +33,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ndx_ctypes as ndx  # noqa: E402
+from conftest import c_layout, header_dir  # noqa: E402
 
 THIS_FILE = os.path.realpath(__file__)
 DEFERRED, EAGER = ndx.NDX_EVAL_DEFERRED, ndx.NDX_EVAL_EAGER
@@ -895,13 +896,6 @@ int main(int argc, char **argv) {
 """
 
 
-def header_dir():
-    include = os.path.join(ndx.REPO_ROOT, "include")
-    if not os.path.isfile(os.path.join(include, "ndx.h")):
-        pytest.skip(f"no header at {include}")
-    return include
-
-
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
 def test_c_caller_is_the_site_of_data_read_and_export(tmp_path):
     """From native code the site of a DATA_READ / EXPORT break is the caller of
@@ -930,22 +924,7 @@ def test_explain_struct_layouts_match_header(tmp_path):
         "ndx_graph_break_t": ndx.ndx_graph_break_t,
         "ndx_op_schema_t": ndx_op_schema_t,  # this file's own mirror
     }
-    body, expected = [], []
-    for name, cls in structs.items():
-        body.append(f'printf("%zu\\n", sizeof({name}));')
-        expected.append(ctypes.sizeof(cls))
-        for field, _ in cls._fields_:
-            body.append(f'printf("%zu\\n", offsetof({name}, {field}));')
-            expected.append(getattr(cls, field).offset)
     consts = ["NDX_FLUSH_EVALUATE", "NDX_FLUSH_WAIT", "NDX_FLUSH_POLL", "NDX_FLUSH_DATA_READ", "NDX_FLUSH_EXPORT",
               "NDX_FLUSH_CONSUMER", "NDX_FLUSH_METADATA", "NDX_ERROR_INDEX"]
-    for c in consts:
-        body.append(f'printf("%d\\n", (int){c});')
-        expected.append(getattr(ndx, c))
-    src = tmp_path / "layout.c"
-    src.write_text('#include <stdio.h>\n#include <stddef.h>\n#include "ndx.h"\nint main(void) {\n'
-                   + "\n".join(body) + "\nreturn 0;\n}\n")
-    exe = tmp_path / "layout"
-    subprocess.run(["cc", "-I", include, str(src), "-o", str(exe)], check=True)
-    got = [int(x) for x in subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split()]
+    got, expected = c_layout(tmp_path, include, structs, consts)
     assert got == expected

@@ -19,6 +19,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ndx_ctypes as ndx  # noqa: E402
+from conftest import c_layout  # noqa: E402
 
 THIS_FILE = os.path.realpath(__file__)
 
@@ -485,22 +486,6 @@ def test_struct_layouts_match_header(tmp_path):
         "DLManagedTensor": ndx.DLManagedTensor,
         "DLTensor": ndx.DLTensor,
     }
-    body = []
-    expected = []
-    for name, cls in structs.items():
-        body.append(f'printf("%zu\\n", sizeof({name}));')
-        expected.append(ctypes.sizeof(cls))
-        for field, _ in cls._fields_:
-            body.append(f'printf("%zu\\n", offsetof({name}, {field}));')
-            expected.append(getattr(cls, field).offset)
-    src = tmp_path / "layout.c"
-    src.write_text(
-        '#include <stdio.h>\n#include <stddef.h>\n#include "ndx.h"\nint main(void) {\n'
-        + "\n".join(body)
-        + "\nreturn 0;\n}\n"
-    )
-    exe = tmp_path / "layout"
     include = os.path.join(ndx.REPO_ROOT, "include")
-    subprocess.run(["cc", "-I", include, str(src), "-o", str(exe)], check=True)
-    got = [int(x) for x in subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split()]
+    got, expected = c_layout(tmp_path, include, structs)
     assert got == expected
