@@ -732,7 +732,35 @@ typedef struct {
 } ndx_location_t;
 
 /**
- * Per-invocation options. Set `struct_size = sizeof(ndx_invoke_options_t)`.
+ * One out tensor of an invocation (`ndx_invoke_options_t.outputs`): a `tensor` for a
+ * tensor output, a `batch` for the batch output of a per-sample invocation, or
+ * neither to let ndx allocate that output. It must be writable host memory (not
+ * read-only) of exactly the output's dtype and shape (per sample for a batch), whose
+ * strides give each index its own element; it may be strided, and it may be an input
+ * of the same invocation (the result is then computed aside and copied in). Out
+ * tensors must hold data: a still-pending output of another invocation is refused.
+ *
+ * The work writes into it when it runs (at once in the SYNC modes, later in EAGER and
+ * DEFERRED): do not read, write or pass it to other invocations until the future
+ * completes; use `ndx_future_tensor` of this invocation to chain, which orders the
+ * reader after the write. The future's output is a view of the out tensor. ndx holds
+ * a reference to it until then; the caller keeps its own.
+ */
+typedef struct {
+  /**
+   * An out tensor, or NULL.
+   */
+  const ndx_tensor_t *tensor;
+  /**
+   * An out batch, or NULL.
+   */
+  const ndx_batch_t *batch;
+} ndx_output_t;
+
+/**
+ * Per-invocation options. Set `struct_size = sizeof(ndx_invoke_options_t)`, and fill
+ * it with designated initializers (`{.struct_size = sizeof o, .location = NDX_HERE}`)
+ * or after a `memset` to 0, so fields added later start zeroed (their defaults).
  */
 typedef struct {
   /**
@@ -748,6 +776,17 @@ typedef struct {
    * An `ndx_eval_mode_t` overriding the context's (0: the context's).
    */
   int32_t mode;
+  /**
+   * Out tensors, or NULL: `n_outputs` entries, one per output of the operator, that
+   * the work writes its results into instead of new memory (see `ndx_output_t`).
+   * Fields from here on were added in 0.1; a caller whose `struct_size` ends
+   * before them passes no out tensors.
+   */
+  const ndx_output_t *outputs;
+  /**
+   * The number of entries in `outputs`: 0, or the operator's output count.
+   */
+  size_t n_outputs;
 } ndx_invoke_options_t;
 
 /**
@@ -1291,12 +1330,14 @@ ndx_error_t *ndx_args_get_float_array(const ndx_args_t *args,
 
 /**
  * Invokes operator `op` on `n_inputs` inputs with named `args` (NULL: none) and
- * options `opts` (NULL: the context's mode, no explicit location); `*out` receives
- * the invocation's future.
+ * options `opts` (NULL: the context's mode, no explicit location, no out tensors);
+ * `*out` receives the invocation's future. With out tensors (`opts->outputs`) the
+ * results are written into them (see `ndx_output_t`).
  *
  * Returns an error only for call-time failures, in every mode: NULL or unknown
  * arguments, an unknown operator or argument, a wrong argument type or input count,
- * input metadata the operator rejects (dtype, shape), an injected compile error.
+ * input metadata the operator rejects (dtype, shape), an out tensor that does not fit
+ * its output, an injected compile error.
  * Failures of the work itself (a kernel error, a failed input) are in the future —
  * already FAILED on return in the SYNC modes. Every invocation records where it was
  * called from (see `ndx_capture_policy_t`), and its errors carry those frames.
@@ -1551,8 +1592,9 @@ ndx_error_t *ndx_tensor_from_host(const void *data,
  * A tensor over the caller's host memory, without copying. On success ndx calls
  * `deleter(data, user)` (if not NULL) exactly once, when the last reference goes, on
  * the thread that releases it; on failure it is not called and the caller keeps
- * `data`. ndx never writes into wrapped memory; the caller must not write into it
- * while work that reads it is pending. Thread-safe.
+ * `data`. ndx writes into wrapped memory only when it is passed as an out tensor
+ * (`ndx_output_t`); the caller must not write into it while work that reads it is
+ * pending. Thread-safe.
  */
 ndx_error_t *ndx_tensor_wrap_host(void *data,
                                   int32_t dtype,
@@ -1642,7 +1684,8 @@ ndx_error_t *ndx_tensor_device(const ndx_tensor_t *tensor, DLDevice *out);
 ndx_error_t *ndx_tensor_layout(const ndx_tensor_t *tensor, const char **out);
 
 /**
- * Whether the tensor is read-only (ndx never writes it; exports carry READ_ONLY).
+ * Whether the tensor is read-only (ndx never writes it, and refuses it as an out
+ * tensor; exports carry READ_ONLY).
  */
 ndx_error_t *ndx_tensor_is_read_only(const ndx_tensor_t *tensor, bool *out);
 

@@ -115,13 +115,12 @@ fn the_caller_frame_alone_names_the_invoking_line() {
 fn an_explicit_location_replaces_the_native_caller_frame() {
     let ctx = context(ndx_capture_policy_t::NDX_CAPTURE_NATIVE);
     let opts = ndx_invoke_options_t {
-        struct_size: std::mem::size_of::<ndx_invoke_options_t>(),
         location: ndx_location_t {
             file: c"app.py".as_ptr(),
             line: 41,
             function: c"main".as_ptr(),
         },
-        mode: 0,
+        ..Default::default()
     };
     let (e, _) = failing_add(ctx, &opts);
     let fr = frames(e);

@@ -200,13 +200,13 @@ fn invoke(
     line: u32,
 ) -> Result<*mut ndx_future_t, *mut ndx_error_t> {
     let opts = ndx_invoke_options_t {
-        struct_size: std::mem::size_of::<ndx_invoke_options_t>(),
         location: ndx_location_t {
             file: THIS_FILE.as_ptr(),
             line,
             function: c"invoke".as_ptr(),
         },
         mode,
+        ..Default::default()
     };
     let mut f = 0x5a5a_5a5ausize as *mut ndx_future_t; // a sentinel: must be reset
     let e = ndx_invoke(

@@ -67,7 +67,7 @@ int main(void) {
   ndx_tensor_t* t = NULL;
   check(ndx_tensor_from_host(data, NDX_DTYPE_FLOAT32, 1, shape, NULL, NULL, &t), "from_host");
   ndx_input_t in[2] = {{t, NULL}, {t, NULL}};
-  ndx_invoke_options_t here = {sizeof here, NDX_HERE, 0};
+  ndx_invoke_options_t here = {.struct_size = sizeof here, .location = NDX_HERE};
   enum { N = 2000 };
   static ndx_future_t* futures[N];
   double deferred_off, deferred_here, deferred_native, sync_cpu, eager, poll;

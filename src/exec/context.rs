@@ -9,13 +9,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::{Condvar, Mutex};
 
 use super::args::Args;
-use super::node::{Input, Node, NodeSpec, OutMeta, as_callback, must_not_block};
+use super::node::{Data, Input, Node, NodeSpec, OutMeta, as_callback, must_not_block};
 use super::pool;
 use super::value::{BatchRef, TensorRef};
 use crate::debug::explain::{Flush, Why};
 use crate::error::{Error, ErrorKind, Frame, Result, Site};
 use crate::ops::{OpDef, Registry, TMeta};
-use crate::tensor::DeviceKind;
+use crate::tensor::{DeviceKind, Tensor};
 
 /// When an invocation runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -331,6 +331,25 @@ impl ContextInner {
         mode: Option<EvalMode>,
         call: CallSite,
     ) -> Result<Arc<Node>> {
+        self.invoke_into(op, inputs, args, mode, call, Vec::new())
+    }
+
+    /// [`ContextInner::invoke`] writing into caller-given out tensors: `outputs` is
+    /// empty or holds one entry per output of the operator (`None`: ndx allocates that
+    /// one). Each given one must be writable host memory of the output's dtype and shape
+    /// (a batch of as many samples, each matching, for a batch output); the work writes
+    /// its result there and the future's output is a view of it. Mismatches fail here
+    /// when the operator infers its outputs, else at execution.
+    #[inline(always)]
+    pub fn invoke_into(
+        self: &Arc<Self>,
+        op: &str,
+        inputs: Vec<Input>,
+        args: Args,
+        mode: Option<EvalMode>,
+        call: CallSite,
+        outputs: Vec<Option<Data>>,
+    ) -> Result<Arc<Node>> {
         let settings = self.settings();
         let mode = mode.unwrap_or(settings.mode);
         let site = Arc::new(Self::capture(&settings, mode, call));
@@ -354,6 +373,12 @@ impl ContextInner {
                 format!("operator '{op}': {}", e.message()),
             ))
         })?;
+        check_outputs(&out_meta, &outputs).map_err(|e| {
+            fail(Error::new(
+                e.kind(),
+                format!("operator '{op}': {}", e.message()),
+            ))
+        })?;
         let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
         let node = Node::new(NodeSpec {
             seq,
@@ -369,6 +394,7 @@ impl ContextInner {
             out_meta,
             batch_len,
             inputs,
+            outputs,
         });
         self.stats.lock().invoked(mode);
         match mode {
@@ -510,6 +536,9 @@ impl Drop for ContextInner {
 
 /// Checks inputs against the schema and infers the outputs' metadata.
 fn infer(def: &OpDef, inputs: &[Input], args: &Args) -> Result<(Vec<OutMeta>, Option<usize>)> {
+    if def.n_inputs == crate::ops::SAMPLES {
+        return infer_samples(def, inputs, args);
+    }
     if def.n_inputs == crate::ops::VARIADIC {
         if inputs.is_empty() {
             return Err(Error::value("expected at least 1 input, got 0"));
@@ -611,6 +640,143 @@ fn infer(def: &OpDef, inputs: &[Input], args: &Args) -> Result<(Vec<OutMeta>, Op
             ))
         }
     }
+}
+
+/// [`infer`] for an operator that takes a batch's samples at once: one batch, or one
+/// or more tensors standing for its samples.
+fn infer_samples(
+    def: &OpDef,
+    inputs: &[Input],
+    args: &Args,
+) -> Result<(Vec<OutMeta>, Option<usize>)> {
+    def.validate_args(args)?;
+    let metas: Vec<TMeta> = match inputs {
+        [] => {
+            return Err(Error::value(
+                "expected a batch or at least 1 tensor, got no input",
+            ));
+        }
+        [Input::Batch(b)] => b.sample_meta()?,
+        _ => inputs
+            .iter()
+            .enumerate()
+            .map(|(i, input)| match input {
+                Input::Tensor(t) => t.meta().cloned(),
+                Input::Batch(_) => Err(Error::type_error(format!(
+                    "input {i} is a batch; give one batch, or tensors as its samples"
+                ))),
+            })
+            .collect::<Result<_>>()?,
+    };
+    let outs = match &def.infer {
+        Some(infer) => infer(&metas.iter().collect::<Vec<_>>(), args)?
+            .into_iter()
+            .map(|m| OutMeta::Tensor(Some(m)))
+            .collect(),
+        None => (0..def.n_outputs).map(|_| OutMeta::Tensor(None)).collect(),
+    };
+    Ok((outs, None))
+}
+
+/// Checks caller-given out tensors against the inferred outputs: their number, kind
+/// (tensor or batch), dtype and shape, that they are writable host memory whose
+/// elements do not overlap, and that no two share memory.
+fn check_outputs(metas: &[OutMeta], outputs: &[Option<Data>]) -> Result<()> {
+    if outputs.is_empty() {
+        return Ok(());
+    }
+    if outputs.len() != metas.len() {
+        return Err(Error::value(format!(
+            "{} out tensors given, but it has {} output{}",
+            outputs.len(),
+            metas.len(),
+            if metas.len() == 1 { "" } else { "s" }
+        )));
+    }
+    let mut all: Vec<(usize, &Tensor)> = Vec::new();
+    for (i, (out, meta)) in outputs.iter().zip(metas).enumerate() {
+        let Some(out) = out else { continue };
+        match (out, meta) {
+            (Data::Tensor(t), OutMeta::Tensor(m)) => {
+                check_out_tensor(&format!("outputs[{i}]"), t, m.as_ref())?;
+                all.push((i, t));
+            }
+            (Data::Batch(b), OutMeta::Batch(m)) => {
+                if let Some(m) = m {
+                    if m.len() != b.len() {
+                        return Err(Error::value(format!(
+                            "outputs[{i}] is a batch of {} samples, expected {}",
+                            b.len(),
+                            m.len()
+                        )));
+                    }
+                }
+                for (s, t) in b.samples().iter().enumerate() {
+                    let want = m.as_ref().map(|m| &m[s]);
+                    check_out_tensor(&format!("outputs[{i}] sample {s}"), t, want)?;
+                    all.push((i, t));
+                }
+            }
+            (Data::Tensor(_), OutMeta::Batch(_)) => {
+                return Err(Error::type_error(format!(
+                    "outputs[{i}] is a tensor, but output {i} is a batch (the invocation runs per sample)"
+                )));
+            }
+            (Data::Batch(_), OutMeta::Tensor(_)) => {
+                return Err(Error::type_error(format!(
+                    "outputs[{i}] is a batch, but output {i} is a tensor"
+                )));
+            }
+        }
+    }
+    for (k, (i, a)) in all.iter().enumerate() {
+        for (j, b) in &all[k + 1..] {
+            if a.overlaps(b) {
+                return Err(Error::value(if i == j {
+                    format!("two samples of outputs[{i}] share memory")
+                } else {
+                    format!("outputs[{i}] and outputs[{j}] share memory")
+                }));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks one out tensor (or batch sample) named `what` against its expected metadata
+/// (`None`: known only at execution).
+fn check_out_tensor(what: &str, t: &Tensor, want: Option<&TMeta>) -> Result<()> {
+    if !t.device().host_accessible() {
+        return Err(Error::new(
+            ErrorKind::NotImplemented,
+            format!(
+                "{what} lives in {} memory; this build writes host memory only",
+                t.device()
+            ),
+        ));
+    }
+    if t.read_only() {
+        return Err(Error::value(format!("{what} is read-only")));
+    }
+    if let Some(m) = want {
+        if t.dtype() != m.dtype || t.shape() != m.shape.as_slice() {
+            return Err(Error::value(format!(
+                "{what} is {} {}, expected {} {}",
+                t.dtype().name(),
+                crate::tensor::dims(t.shape()),
+                m.dtype.name(),
+                crate::tensor::dims(&m.shape)
+            )));
+        }
+    }
+    if t.may_overlap_itself() {
+        return Err(Error::value(format!(
+            "{what} has strides {} for shape {}, which give one element several indices; an out tensor needs a distinct element per index",
+            crate::tensor::dims(t.strides()),
+            crate::tensor::dims(t.shape())
+        )));
+    }
+    Ok(())
 }
 
 /// The output handles of a node.

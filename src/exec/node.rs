@@ -132,15 +132,35 @@ fn fingerprint(t: &Tensor) -> u64 {
     h.finish()
 }
 
-/// Whether two tensors' storage spans share bytes.
-fn overlaps(a: &Tensor, b: &Tensor) -> bool {
-    match (a.storage().host_bytes(), b.storage().host_bytes()) {
-        (Some(x), Some(y)) if !x.is_empty() && !y.is_empty() => {
-            let (xs, ys) = (x.as_ptr() as usize, y.as_ptr() as usize);
-            xs < ys + y.len() && ys < xs + x.len()
-        }
-        _ => false,
+/// Puts each kernel output that has an out tensor there: one the kernel wrote in place
+/// already is that view; another is copied in (checked for dtype and shape first, for
+/// operators that could not infer them) and the result is the out view with the
+/// output's layout.
+fn place(outs: Vec<Arc<Tensor>>, dests: &[Option<Arc<Tensor>>]) -> Result<Vec<Arc<Tensor>>> {
+    if dests.is_empty() {
+        return Ok(outs);
     }
+    outs.into_iter()
+        .zip(dests)
+        .enumerate()
+        .map(|(k, (t, d))| {
+            let Some(d) = d else { return Ok(t) };
+            if same_view(&t, d) {
+                return Ok(t);
+            }
+            if t.dtype() != d.dtype() || t.shape() != d.shape() {
+                return Err(Error::value(format!(
+                    "output {k} is {} {}, but its out tensor is {} {}",
+                    t.dtype().name(),
+                    crate::tensor::dims(t.shape()),
+                    d.dtype().name(),
+                    crate::tensor::dims(d.shape())
+                )));
+            }
+            d.copy_from(&t)?;
+            Ok(Arc::new((**d).clone().with_layout(t.c_layout().to_owned())))
+        })
+        .collect()
 }
 
 /// Whether two tensors are the same view of the same storage.
@@ -171,6 +191,8 @@ pub struct Node {
     ctx: Weak<ContextInner>,
     out_meta: Vec<OutMeta>,
     batch_len: Option<usize>,
+    /// Caller-given out tensors, one entry per output when any (`None`: allocate).
+    outputs: Vec<Option<Data>>,
     inputs: Mutex<Vec<Input>>,
     state: Mutex<State>,
     cond: Condvar,
@@ -196,6 +218,7 @@ pub(crate) struct NodeSpec {
     pub out_meta: Vec<OutMeta>,
     pub batch_len: Option<usize>,
     pub inputs: Vec<Input>,
+    pub outputs: Vec<Option<Data>>,
 }
 
 impl Node {
@@ -216,6 +239,7 @@ impl Node {
             ctx: spec.ctx,
             out_meta: spec.out_meta,
             batch_len: spec.batch_len,
+            outputs: spec.outputs,
             inputs: Mutex::new(Vec::new()),
             state: Mutex::new(State {
                 phase: Phase::Recorded,
@@ -616,29 +640,41 @@ impl Node {
         let active = self.checks.active();
         let mut raised: Vec<checks::Raised> = Vec::new();
         let mut run = |tensors: Vec<Arc<Tensor>>, sample: Option<usize>| {
-            let outs = if active == 0 {
-                self.run_kernel(&tensors)
-            } else {
-                if let Some(ctx) = self.ctx.upgrade() {
-                    ctx.count_checked_run();
+            let dests = self.destinations(sample)?;
+            let lent = dests
+                .iter()
+                .flatten()
+                .filter(|d| d.is_compact() && !tensors.iter().any(|t| t.overlaps(d)))
+                .cloned()
+                .collect();
+            let outs = crate::tensor::dest::with_lent(lent, || {
+                if active == 0 {
+                    self.run_kernel(&tensors)
+                } else {
+                    if let Some(ctx) = self.ctx.upgrade() {
+                        ctx.count_checked_run();
+                    }
+                    let (outs, outcome) = checks::run_scoped(active, || self.run_kernel(&tensors));
+                    raised.extend(outcome.raised.into_iter().map(|mut r| {
+                        r.sample = sample;
+                        r
+                    }));
+                    outs
                 }
-                let (outs, outcome) = checks::run_scoped(active, || self.run_kernel(&tensors));
-                raised.extend(outcome.raised.into_iter().map(|mut r| {
-                    r.sample = sample;
-                    r
-                }));
-                outs
-            };
-            outs.map_err(|e| self.with_repro(e, &tensors, sample))
+            });
+            outs.and_then(|outs| place(outs, &dests))
+                .map_err(|e| self.with_repro(e, &tensors, sample))
         };
         let result = match self.batch_len {
             None => {
+                // A batch here is taken whole: its samples are the kernel's inputs.
                 let tensors = ready
                     .iter()
-                    .map(|d| match d {
-                        In::T(t) => (*t).clone(),
-                        In::B(_) => unreachable!("batch inputs make a batch invocation"),
+                    .flat_map(|d| match d {
+                        In::T(t) => std::slice::from_ref(*t),
+                        In::B(b) => b.samples(),
                     })
+                    .cloned()
                     .collect();
                 run(tensors, None).map(|outs| outs.into_iter().map(Data::Tensor).collect())
             }
@@ -667,6 +703,29 @@ impl Node {
         let result = result.map_err(|e| self.backend_wrap(e))?;
         self.settle_flags(inputs, raised)?;
         Ok(result)
+    }
+
+    /// The caller's out tensor for tensor output `index`, if it gave one.
+    pub(crate) fn out_tensor(&self, index: usize) -> Option<&Arc<Tensor>> {
+        match self.outputs.get(index) {
+            Some(Some(Data::Tensor(t))) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// The out tensors of one run: of the whole invocation, or of batch sample `s`.
+    fn destinations(&self, sample: Option<usize>) -> Result<Vec<Option<Arc<Tensor>>>> {
+        self.outputs
+            .iter()
+            .map(|o| match (o, sample) {
+                (None, _) => Ok(None),
+                (Some(Data::Tensor(t)), _) => Ok(Some(t.clone())),
+                (Some(Data::Batch(b)), Some(s)) => b.sample(s).cloned().map(Some),
+                (Some(Data::Batch(_)), None) => Err(Error::internal(
+                    "a batch out tensor for a tensor output passed the checks",
+                )),
+            })
+            .collect()
     }
 
     /// Attaches the repro document of this failing call to its error.
@@ -857,7 +916,7 @@ impl Node {
                 // A built-in may pass an input through as it is (the check operators).
                 let aliased = inputs
                     .iter()
-                    .position(|t| overlaps(t, out) && !(builtin && same_view(t, out)));
+                    .position(|t| t.overlaps(out) && !(builtin && same_view(t, out)));
                 if let Some(k) = aliased {
                     return fail(format!(
                         "output {i} shares memory with input {k}; a schema without NDX_OP_OUTPUTS_MAY_ALIAS promises new memory"

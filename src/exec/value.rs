@@ -56,11 +56,20 @@ impl TensorRef {
     }
 
     /// A handle to output `index` of `node`, with its inferred metadata if known.
+    /// The strides are those of the invocation's out tensor for that output, if it has
+    /// one, else compact.
     pub(crate) fn pending(node: Arc<Node>, index: usize, meta: Option<TMeta>) -> TensorRef {
+        let strides = node.out_tensor(index).map(|t| t.strides().to_vec());
         TensorRef {
             summary: meta.clone().map_or_else(OnceLock::new, OnceLock::from),
             source: Source::Pending(node, index),
-            meta: meta.map(PendingMeta::new),
+            meta: meta.map(|m| {
+                let mut p = PendingMeta::new(m);
+                if let Some(s) = strides {
+                    p.strides = s;
+                }
+                p
+            }),
         }
     }
 

@@ -16,8 +16,8 @@ use super::{
 };
 use crate::error::{Error, Frame, FrameOrigin, Result};
 use crate::exec::{
-    ArgType, ArgValue, Args, Backend, CallSite, CapturePolicy, EvalMode, Input, Settings, Status,
-    TensorRef, new_context, output_batch, output_tensor,
+    ArgType, ArgValue, Args, Backend, CallSite, CapturePolicy, Data, EvalMode, Input, Node,
+    Settings, Status, TensorRef, new_context, output_batch, output_tensor,
 };
 use crate::ops::{Contract, HostKernel, Kernel, OpDef, OutDecl};
 use crate::tensor::{DType, Tensor};
@@ -168,7 +168,9 @@ pub struct ndx_location_t {
     pub function: *const c_char,
 }
 
-/// Per-invocation options. Set `struct_size = sizeof(ndx_invoke_options_t)`.
+/// Per-invocation options. Set `struct_size = sizeof(ndx_invoke_options_t)`, and fill
+/// it with designated initializers (`{.struct_size = sizeof o, .location = NDX_HERE}`)
+/// or after a `memset` to 0, so fields added later start zeroed (their defaults).
 #[repr(C)]
 pub struct ndx_invoke_options_t {
     /// Set by the caller to `sizeof(ndx_invoke_options_t)`.
@@ -178,6 +180,34 @@ pub struct ndx_invoke_options_t {
     pub location: ndx_location_t,
     /// An `ndx_eval_mode_t` overriding the context's (0: the context's).
     pub mode: i32,
+    /// Out tensors, or NULL: `n_outputs` entries, one per output of the operator, that
+    /// the work writes its results into instead of new memory (see `ndx_output_t`).
+    /// Fields from here on were added in 0.1; a caller whose `struct_size` ends
+    /// before them passes no out tensors.
+    pub outputs: *const ndx_output_t,
+    /// The number of entries in `outputs`: 0, or the operator's output count.
+    pub n_outputs: usize,
+}
+
+/// One out tensor of an invocation (`ndx_invoke_options_t.outputs`): a `tensor` for a
+/// tensor output, a `batch` for the batch output of a per-sample invocation, or
+/// neither to let ndx allocate that output. It must be writable host memory (not
+/// read-only) of exactly the output's dtype and shape (per sample for a batch), whose
+/// strides give each index its own element; it may be strided, and it may be an input
+/// of the same invocation (the result is then computed aside and copied in). Out
+/// tensors must hold data: a still-pending output of another invocation is refused.
+///
+/// The work writes into it when it runs (at once in the SYNC modes, later in EAGER and
+/// DEFERRED): do not read, write or pass it to other invocations until the future
+/// completes; use `ndx_future_tensor` of this invocation to chain, which orders the
+/// reader after the write. The future's output is a view of the out tensor. ndx holds
+/// a reference to it until then; the caller keeps its own.
+#[repr(C)]
+pub struct ndx_output_t {
+    /// An out tensor, or NULL.
+    pub tensor: *const ndx_tensor_t,
+    /// An out batch, or NULL.
+    pub batch: *const ndx_batch_t,
 }
 
 /// One input of an invocation: exactly one of `tensor` and `batch` is non-NULL.
@@ -292,6 +322,67 @@ impl Drop for UserData {
     }
 }
 
+/// An options struct (`T`, beginning with `size_t struct_size`) from a non-NULL
+/// caller pointer: callers built against an older header pass a smaller struct, at
+/// least `min` bytes, and the fields they lack read as zero.
+trait Options: Sized {
+    /// An all-zero value (NULL pointers, zeros).
+    fn zeroed() -> Self;
+}
+
+impl Options for ndx_context_options_t {
+    fn zeroed() -> Self {
+        ndx_context_options_t {
+            struct_size: 0,
+            ..Default::default()
+        }
+    }
+}
+
+impl Options for ndx_invoke_options_t {
+    fn zeroed() -> Self {
+        ndx_invoke_options_t {
+            struct_size: 0,
+            ..Default::default()
+        }
+    }
+}
+
+impl Default for ndx_invoke_options_t {
+    /// No location, the context's mode, no out tensors; `struct_size` set (for Rust
+    /// callers of the ABI).
+    fn default() -> ndx_invoke_options_t {
+        ndx_invoke_options_t {
+            struct_size: std::mem::size_of::<ndx_invoke_options_t>(),
+            location: ndx_location_t {
+                file: std::ptr::null(),
+                line: 0,
+                function: std::ptr::null(),
+            },
+            mode: 0,
+            outputs: std::ptr::null(),
+            n_outputs: 0,
+        }
+    }
+}
+
+fn read_options<T: Options>(opts: *const T, min: usize) -> Result<T> {
+    // SAFETY: non-NULL (the callers check); every options struct begins with its size.
+    let size = unsafe { *opts.cast::<usize>() };
+    size_check(size, min, "opts")?;
+    let mut o = T::zeroed();
+    // SAFETY: the caller's struct holds `size` bytes; we copy no more than that, and
+    // no more than ours, over a valid value whose remaining fields stay zero.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            opts.cast::<u8>(),
+            (&mut o as *mut T).cast::<u8>(),
+            size.min(std::mem::size_of::<T>()),
+        )
+    };
+    Ok(o)
+}
+
 fn size_check(size: usize, ours: usize, what: &str) -> Result<()> {
     if size < ours {
         return Err(Error::value(format!(
@@ -328,25 +419,11 @@ pub extern "C" fn ndx_context_new(
         let mut settings = Settings::default();
         let mut threads = 0;
         if !opts.is_null() {
-            // SAFETY: non-NULL; struct_size is read first.
-            let size = unsafe { (*opts).struct_size };
             // Callers built against the header before the check fields pass less.
-            size_check(
-                size,
+            let o = read_options(
+                opts,
                 std::mem::offset_of!(ndx_context_options_t, check_policy),
-                "opts",
             )?;
-            // SAFETY: an all-zero options struct is valid (NULL pointers, zeros).
-            let mut o: ndx_context_options_t = unsafe { std::mem::zeroed() };
-            // SAFETY: the caller's struct holds `size` bytes; we copy no more than
-            // that, and no more than ours.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    opts.cast::<u8>(),
-                    (&mut o as *mut ndx_context_options_t).cast::<u8>(),
-                    size.min(std::mem::size_of::<ndx_context_options_t>()),
-                )
-            };
             if o.repro_max_bytes != 0 {
                 settings.repro_max_bytes = u64::try_from(o.repro_max_bytes).unwrap_or(0);
             }
@@ -883,6 +960,58 @@ fn input_list(inputs: *const ndx_input_t, n: usize) -> Result<Vec<Input>> {
         .collect()
 }
 
+/// The out tensors of `ndx_invoke_options_t`, which must hold data.
+fn output_list(outputs: *const ndx_output_t, n: usize) -> Result<Vec<Option<Data>>> {
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    if outputs.is_null() {
+        return Err(Error::value(format!(
+            "opts->outputs is NULL but opts->n_outputs is {n}"
+        )));
+    }
+    // SAFETY: non-NULL; the caller promises `n` entries.
+    let entries = unsafe { std::slice::from_raw_parts(outputs, n) };
+    let pending = |i: usize, node: Option<&Arc<Node>>, e: Option<&Error>| {
+        let (op, seq) = node.map_or(("?", 0), |n| (n.op_name(), n.seq()));
+        Error::value(match e {
+            None => format!(
+                "opts->outputs[{i}] is the output of '{op}' (#{seq}), which is still pending; an out tensor must hold data (wait for it first)"
+            ),
+            Some(e) => format!(
+                "opts->outputs[{i}] is the output of '{op}' (#{seq}), which failed: {}",
+                e.message()
+            ),
+        })
+    };
+    entries
+        .iter()
+        .enumerate()
+        .map(|(i, e)| match (e.tensor.is_null(), e.batch.is_null()) {
+            (true, true) => Ok(None),
+            (false, true) => {
+                let t = clone_arc(e.tensor, "opts->outputs[].tensor")?;
+                match t.ready_data() {
+                    Some(Ok(data)) => Ok(Some(Data::Tensor(data.clone()))),
+                    Some(Err(err)) => Err(pending(i, t.producer(), Some(&err))),
+                    None => Err(pending(i, t.producer(), None)),
+                }
+            }
+            (true, false) => {
+                let b = clone_arc(e.batch, "opts->outputs[].batch")?;
+                match b.ready_data() {
+                    Some(Ok(data)) => Ok(Some(Data::Batch(data.clone()))),
+                    Some(Err(err)) => Err(pending(i, b.producer(), Some(&err))),
+                    None => Err(pending(i, b.producer(), None)),
+                }
+            }
+            (false, false) => Err(Error::value(format!(
+                "opts->outputs[{i}] has both a tensor and a batch; set at most one"
+            ))),
+        })
+        .collect()
+}
+
 fn location(loc: &ndx_location_t) -> Option<Frame> {
     if loc.file.is_null() {
         return None;
@@ -906,12 +1035,14 @@ fn location(loc: &ndx_location_t) -> Option<Frame> {
 }
 
 /// Invokes operator `op` on `n_inputs` inputs with named `args` (NULL: none) and
-/// options `opts` (NULL: the context's mode, no explicit location); `*out` receives
-/// the invocation's future.
+/// options `opts` (NULL: the context's mode, no explicit location, no out tensors);
+/// `*out` receives the invocation's future. With out tensors (`opts->outputs`) the
+/// results are written into them (see `ndx_output_t`).
 ///
 /// Returns an error only for call-time failures, in every mode: NULL or unknown
 /// arguments, an unknown operator or argument, a wrong argument type or input count,
-/// input metadata the operator rejects (dtype, shape), an injected compile error.
+/// input metadata the operator rejects (dtype, shape), an out tensor that does not fit
+/// its output, an injected compile error.
 /// Failures of the work itself (a kernel error, a failed input) are in the future —
 /// already FAILED on return in the SYNC modes. Every invocation records where it was
 /// called from (see `ndx_capture_policy_t`), and its errors carry those frames.
@@ -946,21 +1077,17 @@ pub extern "C" fn ndx_invoke(
             caller_ip,
         };
         let mut mode = None;
+        let mut outputs = Vec::new();
         if !opts.is_null() {
-            // SAFETY: non-NULL; struct_size is read first.
-            size_check(
-                unsafe { (*opts).struct_size },
-                std::mem::size_of::<ndx_invoke_options_t>(),
-                "opts",
-            )?;
-            // SAFETY: at least as large as ours.
-            let o = unsafe { &*opts };
+            // Callers built against the header before the out tensors pass less.
+            let o = read_options(opts, std::mem::offset_of!(ndx_invoke_options_t, outputs))?;
             call.location = location(&o.location);
             if o.mode != 0 {
                 mode = Some(eval_mode(o.mode, "opts->mode")?);
             }
+            outputs = output_list(o.outputs, o.n_outputs)?;
         }
-        let node = ctx.invoke(&op, inputs, args, mode, call)?;
+        let node = ctx.invoke_into(&op, inputs, args, mode, call, outputs)?;
         Ok(into_handle(node))
     })
 }

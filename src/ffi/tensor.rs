@@ -293,8 +293,9 @@ pub extern "C" fn ndx_tensor_from_host(
 /// A tensor over the caller's host memory, without copying. On success ndx calls
 /// `deleter(data, user)` (if not NULL) exactly once, when the last reference goes, on
 /// the thread that releases it; on failure it is not called and the caller keeps
-/// `data`. ndx never writes into wrapped memory; the caller must not write into it
-/// while work that reads it is pending. Thread-safe.
+/// `data`. ndx writes into wrapped memory only when it is passed as an out tensor
+/// (`ndx_output_t`); the caller must not write into it while work that reads it is
+/// pending. Thread-safe.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_tensor_wrap_host(
     data: *mut c_void,
@@ -497,7 +498,8 @@ pub extern "C" fn ndx_tensor_layout(
     })
 }
 
-/// Whether the tensor is read-only (ndx never writes it; exports carry READ_ONLY).
+/// Whether the tensor is read-only (ndx never writes it, and refuses it as an out
+/// tensor; exports carry READ_ONLY).
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_tensor_is_read_only(
     tensor: *const ndx_tensor_t,

@@ -7,10 +7,10 @@ use std::sync::Arc;
 use super::elementwise::promote_all;
 use super::kernels::{self, Elem, make, typed};
 use super::resize;
-use super::{ArgSpec, Kernel, OpDef, TMeta, VARIADIC};
+use super::{ArgSpec, Kernel, OpDef, SAMPLES, TMeta, VARIADIC};
 use crate::error::{Error, Result};
 use crate::exec::args::{ArgType, ArgValue, Args};
-use crate::tensor::{DType, Tensor, dims};
+use crate::tensor::{Batch, DType, Tensor, dims, stacked_layout};
 
 fn promoted(inputs: &[&TMeta]) -> DType {
     promote_all(inputs.iter().map(|m| m.dtype)).unwrap_or(DType::Bool)
@@ -314,6 +314,35 @@ fn rgb_to_gray(t: &Tensor) -> Result<Tensor> {
 }
 
 /// The image and joining operators.
+/// The output of stacking samples `i` along a new leading dimension: they must share
+/// dtype and shape (a ragged batch fails naming its first odd sample).
+fn batch_to_tensor_meta(i: &[&TMeta]) -> Result<TMeta> {
+    let first = i[0];
+    for (s, m) in i.iter().enumerate().skip(1) {
+        if m.dtype != first.dtype {
+            return Err(Error::type_error(format!(
+                "sample {s} is {}, sample 0 is {}; stacked samples share a dtype",
+                m.dtype.name(),
+                first.dtype.name()
+            )));
+        }
+        if m.shape != first.shape {
+            return Err(Error::value(format!(
+                "cannot stack a ragged batch: sample {s} has shape {}, sample 0 has shape {}",
+                dims(&m.shape),
+                dims(&first.shape)
+            )));
+        }
+    }
+    let mut shape = vec![i.len() as i64];
+    shape.extend_from_slice(&first.shape);
+    Ok(TMeta {
+        dtype: first.dtype,
+        shape,
+        layout: stacked_layout(&first.layout),
+    })
+}
+
 pub fn ops() -> Vec<OpDef> {
     let axis = || {
         vec![ArgSpec {
@@ -342,6 +371,21 @@ pub fn ops() -> Vec<OpDef> {
                 let (axis, shape) = concat_meta(&refs, a)?;
                 let layout = shared_layout(&refs);
                 Ok(vec![join(i, promoted(&refs), axis, &shape, &layout)?])
+            })),
+        },
+        OpDef {
+            name: "batch_to_tensor".into(),
+            n_inputs: SAMPLES,
+            n_outputs: 1,
+            args: Vec::new(),
+            infer: Some(Arc::new(|i: &[&TMeta], _: &Args| {
+                Ok(vec![batch_to_tensor_meta(i)?])
+            })),
+            kernel: Kernel::Builtin(Arc::new(|i: &[&Tensor], _: &Args| {
+                let metas: Vec<TMeta> = i.iter().map(|t| TMeta::of(t)).collect();
+                batch_to_tensor_meta(&metas.iter().collect::<Vec<_>>())?;
+                let samples = i.iter().map(|t| Arc::new((*t).clone())).collect();
+                Ok(vec![Batch::new(samples)?.to_tensor()?])
             })),
         },
         OpDef {

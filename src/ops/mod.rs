@@ -104,12 +104,16 @@ pub struct ArgSpec {
 /// `OpDef::n_inputs` of operators that take one or more inputs (`concat`, `stack`).
 pub const VARIADIC: usize = usize::MAX;
 
+/// `OpDef::n_inputs` of operators that take the samples of one batch at once (not
+/// per sample), or one or more tensors as those samples (`batch_to_tensor`).
+pub const SAMPLES: usize = usize::MAX - 1;
+
 /// An operator.
 #[derive(Clone)]
 pub struct OpDef {
     /// Its name.
     pub name: String,
-    /// Exact number of inputs, or [`VARIADIC`] for one or more.
+    /// Exact number of inputs, [`VARIADIC`] for one or more, or [`SAMPLES`].
     pub n_inputs: usize,
     /// Exact number of outputs.
     pub n_outputs: usize,

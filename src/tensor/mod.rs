@@ -1,5 +1,6 @@
 //! Tensors and batches: dtype, shape, strides and layout over a [`Storage`].
 
+pub(crate) mod dest;
 pub mod dlpack;
 mod dtype;
 mod storage;
@@ -224,6 +225,15 @@ impl Tensor {
         zeroed: bool,
         fill: impl FnOnce(&mut [u8]) -> Result<()>,
     ) -> Result<Tensor> {
+        if let Some(out) = dest::take(dtype, shape) {
+            out.fill_compact(|bytes| {
+                if zeroed {
+                    bytes.fill(0);
+                }
+                fill(bytes)
+            })?;
+            return Ok((*out).clone().with_layout(layout));
+        }
         let geometry = validate_geometry("output", 1, shape, None, dtype.itemsize(), 0)?;
         let nbytes = geometry
             .numel
@@ -337,8 +347,6 @@ impl Tensor {
                 self.device()
             ))
         })?;
-        let item = self.dtype.itemsize();
-        // Byte index of element 0 inside the span.
         let origin = self.byte_offset as isize - self.storage.span_start();
         let dst = &mut dst[..nbytes];
         if self.is_compact() {
@@ -346,33 +354,50 @@ impl Tensor {
             dst.copy_from_slice(&src[start..start + nbytes]);
             return Ok(());
         }
+        let item = self.dtype.itemsize();
+        self.for_each_row(|at, step, out, row| {
+            if step == item as isize {
+                let a = at as usize;
+                dst[out..out + row].copy_from_slice(&src[a..a + row]);
+            } else {
+                for (k, o) in (out..out + row).step_by(item).enumerate() {
+                    let a = (at + k as isize * step) as usize;
+                    dst[o..o + item].copy_from_slice(&src[a..a + item]);
+                }
+            }
+        });
+        Ok(())
+    }
+
+    /// Calls `f(at, step, out, row)` for each innermost row of a non-empty view, in
+    /// row-major order: `at` is the byte index of the row's first element inside the
+    /// span, `step` the bytes between its elements, `out` its byte offset in the
+    /// compact order and `row` its length in bytes.
+    fn for_each_row(&self, mut f: impl FnMut(isize, isize, usize, usize)) {
+        let item = self.dtype.itemsize() as isize;
+        let origin = self.byte_offset as isize - self.storage.span_start();
         let ndim = self.ndim();
+        if ndim == 0 {
+            f(origin, item, 0, item as usize);
+            return;
+        }
         let inner = self.shape[ndim - 1] as usize;
-        let inner_stride = self.strides[ndim - 1] as isize * item as isize;
-        let row_bytes = inner * item;
+        let step = self.strides[ndim - 1] as isize * item;
+        let row = inner * item as usize;
         let mut index = vec![0i64; ndim - 1];
         let mut out = 0usize;
         loop {
             let mut at = origin;
             for (k, &i) in index.iter().enumerate() {
-                at += (i * self.strides[k]) as isize * item as isize;
+                at += (i * self.strides[k]) as isize * item;
             }
-            if inner_stride == item as isize {
-                let a = at as usize;
-                dst[out..out + row_bytes].copy_from_slice(&src[a..a + row_bytes]);
-                out += row_bytes;
-            } else {
-                for j in 0..inner as isize {
-                    let a = (at + j * inner_stride) as usize;
-                    dst[out..out + item].copy_from_slice(&src[a..a + item]);
-                    out += item;
-                }
-            }
+            f(at, step, out, row);
+            out += row;
             // Odometer over the outer dimensions.
             let mut k = ndim - 1;
             loop {
                 if k == 0 {
-                    return Ok(());
+                    return;
                 }
                 k -= 1;
                 index[k] += 1;
@@ -382,6 +407,131 @@ impl Tensor {
                 index[k] = 0;
             }
         }
+    }
+
+    /// Writes `src`'s elements (same dtype and shape) into this view, which must be
+    /// writable host memory (an out tensor). A `src` sharing bytes with this view is
+    /// read completely before anything is written.
+    pub(crate) fn copy_from(&self, src: &Tensor) -> Result<()> {
+        if src.dtype != self.dtype || src.shape != self.shape {
+            return Err(Error::value(format!(
+                "cannot write {} {} into {} {}",
+                src.dtype.name(),
+                dims(&src.shape),
+                self.dtype.name(),
+                dims(&self.shape)
+            )));
+        }
+        if self.numel == 0 {
+            return Ok(());
+        }
+        let bytes = if self.overlaps(src) {
+            std::borrow::Cow::Owned(src.to_bytes()?)
+        } else {
+            src.compact_bytes()?
+        };
+        let item = self.dtype.itemsize();
+        let (lo, len) = self.byte_range();
+        if self.read_only {
+            return Err(self.not_writable());
+        }
+        self.storage
+            .write_span(lo, len, |dst| {
+                self.for_each_row(|at, step, out, row| {
+                    let at = at - lo as isize;
+                    if step == item as isize {
+                        let a = at as usize;
+                        dst[a..a + row].copy_from_slice(&bytes[out..out + row]);
+                    } else {
+                        for (k, o) in (out..out + row).step_by(item).enumerate() {
+                            let a = (at + k as isize * step) as usize;
+                            dst[a..a + item].copy_from_slice(&bytes[o..o + item]);
+                        }
+                    }
+                })
+            })
+            .ok_or_else(|| self.not_writable())
+    }
+
+    /// The bytes this view touches, as (start inside the span, length); (0, 0) when
+    /// empty.
+    fn byte_range(&self) -> (usize, usize) {
+        if self.numel == 0 {
+            return (0, 0);
+        }
+        let item = self.dtype.itemsize() as i128;
+        let (mut lo, mut hi) = (0i128, 0i128);
+        for (&d, &s) in self.shape.iter().zip(&self.strides) {
+            let reach = (d as i128 - 1) * s as i128;
+            if reach < 0 {
+                lo += reach;
+            } else {
+                hi += reach;
+            }
+        }
+        let origin = (self.byte_offset as isize - self.storage.span_start()) as i128;
+        let start = origin + lo * item;
+        (start as usize, ((hi - lo + 1) * item) as usize)
+    }
+
+    /// Runs `fill` on this compact view's bytes as writable memory (an out tensor).
+    pub(crate) fn fill_compact(&self, fill: impl FnOnce(&mut [u8]) -> Result<()>) -> Result<()> {
+        debug_assert!(self.is_compact());
+        let (start, len) = self.byte_range();
+        if self.read_only {
+            return Err(self.not_writable());
+        }
+        self.storage
+            .write_span(start, len, fill)
+            .ok_or_else(|| self.not_writable())?
+    }
+
+    fn not_writable(&self) -> Error {
+        Error::value(format!(
+            "the {} {} tensor is not writable host memory (read-only or on {})",
+            self.dtype.name(),
+            dims(&self.shape),
+            self.device()
+        ))
+    }
+
+    /// Whether this view and `other` may share bytes (the byte ranges they touch
+    /// intersect).
+    pub fn overlaps(&self, other: &Tensor) -> bool {
+        let (Some(x), Some(y)) = (self.storage.host_bytes(), other.storage.host_bytes()) else {
+            return false;
+        };
+        let ((xo, xn), (yo, yn)) = (self.byte_range(), other.byte_range());
+        if xn == 0 || yn == 0 {
+            return false;
+        }
+        let (xs, ys) = (x.as_ptr() as usize + xo, y.as_ptr() as usize + yo);
+        xs < ys + yn && ys < xs + xn
+    }
+
+    /// Whether two indices of this view may name one element (a zero stride, or
+    /// strides too small for the sizes below them); such a view cannot be an out
+    /// tensor.
+    pub fn may_overlap_itself(&self) -> bool {
+        if self.numel <= 1 {
+            return false;
+        }
+        let mut dims: Vec<(u64, u64)> = self
+            .shape
+            .iter()
+            .zip(&self.strides)
+            .filter(|(d, _)| **d > 1)
+            .map(|(&d, &s)| (s.unsigned_abs(), d as u64))
+            .collect();
+        dims.sort_unstable();
+        let mut extent = 1u64;
+        for (stride, size) in dims {
+            if stride < extent {
+                return true;
+            }
+            extent = stride.saturating_mul(size - 1).saturating_add(extent);
+        }
+        false
     }
 
     /// The elements as compact bytes: borrowed when the view is compact and host
@@ -425,7 +575,7 @@ impl Tensor {
     }
 
     /// The same view with another layout string.
-    pub(crate) fn with_layout(mut self, layout: CString) -> Tensor {
+    pub fn with_layout(mut self, layout: CString) -> Tensor {
         self.layout = layout;
         self
     }
@@ -543,14 +693,9 @@ impl Batch {
         }
         let mut shape = vec![self.samples.len() as i64];
         shape.extend_from_slice(self.first().shape());
-        let sample_layout = self.first().layout();
-        let layout = if !sample_layout.is_empty() && !sample_layout.contains('N') {
-            CString::new(format!("N{sample_layout}")).unwrap_or_default()
-        } else {
-            CString::default()
-        };
+        let layout = CString::new(stacked_layout(self.first().layout())).unwrap_or_default();
         let per_sample = self.first().nbytes();
-        Tensor::new_host(self.dtype(), &shape, layout, |bytes| {
+        Tensor::new_host_overwritten(self.dtype(), &shape, layout, |bytes| {
             if per_sample == 0 {
                 return Ok(());
             }
@@ -559,6 +704,16 @@ impl Batch {
             }
             Ok(())
         })
+    }
+}
+
+/// The layout of samples stacked along a new leading dimension: the samples' prefixed
+/// with `N`, or none when they have none or already use `N`.
+pub fn stacked_layout(sample_layout: &str) -> String {
+    if !sample_layout.is_empty() && !sample_layout.contains('N') {
+        format!("N{sample_layout}")
+    } else {
+        String::new()
     }
 }
 

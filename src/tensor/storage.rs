@@ -46,10 +46,11 @@ pub struct Storage {
     owner: Owner,
 }
 
-// SAFETY: a Storage is a pointer to memory plus the right to release it. ndx never
-// writes through a shared Storage (owned buffers are filled through `&mut` before they
-// are shared, and imported memory is never written), so shared reads from many
-// threads are sound. The release (`Drop`) happens once, on whichever thread drops the
+// SAFETY: a Storage is a pointer to memory plus the right to release it. ndx writes
+// through a shared Storage only into an out tensor the caller lent to one running
+// invocation (`write_span`), whose bytes nothing else may touch until it completes;
+// owned buffers are otherwise filled through `&mut` before they are shared, and
+// imported memory is never written, so shared reads from many threads are sound. The release (`Drop`) happens once, on whichever thread drops the
 // last reference; the C API documents that producers' deleters may run on any thread.
 unsafe impl Send for Storage {}
 // SAFETY: see `Send`: all access through `&Storage` is read-only.
@@ -300,6 +301,38 @@ impl Storage {
         // SAFETY: the span was validated (or allocated) when the storage was made and
         // the memory stays valid until `Drop`; it is only read through `&self`.
         Some(unsafe { std::slice::from_raw_parts(self.ptr.offset(self.lo), self.len) })
+    }
+
+    /// Runs `write` on bytes `[start, start + len)` of the span (counted from the span
+    /// start) as mutable memory: how a kernel fills an out tensor the caller lent for
+    /// writing. `None` when the memory is read-only, not host-accessible, or the range
+    /// leaves the span.
+    ///
+    /// Only the engine calls this, for the out tensors of a running invocation, after
+    /// checking that none of that invocation's inputs shares a byte with them; the C API
+    /// forbids reading or writing an out tensor until its invocation completes.
+    pub(crate) fn write_span<R>(
+        &self,
+        start: usize,
+        len: usize,
+        write: impl FnOnce(&mut [u8]) -> R,
+    ) -> Option<R> {
+        if self.read_only || !self.device.host_accessible() {
+            return None;
+        }
+        if len == 0 {
+            return Some(write(&mut []));
+        }
+        if start.checked_add(len)? > self.len {
+            return None;
+        }
+        // SAFETY: the range lies inside the span, which was validated (or allocated)
+        // when the storage was made and stays valid until `Drop`; it is writable host
+        // memory (checked above), and per this function's contract nothing else reads
+        // or writes those bytes while `write` runs.
+        let bytes =
+            unsafe { std::slice::from_raw_parts_mut(self.ptr.offset(self.lo).add(start), len) };
+        Some(write(bytes))
     }
 
     /// The span as mutable bytes: only for buffers ndx owns (and so never read-only).

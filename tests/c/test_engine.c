@@ -100,11 +100,13 @@ static ndx_context_t* make_ctx(int32_t mode, int32_t policy, const char* backend
 }
 
 /* Invokes `op` on one source line: stores that line in `line` and passes
- * `{sizeof o, NDX_HERE, 0}` as options when `here`, NULL otherwise. Use it on ONE line. */
+ * `{.struct_size = sizeof o, .location = NDX_HERE}` as options when `here`, NULL
+ * otherwise. Use it on ONE line. */
 #define INVOKE(line, here, ctx, op, inputs, n, args, out)                                   \
   ((line) = __LINE__,                                                                        \
    ndx_invoke((ctx), (op), (inputs), (n), (args),                                            \
-              (here) ? &(ndx_invoke_options_t){sizeof(ndx_invoke_options_t), NDX_HERE, 0}   \
+              (here) ? &(ndx_invoke_options_t){.struct_size = sizeof(ndx_invoke_options_t),     \
+                                             .location = NDX_HERE}                         \
                      : NULL,                                                                 \
               (out)))
 

@@ -74,9 +74,10 @@ static ndx_args_t* resize_args(int64_t h, int64_t w, const char* interp) {
 }
 
 /* ndx_invoke with NDX_HERE and an eval mode (0: the context's). */
-#define INVOKE(ctx, op, in, n, args, mode, out)                                           \
+#define INVOKE(ctx, op, in, n, args, eval_mode, out)                                              \
   ndx_invoke((ctx), (op), (in), (n), (args),                                                \
-             &(ndx_invoke_options_t){sizeof(ndx_invoke_options_t), NDX_HERE, (mode)}, (out))
+             &(ndx_invoke_options_t){.struct_size = sizeof(ndx_invoke_options_t),  \
+                                     .location = NDX_HERE, .mode = (eval_mode)}, (out))
 
 /* Waits for f (which must succeed) and returns its output 0, or NULL (reported). Releases
  * the future. */

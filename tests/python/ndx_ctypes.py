@@ -165,11 +165,17 @@ class ndx_location_t(Structure):
     _fields_ = [("file", c_char_p), ("line", c_uint32), ("function", c_char_p)]
 
 
+class ndx_output_t(Structure):
+    _fields_ = [("tensor", c_void_p), ("batch", c_void_p)]
+
+
 class ndx_invoke_options_t(Structure):
     _fields_ = [
         ("struct_size", c_size_t),
         ("location", ndx_location_t),
         ("mode", c_int32),
+        ("outputs", POINTER(ndx_output_t)),
+        ("n_outputs", c_size_t),
     ]
 
 
@@ -1257,9 +1263,13 @@ class Context:
     def prepare(self, op: str, inputs, mode: int = NDX_EVAL_CONTEXT_DEFAULT, args=None) -> Invocation:
         return Invocation(self, op, inputs, mode, args)
 
-    def invoke(self, op: str, inputs, mode: int = NDX_EVAL_CONTEXT_DEFAULT, args=None) -> Future:
+    def invoke(
+        self, op: str, inputs, mode: int = NDX_EVAL_CONTEXT_DEFAULT, args=None, out=None
+    ) -> Future:
         """Invokes `op` on `inputs` (Tensors, or arrays imported through DLPack) with
-        named `args` (None, an `Args`, or a dict of keyword values for `Args`)."""
+        named `args` (None, an `Args`, or a dict of keyword values for `Args`). `out`:
+        None, or one out tensor per output (a Tensor, an array imported through DLPack
+        without copying, or None to let ndx allocate that output)."""
         args_ptr, _keep = _args_ptr(args)
         tensors = [as_tensor(x) for x in inputs]
         arr = (ndx_input_t * max(len(tensors), 1))()
@@ -1268,6 +1278,13 @@ class Context:
         opts = ndx_invoke_options_t()
         opts.struct_size = ctypes.sizeof(ndx_invoke_options_t)
         opts.mode = mode
+        if out is not None:
+            out_tensors = [None if o is None else as_tensor(o) for o in out]
+            outs = (ndx_output_t * max(len(out_tensors), 1))()
+            for i, t in enumerate(out_tensors):
+                outs[i].tensor = None if t is None else t.ptr
+            opts.outputs = ctypes.cast(outs, POINTER(ndx_output_t))
+            opts.n_outputs = len(out_tensors)
         out = c_void_p()
         check(lib.ndx_invoke(self.ptr, op.encode(), arr, len(tensors), args_ptr, byref(opts), byref(out)))
         return Future(out.value)

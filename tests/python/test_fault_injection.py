@@ -164,6 +164,7 @@ SHAPE_OPS = {
     "pad": Recipe((F32,), {"widths": [1, 0, 0, 2], "value": 0.5}),
     "concat": Recipe((F32, I8, F64), {"axis": 0}),
     "stack": Recipe((U8, U8[::-1]), {"axis": 1}),
+    "batch_to_tensor": Recipe((U16, U16[::-1])),
 }
 IMAGE_OPS = {
     "crop": Recipe((IMAGE,), {"x": 1, "y": 1, "w": 3, "h": 2}, "HWC"),
@@ -190,7 +191,7 @@ BUILTINS = set(
     "logical_or logical_xor logical_not neg abs sign sqrt exp log sin cos tanh sigmoid "
     "rsqrt relu floor ceil round isnan isfinite clamp where cast "
     "sum prod mean min max all any argmin argmax "
-    "reshape transpose slice flip squeeze expand_dims pad concat stack "
+    "reshape transpose slice flip squeeze expand_dims pad concat stack batch_to_tensor "
     "crop resize flip_horizontal flip_vertical normalize rgb_to_gray "
     "check check_finite check_range check_shape".split()
 )

@@ -479,6 +479,7 @@ def test_struct_layouts_match_header(tmp_path):
         "ndx_input_t": ndx.ndx_input_t,
         "ndx_location_t": ndx.ndx_location_t,
         "ndx_invoke_options_t": ndx.ndx_invoke_options_t,
+        "ndx_output_t": ndx.ndx_output_t,
         "ndx_host_frame_t": ndx.ndx_host_frame_t,
         "ndx_context_options_t": ndx.ndx_context_options_t,
         "ndx_import_options_t": ndx.ndx_import_options_t,

@@ -1,0 +1,252 @@
+/* Out tensors through the C ABI: results land in caller memory (wrapped, so the test
+ * reads its own array) in SYNC_CPU, EAGER and DEFERRED; a strided out view is written
+ * element by element; an input may be its own out tensor; mismatches are refused at
+ * ndx_invoke naming the out tensor; a host operator, which infers nothing, fails its
+ * future on a mismatch; batch_to_tensor stacks tensors into an out tensor; an options
+ * struct from an older header (no out fields) is still accepted. */
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "ndx_test.h"
+
+static ndx_tensor_t* wrap(float* data, int32_t ndim, const int64_t* shape,
+                          const int64_t* strides) {
+  ndx_tensor_t* t = NULL;
+  CHECK_OK(ndx_tensor_wrap_host(data, NDX_DTYPE_FLOAT32, ndim, shape, strides, NULL, NULL,
+                                NULL, &t));
+  return t;
+}
+
+static ndx_output_t out_of(const ndx_tensor_t* t) {
+  ndx_output_t o = {t, NULL};
+  return o;
+}
+
+static ndx_invoke_options_t with_outputs(const ndx_output_t* outs, size_t n) {
+  ndx_invoke_options_t o;
+  memset(&o, 0, sizeof o);
+  o.struct_size = sizeof o;
+  o.outputs = outs;
+  o.n_outputs = n;
+  return o;
+}
+
+static void test_modes(void) {
+  const int32_t modes[3] = {NDX_EVAL_SYNC_CPU, NDX_EVAL_EAGER, NDX_EVAL_DEFERRED};
+  const char* names[3] = {"SYNC_CPU", "EAGER", "DEFERRED"};
+  for (int m = 0; m < 3; m++) {
+    NDX_TEST_CONTEXT(names[m]);
+    ndx_context_options_t co;
+    memset(&co, 0, sizeof co);
+    co.struct_size = sizeof co;
+    co.eval_mode = modes[m];
+    ndx_context_t* ctx = NULL;
+    CHECK_OK(ndx_context_new(&co, &ctx));
+    const float av[4] = {1, 2, 3, 4}, bv[2] = {10, 20};
+    const int64_t sa[2] = {2, 2}, sb[1] = {2};
+    ndx_tensor_t* a = ndx_test_tensor(av, NDX_DTYPE_FLOAT32, 2, sa);
+    ndx_tensor_t* b = ndx_test_tensor(bv, NDX_DTYPE_FLOAT32, 1, sb);
+    float buf[4] = {0, 0, 0, 0};
+    ndx_tensor_t* out = wrap(buf, 2, sa, NULL);
+    ndx_input_t in[2] = {ndx_test_in(a), ndx_test_in(b)};
+    ndx_output_t outs[1] = {out_of(out)};
+    ndx_invoke_options_t o = with_outputs(outs, 1);
+    ndx_future_t* f = NULL;
+    CHECK_OK(ndx_invoke(ctx, "mul", in, 2, NULL, &o, &f));
+    if (modes[m] == NDX_EVAL_DEFERRED) {
+      CHECK(buf[0] == 0.0f, "deferred work has not written yet");
+    }
+    CHECK_OK(ndx_future_wait(f, -1));
+    const float want[4] = {10, 40, 30, 80};
+    CHECK(memcmp(buf, want, sizeof want) == 0, "buf = %g %g %g %g", buf[0], buf[1], buf[2],
+          buf[3]);
+    ndx_tensor_t* r = ndx_test_output(f, 0);
+    float got[4] = {0};
+    CHECK_OK(ndx_tensor_copy_to(r, got, sizeof got));
+    CHECK(memcmp(got, want, sizeof want) == 0, "the future's output reads the same");
+    ndx_tensor_release(r);
+    ndx_future_release(f);
+    ndx_tensor_release(out);
+    ndx_tensor_release(a);
+    ndx_tensor_release(b);
+    ndx_context_release(ctx);
+  }
+  NDX_TEST_CONTEXT(NULL);
+}
+
+static void test_strided_and_in_place(void) {
+  ndx_context_t* ctx = NULL;
+  CHECK_OK(ndx_context_new(NULL, &ctx));
+  /* Column 1 of a 3 x 2 buffer receives neg(x). */
+  const float xv[3] = {1, 2, 3};
+  const int64_t n3[1] = {3}, stride2[1] = {2};
+  ndx_tensor_t* x = ndx_test_tensor(xv, NDX_DTYPE_FLOAT32, 1, n3);
+  float grid[6] = {0, 0, 0, 0, 0, 0};
+  ndx_tensor_t* col = wrap(grid + 1, 1, n3, stride2);
+  ndx_input_t in[1] = {ndx_test_in(x)};
+  ndx_output_t outs[1] = {out_of(col)};
+  ndx_invoke_options_t o = with_outputs(outs, 1);
+  ndx_future_t* f = NULL;
+  CHECK_OK(ndx_invoke(ctx, "neg", in, 1, NULL, &o, &f));
+  CHECK_OK(ndx_future_wait(f, -1));
+  const float want[6] = {0, -1, 0, -2, 0, -3};
+  CHECK(memcmp(grid, want, sizeof want) == 0, "grid = %g %g %g %g %g %g", grid[0], grid[1],
+        grid[2], grid[3], grid[4], grid[5]);
+  ndx_future_release(f);
+
+  /* y = y * y, in place. */
+  float yv[3] = {2, 3, 4};
+  ndx_tensor_t* y = wrap(yv, 1, n3, NULL);
+  ndx_input_t in2[2] = {ndx_test_in(y), ndx_test_in(y)};
+  ndx_output_t outs2[1] = {out_of(y)};
+  o = with_outputs(outs2, 1);
+  CHECK_OK(ndx_invoke(ctx, "mul", in2, 2, NULL, &o, &f));
+  CHECK_OK(ndx_future_wait(f, -1));
+  CHECK(yv[0] == 4 && yv[1] == 9 && yv[2] == 16, "yv = %g %g %g", yv[0], yv[1], yv[2]);
+  ndx_future_release(f);
+  ndx_tensor_release(y);
+  ndx_tensor_release(col);
+  ndx_tensor_release(x);
+  ndx_context_release(ctx);
+}
+
+static void test_refusals(void) {
+  ndx_context_t* ctx = NULL;
+  CHECK_OK(ndx_context_new(NULL, &ctx));
+  const float xv[4] = {1, 2, 3, 4};
+  const int64_t s22[2] = {2, 2}, s4[1] = {4}, bad_strides[2] = {1, 0};
+  ndx_tensor_t* x = ndx_test_tensor(xv, NDX_DTYPE_FLOAT32, 2, s22);
+  float buf[4] = {0};
+  ndx_tensor_t* flat = wrap(buf, 1, s4, NULL);
+  ndx_tensor_t* overlapping = wrap(buf, 2, s22, bad_strides);
+  ndx_import_options_t ro = {sizeof ro, NULL, true};
+  ndx_tensor_t* read_only = NULL;
+  CHECK_OK(ndx_tensor_wrap_host(buf, NDX_DTYPE_FLOAT32, 2, s22, NULL, NULL, NULL, &ro,
+                                &read_only));
+  ndx_input_t in[1] = {ndx_test_in(x)};
+  ndx_future_t* f = (ndx_future_t*)&f; /* must be reset to NULL */
+  ndx_output_t outs[1] = {out_of(flat)};
+  ndx_invoke_options_t o = with_outputs(outs, 1);
+  expect_error(ndx_invoke(ctx, "abs", in, 1, NULL, &o, &f), NDX_ERROR_VALUE,
+               "operator 'abs': outputs[0] is float32 [4], expected float32 [2, 2]");
+  CHECK(f == NULL, "no future on a call-time error");
+  outs[0] = out_of(overlapping);
+  expect_error(ndx_invoke(ctx, "abs", in, 1, NULL, &o, &f), NDX_ERROR_VALUE,
+               "outputs[0] has strides [1, 0] for shape [2, 2]");
+  outs[0] = out_of(read_only);
+  expect_error(ndx_invoke(ctx, "abs", in, 1, NULL, &o, &f), NDX_ERROR_VALUE,
+               "outputs[0] is read-only");
+  ndx_output_t two[2] = {out_of(flat), {NULL, NULL}};
+  o = with_outputs(two, 2);
+  expect_error(ndx_invoke(ctx, "abs", in, 1, NULL, &o, &f), NDX_ERROR_VALUE,
+               "2 out tensors given, but it has 1 output");
+  CHECK(buf[0] == 0 && buf[3] == 0, "refused calls wrote nothing");
+  ndx_tensor_release(read_only);
+  ndx_tensor_release(overlapping);
+  ndx_tensor_release(flat);
+  ndx_tensor_release(x);
+  ndx_context_release(ctx);
+}
+
+/* A host kernel returning a float32 [3] tensor whatever its input. */
+static ndx_error_t* k_three(void* user, const ndx_tensor_t* const* inputs, size_t n_inputs,
+                            const ndx_args_t* args, ndx_tensor_t** outputs, size_t n_outputs) {
+  (void)user; (void)inputs; (void)n_inputs; (void)args; (void)n_outputs;
+  const float v[3] = {7, 8, 9};
+  const int64_t n = 3;
+  return ndx_tensor_from_host(v, NDX_DTYPE_FLOAT32, 1, &n, NULL, NULL, &outputs[0]);
+}
+
+static void test_host_operator(void) {
+  ndx_context_t* ctx = NULL;
+  CHECK_OK(ndx_context_new(NULL, &ctx));
+  ndx_op_schema_t s;
+  memset(&s, 0, sizeof s);
+  s.struct_size = sizeof s;
+  s.n_inputs = 1;
+  s.n_outputs = 1;
+  CHECK_OK(ndx_register_op(ctx, "three", &s, k_three, NULL, NULL));
+  const float xv[1] = {0};
+  const int64_t n1 = 1, n2 = 2, n3 = 3;
+  ndx_tensor_t* x = ndx_test_tensor(xv, NDX_DTYPE_FLOAT32, 1, &n1);
+  ndx_input_t in[1] = {ndx_test_in(x)};
+  float good[3] = {0}, small[2] = {0};
+  ndx_tensor_t* fits = wrap(good, 1, &n3, NULL);
+  ndx_tensor_t* too_small = wrap(small, 1, &n2, NULL);
+  ndx_output_t outs[1] = {out_of(fits)};
+  ndx_invoke_options_t o = with_outputs(outs, 1);
+  ndx_future_t* f = NULL;
+  CHECK_OK(ndx_invoke(ctx, "three", in, 1, NULL, &o, &f));
+  CHECK_OK(ndx_future_wait(f, -1));
+  CHECK(good[0] == 7 && good[2] == 9, "copied into the out tensor");
+  ndx_future_release(f);
+  outs[0] = out_of(too_small);
+  int line = __LINE__; CHECK_OK(ndx_invoke(ctx, "three", in, 1, NULL, &o, &f));
+  ndx_error_t* e = ndx_future_wait(f, -1);
+  CHECK_LINK(e, NDX_ERROR_VALUE, "output 0 is float32 [3], but its out tensor is float32 [2]",
+             "three", 2);
+  CHECK_FRAME(e, 0, "test_out.c", line, NULL, NDX_FRAME_NATIVE);
+  ndx_error_free(e);
+  ndx_future_release(f);
+  ndx_tensor_release(too_small);
+  ndx_tensor_release(fits);
+  ndx_tensor_release(x);
+  ndx_context_release(ctx);
+}
+
+static void test_batch_to_tensor(void) {
+  ndx_context_t* ctx = NULL;
+  CHECK_OK(ndx_context_new(NULL, &ctx));
+  const float av[2] = {1, 2}, bv[2] = {3, 4};
+  const int64_t n2 = 2, s22[2] = {2, 2};
+  ndx_tensor_t* a = ndx_test_tensor(av, NDX_DTYPE_FLOAT32, 1, &n2);
+  ndx_tensor_t* b = ndx_test_tensor(bv, NDX_DTYPE_FLOAT32, 1, &n2);
+  float buf[4] = {0};
+  ndx_tensor_t* out = wrap(buf, 2, s22, NULL);
+  ndx_input_t in[2] = {ndx_test_in(a), ndx_test_in(b)};
+  ndx_output_t outs[1] = {out_of(out)};
+  ndx_invoke_options_t o = with_outputs(outs, 1);
+  ndx_future_t* f = NULL;
+  CHECK_OK(ndx_invoke(ctx, "batch_to_tensor", in, 2, NULL, &o, &f));
+  CHECK_OK(ndx_future_wait(f, -1));
+  CHECK(buf[0] == 1 && buf[1] == 2 && buf[2] == 3 && buf[3] == 4, "stacked rows");
+  ndx_future_release(f);
+  ndx_tensor_release(out);
+  ndx_tensor_release(a);
+  ndx_tensor_release(b);
+  ndx_context_release(ctx);
+}
+
+static void test_old_options_struct(void) {
+  ndx_context_t* ctx = NULL;
+  CHECK_OK(ndx_context_new(NULL, &ctx));
+  const float xv[2] = {-1, 2};
+  const int64_t n2 = 2;
+  ndx_tensor_t* x = ndx_test_tensor(xv, NDX_DTYPE_FLOAT32, 1, &n2);
+  ndx_input_t in[1] = {ndx_test_in(x)};
+  ndx_invoke_options_t o;
+  memset(&o, 0xff, sizeof o); /* the fields an old caller lacks hold garbage */
+  o.struct_size = offsetof(ndx_invoke_options_t, outputs);
+  o.location.file = NULL;
+  o.mode = 0;
+  ndx_future_t* f = NULL;
+  CHECK_OK(ndx_invoke(ctx, "abs", in, 1, NULL, &o, &f));
+  CHECK_OK(ndx_future_wait(f, -1));
+  ndx_future_release(f);
+  o.struct_size = offsetof(ndx_invoke_options_t, mode);
+  expect_error(ndx_invoke(ctx, "abs", in, 1, NULL, &o, &f), NDX_ERROR_VALUE,
+               "opts->struct_size is");
+  ndx_tensor_release(x);
+  ndx_context_release(ctx);
+}
+
+int main(void) {
+  test_modes();
+  test_strided_and_in_place();
+  test_refusals();
+  test_host_operator();
+  test_batch_to_tensor();
+  test_old_options_struct();
+  return NDX_TEST_SUMMARY("test_out");
+}

@@ -1,0 +1,665 @@
+//! Out tensors (`ndx_invoke_options_t.outputs`) and the `batch_to_tensor` operator
+//! through the C API, called from Rust: results land in caller memory in every mode
+//! (compact, strided, in place over an input, after a promoting cast), the future's
+//! output is a view of that memory, batches write per sample, and every mismatch is
+//! refused at `ndx_invoke` with a message naming the out tensor (or, for a host
+//! operator that infers nothing, fails the future). Mirrors `tests/c/test_out.c`.
+
+mod common;
+
+use std::ffi::{CStr, c_void};
+
+use common::*;
+use ndx::ffi::ndx_error_kind_t::*;
+use ndx::ffi::*;
+
+const F32: i32 = ndx_dtype_t::NDX_DTYPE_FLOAT32 as i32;
+const F64: i32 = ndx_dtype_t::NDX_DTYPE_FLOAT64 as i32;
+const I8: i32 = ndx_dtype_t::NDX_DTYPE_INT8 as i32;
+const SYNC: i32 = ndx_eval_mode_t::NDX_EVAL_SYNC_CPU as i32;
+const DEFERRED: i32 = ndx_eval_mode_t::NDX_EVAL_DEFERRED as i32;
+const EAGER: i32 = ndx_eval_mode_t::NDX_EVAL_EAGER as i32;
+
+struct Ctx(*mut ndx_context_t);
+
+impl Ctx {
+    fn new(mode: i32) -> Ctx {
+        let opts = ndx_context_options_t {
+            eval_mode: mode,
+            num_threads: 2,
+            ..Default::default()
+        };
+        let mut ctx = std::ptr::null_mut();
+        ok(ndx_context_new(&opts, &mut ctx));
+        Ctx(ctx)
+    }
+}
+
+impl Drop for Ctx {
+    fn drop(&mut self) {
+        ndx_context_release(self.0);
+    }
+}
+
+/// A tensor handle, released on drop.
+struct T(*mut ndx_tensor_t);
+
+impl Drop for T {
+    fn drop(&mut self) {
+        ndx_tensor_release(self.0);
+    }
+}
+
+impl T {
+    /// A compact copy of `data`.
+    fn copy<E: Copy>(data: &[E], dtype: i32, shape: &[i64]) -> T {
+        let mut t = std::ptr::null_mut();
+        ok(ndx_tensor_from_host(
+            data.as_ptr().cast(),
+            dtype,
+            shape.len() as i32,
+            shape.as_ptr(),
+            std::ptr::null(),
+            std::ptr::null(),
+            &mut t,
+        ));
+        T(t)
+    }
+
+    /// A view of the caller's `data` (no copy, no deleter), maybe strided or read-only.
+    fn wrap<E>(data: &mut [E], dtype: i32, shape: &[i64], strides: Option<&[i64]>) -> T {
+        T::raw(data.as_mut_ptr().cast(), dtype, shape, strides, false)
+    }
+
+    /// A view of caller memory at `data` (the tests keep it alive and in bounds).
+    fn raw(
+        data: *mut c_void,
+        dtype: i32,
+        shape: &[i64],
+        strides: Option<&[i64]>,
+        read_only: bool,
+    ) -> T {
+        let opts = ndx_import_options_t {
+            struct_size: std::mem::size_of::<ndx_import_options_t>(),
+            layout: std::ptr::null(),
+            read_only,
+        };
+        let mut t = std::ptr::null_mut();
+        ok(ndx_tensor_wrap_host(
+            data,
+            dtype,
+            shape.len() as i32,
+            shape.as_ptr(),
+            strides.map_or(std::ptr::null(), <[i64]>::as_ptr),
+            None,
+            std::ptr::null_mut(),
+            &opts,
+            &mut t,
+        ));
+        T(t)
+    }
+
+    fn input(&self) -> ndx_input_t {
+        ndx_input_t {
+            tensor: self.0,
+            batch: std::ptr::null(),
+        }
+    }
+
+    fn out(&self) -> ndx_output_t {
+        ndx_output_t {
+            tensor: self.0,
+            batch: std::ptr::null(),
+        }
+    }
+}
+
+/// `ndx_invoke` with out tensors (and the context's mode when `mode` is 0).
+fn invoke(
+    ctx: &Ctx,
+    op: &CStr,
+    inputs: &[ndx_input_t],
+    args: *const ndx_args_t,
+    outputs: &[ndx_output_t],
+    mode: i32,
+) -> Result<*mut ndx_future_t, *mut ndx_error_t> {
+    let opts = ndx_invoke_options_t {
+        mode,
+        outputs: if outputs.is_empty() {
+            std::ptr::null()
+        } else {
+            outputs.as_ptr()
+        },
+        n_outputs: outputs.len(),
+        ..Default::default()
+    };
+    let mut f = std::ptr::null_mut();
+    let e = ndx_invoke(
+        ctx.0,
+        op.as_ptr(),
+        inputs.as_ptr(),
+        inputs.len(),
+        args,
+        &opts,
+        &mut f,
+    );
+    if e.is_null() { Ok(f) } else { Err(e) }
+}
+
+/// Waits for `f` (which must succeed) and returns its output 0.
+fn output(f: *mut ndx_future_t) -> T {
+    ok(ndx_future_wait(f, -1));
+    let mut t = std::ptr::null_mut();
+    ok(ndx_future_tensor(f, 0, &mut t));
+    ndx_future_release(f);
+    T(t)
+}
+
+/// The address of element 0 of a tensor (through a DLPack export).
+fn data_address(t: &T) -> usize {
+    let mut m = std::ptr::null_mut();
+    ok(ndx_tensor_to_dlpack_versioned(t.0, &mut m));
+    // SAFETY: a live export we own until its deleter runs below.
+    let addr = unsafe { (*m).dl_tensor.data as usize + (*m).dl_tensor.byte_offset as usize };
+    // SAFETY: releasing our export once through its own deleter.
+    unsafe { ((*m).deleter.expect("deleter"))(m) };
+    addr
+}
+
+fn expect_invoke_err(
+    ctx: &Ctx,
+    op: &CStr,
+    inputs: &[ndx_input_t],
+    outputs: &[ndx_output_t],
+    kind: ndx_error_kind_t,
+    fragment: &str,
+) {
+    match invoke(ctx, op, inputs, std::ptr::null(), outputs, 0) {
+        Ok(f) => {
+            ndx_future_release(f);
+            panic!("'{op:?}' was accepted; expected {fragment:?}");
+        }
+        Err(e) => expect_err(e, kind, fragment),
+    }
+}
+
+#[test]
+fn add_writes_into_the_out_tensor_in_every_mode() {
+    for mode in [SYNC, EAGER, DEFERRED] {
+        let ctx = Ctx::new(mode);
+        let a = T::copy(&[1f32, 2., 3., 4., 5., 6.], F32, &[2, 3]);
+        let b = T::copy(&[10f32, 20., 30.], F32, &[3]);
+        let mut buf = vec![0f32; 6];
+        let out = T::wrap(&mut buf, F32, &[2, 3], None);
+        let f = invoke(
+            &ctx,
+            c"add",
+            &[a.input(), b.input()],
+            std::ptr::null(),
+            &[out.out()],
+            0,
+        )
+        .unwrap_or_else(|e| {
+            ok(e);
+            unreachable!()
+        });
+        let r = output(f);
+        assert_eq!(
+            values_f32(r.0),
+            [11., 22., 33., 14., 25., 36.],
+            "mode {mode}"
+        );
+        assert_eq!(data_address(&r), buf.as_ptr() as usize, "mode {mode}");
+        drop((r, out));
+        assert_eq!(buf, [11., 22., 33., 14., 25., 36.], "mode {mode}");
+    }
+}
+
+#[test]
+fn deferred_work_writes_only_when_it_runs() {
+    let ctx = Ctx::new(DEFERRED);
+    let a = T::copy(&[1f32, 2.], F32, &[2]);
+    let mut buf = vec![-1f32; 2];
+    let out = T::wrap(&mut buf, F32, &[2], None);
+    let args = args_with(|a| ok(ndx_args_set_float(a, c"lo".as_ptr(), 1.5)));
+    let f = invoke(&ctx, c"clamp", &[a.input()], args.0, &[out.out()], 0).unwrap();
+    // SAFETY: reading the caller's buffer, which nothing writes while DEFERRED work
+    // is only recorded.
+    let before = unsafe { std::ptr::read_volatile(buf.as_ptr()) };
+    assert_eq!(before, -1.0);
+    ok(ndx_context_evaluate(ctx.0));
+    ndx_future_release(f);
+    drop(out);
+    assert_eq!(buf, [1.5, 2.0]);
+}
+
+#[test]
+fn strided_out_tensors_are_written_element_by_element() {
+    let ctx = Ctx::new(SYNC);
+    let a = T::copy(&[1f32, 2., 3., 4.], F32, &[2, 2]);
+    // Columns 1 and 2 of a 2 x 4 buffer, and the reversed rows of a 4-element one.
+    let mut buf = vec![0f32; 8];
+    let shifted = T::raw(
+        buf[1..].as_mut_ptr().cast(),
+        F32,
+        &[2, 2],
+        Some(&[4, 1]),
+        false,
+    );
+    let r = output(
+        invoke(
+            &ctx,
+            c"neg",
+            &[a.input()],
+            std::ptr::null(),
+            &[shifted.out()],
+            0,
+        )
+        .unwrap(),
+    );
+    assert_eq!(values_f32(r.0), [-1., -2., -3., -4.]);
+    assert_eq!(strides_of(r.0), [4, 1], "the result is the out view");
+    drop((r, shifted));
+    assert_eq!(buf, [0., -1., -2., 0., 0., -3., -4., 0.]);
+
+    let mut rev = vec![0f32; 4];
+    let reversed = T::raw(rev[3..].as_mut_ptr().cast(), F32, &[4], Some(&[-1]), false);
+    let v = T::copy(&[1f32, 2., 3., 4.], F32, &[4]);
+    drop(output(
+        invoke(
+            &ctx,
+            c"abs",
+            &[v.input()],
+            std::ptr::null(),
+            &[reversed.out()],
+            0,
+        )
+        .unwrap(),
+    ));
+    drop(reversed);
+    assert_eq!(rev, [4., 3., 2., 1.]);
+}
+
+#[test]
+fn an_input_may_be_its_own_out_tensor() {
+    let ctx = Ctx::new(EAGER);
+    let mut buf = vec![1f32, 2., 3., 4.];
+    let x = T::wrap(&mut buf, F32, &[4], None);
+    // x[::-1] + x into x: every input element is read before any is overwritten.
+    let reversed = T::raw(buf[3..].as_mut_ptr().cast(), F32, &[4], Some(&[-1]), false);
+    let r = output(
+        invoke(
+            &ctx,
+            c"add",
+            &[reversed.input(), x.input()],
+            std::ptr::null(),
+            &[x.out()],
+            0,
+        )
+        .unwrap(),
+    );
+    assert_eq!(values_f32(r.0), [5., 5., 5., 5.]);
+    drop((r, reversed, x));
+    assert_eq!(buf, [5., 5., 5., 5.]);
+}
+
+#[test]
+fn promoted_and_reduced_results_land_in_the_out_tensor() {
+    let ctx = Ctx::new(SYNC);
+    // int8 + float32 computes in float32 after a cast of the same shape as the output.
+    let a = T::copy(&[1i8, -2, 3], I8, &[3]);
+    let b = T::copy(&[0.5f32, 0.25, 0.125], F32, &[3]);
+    let mut buf = vec![0f32; 3];
+    let out = T::wrap(&mut buf, F32, &[3], None);
+    drop(output(
+        invoke(
+            &ctx,
+            c"add",
+            &[a.input(), b.input()],
+            std::ptr::null(),
+            &[out.out()],
+            0,
+        )
+        .unwrap(),
+    ));
+    drop(out);
+    assert_eq!(buf, [1.5, -1.75, 3.125]);
+
+    let m = T::copy(&[1f64, 2., 3., 4., 5., 6.], F64, &[2, 3]);
+    let mut sums = vec![0f64; 3];
+    let out = T::wrap(&mut sums, F64, &[3], None);
+    let args = args_with(|a| {
+        ok(ndx_args_set_int_array(
+            a,
+            c"axes".as_ptr(),
+            [0i64].as_ptr(),
+            1,
+        ))
+    });
+    drop(output(
+        invoke(&ctx, c"sum", &[m.input()], args.0, &[out.out()], 0).unwrap(),
+    ));
+    drop(out);
+    assert_eq!(sums, [5., 7., 9.]);
+}
+
+#[test]
+fn mismatched_out_tensors_are_refused_at_invoke() {
+    let ctx = Ctx::new(EAGER);
+    let a = T::copy(&[1f32, 2., 3., 4.], F32, &[2, 2]);
+    let ins = [a.input(), a.input()];
+    let mut f64s = vec![0f64; 4];
+    let wrong_dtype = T::wrap(&mut f64s, F64, &[2, 2], None);
+    expect_invoke_err(
+        &ctx,
+        c"add",
+        &ins,
+        &[wrong_dtype.out()],
+        NDX_ERROR_VALUE,
+        "operator 'add': outputs[0] is float64 [2, 2], expected float32 [2, 2]",
+    );
+    let mut f32s = vec![0f32; 4];
+    let wrong_shape = T::wrap(&mut f32s, F32, &[4], None);
+    expect_invoke_err(
+        &ctx,
+        c"add",
+        &ins,
+        &[wrong_shape.out()],
+        NDX_ERROR_VALUE,
+        "outputs[0] is float32 [4], expected float32 [2, 2]",
+    );
+    drop(wrong_shape);
+    let read_only = T::raw(f32s.as_mut_ptr().cast(), F32, &[2, 2], None, true);
+    expect_invoke_err(
+        &ctx,
+        c"add",
+        &ins,
+        &[read_only.out()],
+        NDX_ERROR_VALUE,
+        "outputs[0] is read-only",
+    );
+    drop(read_only);
+    let broadcast = T::wrap(&mut f32s, F32, &[2, 2], Some(&[0, 1]));
+    expect_invoke_err(
+        &ctx,
+        c"add",
+        &ins,
+        &[broadcast.out()],
+        NDX_ERROR_VALUE,
+        "outputs[0] has strides [0, 1] for shape [2, 2], which give one element several indices",
+    );
+    drop(broadcast);
+    let out = T::wrap(&mut f32s, F32, &[2, 2], None);
+    expect_invoke_err(
+        &ctx,
+        c"add",
+        &ins,
+        &[out.out(), out.out()],
+        NDX_ERROR_VALUE,
+        "operator 'add': 2 out tensors given, but it has 1 output",
+    );
+    let both = ndx_output_t {
+        tensor: out.0,
+        batch: std::ptr::dangling::<ndx_batch_t>(),
+    };
+    expect_invoke_err(
+        &ctx,
+        c"add",
+        &ins,
+        &[both],
+        NDX_ERROR_VALUE,
+        "opts->outputs[0] has both a tensor and a batch",
+    );
+    let opts = ndx_invoke_options_t {
+        n_outputs: 1,
+        ..Default::default()
+    };
+    let mut f = std::ptr::null_mut();
+    expect_err(
+        ndx_invoke(
+            ctx.0,
+            c"add".as_ptr(),
+            ins.as_ptr(),
+            2,
+            std::ptr::null(),
+            &opts,
+            &mut f,
+        ),
+        NDX_ERROR_VALUE,
+        "opts->outputs is NULL but opts->n_outputs is 1",
+    );
+    assert!(f.is_null());
+    // A pending output of another invocation holds no data yet.
+    let deferred = invoke(&ctx, c"neg", &[a.input()], std::ptr::null(), &[], DEFERRED).unwrap();
+    let mut pending = std::ptr::null_mut();
+    ok(ndx_future_tensor(deferred, 0, &mut pending));
+    let pending = T(pending);
+    expect_invoke_err(
+        &ctx,
+        c"add",
+        &ins,
+        &[pending.out()],
+        NDX_ERROR_VALUE,
+        "opts->outputs[0] is the output of 'neg' (#1), which is still pending",
+    );
+    ndx_future_release(deferred);
+    drop(pending);
+    // Nothing was written by the refused calls.
+    drop(out);
+    assert_eq!(f32s, [0.0; 4]);
+}
+
+#[test]
+fn old_callers_without_the_out_fields_are_accepted() {
+    let ctx = Ctx::new(SYNC);
+    let a = T::copy(&[1f32, -2.], F32, &[2]);
+    let opts = ndx_invoke_options_t {
+        struct_size: std::mem::offset_of!(ndx_invoke_options_t, outputs),
+        outputs: std::ptr::dangling::<ndx_output_t>(), // beyond the old struct: never read
+        n_outputs: 3,
+        ..Default::default()
+    };
+    let mut f = std::ptr::null_mut();
+    ok(ndx_invoke(
+        ctx.0,
+        c"abs".as_ptr(),
+        &a.input(),
+        1,
+        std::ptr::null(),
+        &opts,
+        &mut f,
+    ));
+    assert_eq!(values_f32(output(f).0), [1., 2.]);
+}
+
+/// Owns an argument builder filled by `fill`.
+struct A(*mut ndx_args_t);
+
+impl Drop for A {
+    fn drop(&mut self) {
+        ndx_args_free(self.0);
+    }
+}
+
+fn args_with(fill: impl FnOnce(*mut ndx_args_t)) -> A {
+    let mut a = std::ptr::null_mut();
+    ok(ndx_args_new(&mut a));
+    fill(a);
+    A(a)
+}
+
+/// A batch of f32 samples imported through DLPack, with the producer's deleter counts.
+fn batch(samples: &[(&[f32], &[i64])]) -> (*mut ndx_batch_t, Vec<Count>) {
+    let (managed, counts): (Vec<_>, Vec<_>) = samples
+        .iter()
+        .map(|(v, s)| Spec::f32s(v, s).versioned())
+        .unzip();
+    let mut b = std::ptr::null_mut();
+    ok(ndx_batch_from_dlpack_versioned(
+        managed.as_ptr(),
+        managed.len(),
+        std::ptr::null(),
+        &mut b,
+    ));
+    (b, counts)
+}
+
+fn sample_values(b: *const ndx_batch_t, i: usize) -> Vec<f32> {
+    let mut t = std::ptr::null_mut();
+    ok(ndx_batch_sample(b, i, &mut t));
+    let t = T(t);
+    values_f32(t.0)
+}
+
+#[test]
+fn batches_write_per_sample_into_an_out_batch() {
+    let ctx = Ctx::new(EAGER);
+    let (input, in_counts) = batch(&[(&[1., -2.], &[2]), (&[-3., 4., -5.], &[3])]);
+    let (out, out_counts) = batch(&[(&[0., 0.], &[2]), (&[0., 0., 0.], &[3])]);
+    let ins = [ndx_input_t {
+        tensor: std::ptr::null(),
+        batch: input,
+    }];
+    let outs = [ndx_output_t {
+        tensor: std::ptr::null(),
+        batch: out,
+    }];
+    let f = invoke(&ctx, c"abs", &ins, std::ptr::null(), &outs, 0).unwrap();
+    ok(ndx_future_wait(f, -1));
+    ndx_future_release(f);
+    assert_eq!(sample_values(out, 0), [1., 2.]);
+    assert_eq!(sample_values(out, 1), [3., 4., 5.]);
+
+    let (short, short_counts) = batch(&[(&[0., 0.], &[2])]);
+    let outs = [ndx_output_t {
+        tensor: std::ptr::null(),
+        batch: short,
+    }];
+    expect_invoke_err(
+        &ctx,
+        c"abs",
+        &ins,
+        &outs,
+        NDX_ERROR_VALUE,
+        "outputs[0] is a batch of 1 samples, expected 2",
+    );
+    let (ragged, ragged_counts) = batch(&[(&[0., 0.], &[2]), (&[0., 0.], &[2])]);
+    let outs = [ndx_output_t {
+        tensor: std::ptr::null(),
+        batch: ragged,
+    }];
+    expect_invoke_err(
+        &ctx,
+        c"abs",
+        &ins,
+        &outs,
+        NDX_ERROR_VALUE,
+        "outputs[0] sample 1 is float32 [2], expected float32 [3]",
+    );
+    let mut buf = vec![0f32; 2];
+    let t = T::wrap(&mut buf, F32, &[2], None);
+    expect_invoke_err(
+        &ctx,
+        c"abs",
+        &ins,
+        &[t.out()],
+        NDX_ERROR_TYPE,
+        "outputs[0] is a tensor, but output 0 is a batch",
+    );
+    for b in [input, out, short, ragged] {
+        ndx_batch_release(b);
+    }
+    drop(ctx);
+    for c in [in_counts, out_counts, short_counts, ragged_counts]
+        .iter()
+        .flatten()
+    {
+        assert_eq!(calls(c), 1, "every producer tensor is released once");
+    }
+}
+
+#[test]
+fn batch_to_tensor_stacks_a_batch_or_tensors_into_an_out_tensor() {
+    let ctx = Ctx::new(DEFERRED);
+    let (b, _counts) = batch(&[(&[1., 2.], &[2]), (&[3., 4.], &[2]), (&[5., 6.], &[2])]);
+    let ins = [ndx_input_t {
+        tensor: std::ptr::null(),
+        batch: b,
+    }];
+    let mut buf = vec![0f32; 6];
+    let out = T::wrap(&mut buf, F32, &[3, 2], None);
+    let f = invoke(
+        &ctx,
+        c"batch_to_tensor",
+        &ins,
+        std::ptr::null(),
+        &[out.out()],
+        0,
+    )
+    .unwrap();
+    let mut r = std::ptr::null_mut();
+    ok(ndx_future_tensor(f, 0, &mut r));
+    let r = T(r);
+    assert_eq!(shape_of(r.0), [3, 2], "inferred before running");
+    assert_eq!(values_f32(r.0), [1., 2., 3., 4., 5., 6.]);
+    ndx_future_release(f);
+    drop((r, out));
+    assert_eq!(buf, [1., 2., 3., 4., 5., 6.]);
+
+    // Tensors stand for the samples; a ragged set fails at invoke naming the sample.
+    let x = T::copy(&[7f32, 8.], F32, &[2]);
+    let y = T::copy(&[9f32, 10., 11.], F32, &[3]);
+    let r = output(
+        invoke(
+            &ctx,
+            c"batch_to_tensor",
+            &[x.input(), x.input()],
+            std::ptr::null(),
+            &[],
+            0,
+        )
+        .unwrap(),
+    );
+    assert_eq!(shape_of(r.0), [2, 2]);
+    assert_eq!(values_f32(r.0), [7., 8., 7., 8.]);
+    expect_invoke_err(
+        &ctx,
+        c"batch_to_tensor",
+        &[x.input(), y.input()],
+        &[],
+        NDX_ERROR_VALUE,
+        "operator 'batch_to_tensor': cannot stack a ragged batch: sample 1 has shape [3], sample 0 has shape [2]",
+    );
+    let i8s = T::copy(&[1i8, 2], I8, &[2]);
+    expect_invoke_err(
+        &ctx,
+        c"batch_to_tensor",
+        &[x.input(), i8s.input()],
+        &[],
+        NDX_ERROR_TYPE,
+        "sample 1 is int8, sample 0 is float32",
+    );
+    expect_invoke_err(
+        &ctx,
+        c"batch_to_tensor",
+        &[
+            x.input(),
+            ndx_input_t {
+                tensor: std::ptr::null(),
+                batch: b,
+            },
+        ],
+        &[],
+        NDX_ERROR_TYPE,
+        "input 1 is a batch; give one batch, or tensors as its samples",
+    );
+    expect_invoke_err(
+        &ctx,
+        c"batch_to_tensor",
+        &[],
+        &[],
+        NDX_ERROR_VALUE,
+        "expected a batch or at least 1 tensor",
+    );
+    ndx_batch_release(b);
+}
