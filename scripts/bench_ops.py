@@ -11,7 +11,9 @@ back to ndx's cache, so a steady-state pipeline takes no fresh pages).
   add   float32, 16M elements: ndx `add` vs `memcpy` of one operand's bytes
         (`np.copyto`: 64 MiB read + 64 MiB written) as bandwidth (add moves 192 MiB,
         memcpy 128 MiB; goal >= 0.7 of memcpy's bytes per second), and vs
-        `np.add(a, b, out=c)` (goal >= 1.0x NumPy's speed).
+        `np.add(a, b, out=c)` (goal >= 1.0x NumPy's speed); then the same with an out
+        tensor (ndx writes into `c` too), and with one input a transposed view (read
+        in place through its strides, no compaction) against NumPy on the same views.
   sum   float32, 16M elements to a scalar: ndx `sum` vs `np.sum` (ndx accumulates in
         float64, NumPy pairwise in float32).
   resize uint8 1080x1920x3 -> 224x224, linear: ndx `resize` vs OpenCV's
@@ -60,9 +62,9 @@ def main():
     sync = ndx.NDX_EVAL_SYNC_CPU
     rng = np.random.default_rng(0)
 
-    def ndx_op(op, inputs, args=None):
+    def ndx_op(op, inputs, args=None, out=None):
         def run():
-            f = ctx.invoke(op, inputs, sync, args=args)
+            f = ctx.invoke(op, inputs, sync, args=args, out=out)
             t = f.tensor()
             t.release()
             f.release()
@@ -84,6 +86,15 @@ def main():
     print(f"{'operation':44} {'ndx':>10} {'reference':>10} {'ratio':>8}")
     print(f"{'add f32 16M: GiB/s vs memcpy GiB/s':44} {bw_add:10.1f} {bw_copy:10.1f} {bw_add / bw_copy:8.2f}")
     print(f"{'add f32 16M: ms vs np.add(out=) ms':44} {t_add * 1e3:10.2f} {t_npadd * 1e3:10.2f} {t_npadd / t_add:8.2f}")
+
+    tc = ndx.tensor_from_numpy(c)
+    t_add_out = best_s(ndx_op("add", [ta, tb], out=[tc]), r)
+    print(f"{'add f32 16M into an out tensor: ms vs np.add':44} {t_add_out * 1e3:10.2f} {t_npadd * 1e3:10.2f} {t_npadd / t_add_out:8.2f}")
+    a2, b2 = a.reshape(4096, 4096), b.reshape(4096, 4096)
+    c2 = c.reshape(4096, 4096)
+    t_strided = best_s(ndx_op("add", [ndx.tensor_from_numpy(a2.T), ndx.tensor_from_numpy(b2)], out=[c2]), r)
+    t_npstrided = best_s(lambda: np.add(a2.T, b2, out=c2), r)
+    print(f"{'add f32 4096^2, one input transposed: ms':44} {t_strided * 1e3:10.2f} {t_npstrided * 1e3:10.2f} {t_npstrided / t_strided:8.2f}")
 
     t_sum = best_s(ndx_op("sum", [ta]), r)
     t_npsum = best_s(lambda: np.sum(a), r)

@@ -3,7 +3,8 @@
 
 use std::sync::Arc;
 
-use super::kernels::{self, Elem, broadcast_shapes, make, make_overwritten, typed, with_elem};
+use super::kernels::{self, Elem, broadcast_shapes, make_overwritten, typed, with_elem};
+use super::strided::{View, for_each_in};
 use super::{ArgSpec, Kernel, OpDef, TMeta, par};
 use crate::checks;
 use crate::error::{Error, Result};
@@ -196,63 +197,33 @@ fn as_dtype(t: &Tensor, dtype: DType) -> Result<std::borrow::Cow<'_, Tensor>> {
     }
 }
 
-/// Calls `f(out_index, offsets)` for every element of `shape`, with each input's
-/// element offset under broadcasting.
-fn for_each_broadcast(
-    shape: &[i64],
-    strides: &[Vec<usize>],
-    mut f: impl FnMut(usize, &[usize]) -> Result<()>,
-) -> Result<()> {
-    let n: usize = shape.iter().map(|&d| d as usize).product();
-    let mut index = vec![0i64; shape.len()];
-    let mut offs = vec![0usize; strides.len()];
-    for i in 0..n {
-        f(i, &offs)?;
-        for d in (0..shape.len()).rev() {
-            index[d] += 1;
-            for (o, s) in offs.iter_mut().zip(strides) {
-                *o += s[d];
-            }
-            if index[d] < shape[d] {
-                break;
-            }
-            for (o, s) in offs.iter_mut().zip(strides) {
-                *o -= s[d] * shape[d] as usize;
-            }
-            index[d] = 0;
-        }
-    }
-    Ok(())
-}
-
 /// Names the output element an elementwise failure happened at.
 fn at_element(e: Error, i: usize) -> Error {
     Error::new(e.kind(), format!("{} (output element {i})", e.message()))
 }
 
-/// `out[i] = f(a, b)` over broadcast inputs of one element type.
+/// `out[i] = f(a, b)` over broadcast inputs of one element type, read in place through
+/// their strides.
 fn zip2<T: Elem, O: Elem>(
     a: &Tensor,
     b: &Tensor,
     shape: &[i64],
     layout: &str,
-    f: impl Fn(usize, T, T) -> Result<O>,
+    f: impl Fn(usize, T, T) -> Result<O> + Sync + Send,
 ) -> Result<Tensor> {
-    let (va, vb) = (typed::<T>(a)?, typed::<T>(b)?);
-    make::<O>(shape, layout, |out| {
-        if a.shape() == shape && b.shape() == shape {
-            for (i, ((o, &x), &y)) in out.iter_mut().zip(va.iter()).zip(vb.iter()).enumerate() {
-                *o = f(i, x, y).map_err(|e| at_element(e, i))?;
-            }
-            return Ok(());
-        }
-        let strides = [
-            kernels::broadcast_strides(a.shape(), shape),
-            kernels::broadcast_strides(b.shape(), shape),
-        ];
-        for_each_broadcast(shape, &strides, |i, offs| {
-            out[i] = f(i, va[offs[0]], vb[offs[1]]).map_err(|e| at_element(e, i))?;
-            Ok(())
+    let (va, vb) = (View::<T>::new(a, shape)?, View::<T>::new(b, shape)?);
+    make_overwritten::<O>(shape, layout, |out| {
+        par::chunks_mut(out, 1, 1, |first, piece| {
+            for_each_in(
+                shape,
+                first,
+                piece.len(),
+                [va.walk(), vb.walk()],
+                |i, [x, y]| {
+                    piece[i - first] = f(i, va.get(x), vb.get(y)).map_err(|e| at_element(e, i))?;
+                    Ok(())
+                },
+            )
         })
     })
 }
@@ -331,7 +302,7 @@ fn zip_fast<T: Elem>(
 ) -> Result<Option<Tensor>> {
     let (full_a, full_b) = (a.shape() == shape, b.shape() == shape);
     let (one_a, one_b) = (a.numel() == 1, b.numel() == 1);
-    if !((full_a || one_a) && (full_b || one_b)) {
+    if !((full_a || one_a) && (full_b || one_b)) || !a.is_compact() || !b.is_compact() {
         return Ok(None);
     }
     let categories: &[u32] = match (T::INT, division) {
@@ -548,8 +519,34 @@ fn map_loop<T: Elem, O: Elem, const CHECK: bool>(
     f: impl Fn(T) -> O + Sync + Send,
     watch: &Watch,
 ) -> Result<Tensor> {
-    let src = typed::<T>(t)?;
     let bad = |v: T, o: O| u32::from(!o.is_finite() & v.is_finite()) * checks::NAN;
+    if !t.is_compact() {
+        // Strided: read in place, row by row.
+        let (shape, src) = (t.shape(), View::<T>::new(t, t.shape())?);
+        return make_overwritten::<O>(shape, t.layout(), |out| {
+            par::chunks_mut(out, 1, 1, |first, piece| {
+                let mut any = false;
+                for_each_in(shape, first, piece.len(), [src.walk()], |i, [x]| {
+                    let o = f(src.get(x));
+                    piece[i - first] = o;
+                    any |= CHECK && !o.is_finite();
+                    Ok(())
+                })?;
+                if any {
+                    let mut inputs = Vec::with_capacity(piece.len());
+                    for_each_in(shape, first, piece.len(), [src.walk()], |_, [x]| {
+                        inputs.push(src.get(x));
+                        Ok(())
+                    })?;
+                    watch.piece(checks::NAN, first, piece.len(), |i| {
+                        bad(inputs[i], piece[i])
+                    });
+                }
+                Ok(())
+            })
+        });
+    }
+    let src = typed::<T>(t)?;
     make_overwritten::<O>(t.shape(), t.layout(), |out| {
         par::chunks_mut(out, 1, 1, |first, piece| {
             let n = piece.len();
@@ -679,27 +676,28 @@ fn where_kernel(inputs: &[&Tensor]) -> Result<Tensor> {
         as_dtype(inputs[1], out.dtype)?,
         as_dtype(inputs[2], out.dtype)?,
     );
-    let c = typed::<u8>(&cond)?;
-    let strides: Vec<Vec<usize>> = [cond.shape(), a.shape(), b.shape()]
-        .iter()
-        .map(|s| kernels::broadcast_strides(s, &out.shape))
-        .collect();
-    let pick = |shape: &[i64], layout: &str| -> Result<Tensor> {
-        with_elem!(out.dtype, T => {
-            let (va, vb) = (typed::<T>(&a)?, typed::<T>(&b)?);
-            make::<T>(shape, layout, |o| for_each_broadcast(shape, &strides, |i, offs| {
-                o[i] = if c[offs[0]] != 0 { va[offs[1]] } else { vb[offs[2]] };
-                Ok(())
-            }))
-        }, bool => {
-            let (va, vb) = (typed::<u8>(&a)?, typed::<u8>(&b)?);
-            make::<u8>(shape, layout, |o| for_each_broadcast(shape, &strides, |i, offs| {
-                o[i] = if c[offs[0]] != 0 { va[offs[1]] } else { vb[offs[2]] };
-                Ok(())
-            })).map(as_bool)
+    let shape = &out.shape;
+    let c = View::<u8>::new(&cond, shape)?;
+    fn pick<T: Elem>(
+        c: &View<u8>,
+        a: &Tensor,
+        b: &Tensor,
+        shape: &[i64],
+        layout: &str,
+    ) -> Result<Tensor> {
+        let (va, vb) = (View::<T>::new(a, shape)?, View::<T>::new(b, shape)?);
+        make_overwritten::<T>(shape, layout, |o| {
+            par::chunks_mut(o, 1, 1, |first, piece| {
+                let walks = [c.walk(), va.walk(), vb.walk()];
+                for_each_in(shape, first, piece.len(), walks, |i, [z, x, y]| {
+                    piece[i - first] = if c.get(z) != 0 { va.get(x) } else { vb.get(y) };
+                    Ok(())
+                })
+            })
         })
-    };
-    pick(&out.shape, &out.layout)
+    }
+    with_elem!(out.dtype, T => pick::<T>(&c, &a, &b, shape, &out.layout),
+        bool => pick::<u8>(&c, &a, &b, shape, &out.layout).map(as_bool))
 }
 
 fn where_infer(inputs: &[&TMeta]) -> Result<Vec<TMeta>> {
@@ -864,6 +862,7 @@ pub fn ops() -> Vec<OpDef> {
 
 #[cfg(test)]
 mod tests {
+    use super::kernels::make;
     use super::*;
     use DType::*;
 

@@ -9,6 +9,7 @@ pub mod par;
 pub mod reduce;
 pub mod resize;
 pub mod shape;
+pub(crate) mod strided;
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};

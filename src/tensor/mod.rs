@@ -409,6 +409,13 @@ impl Tensor {
         }
     }
 
+    /// The host bytes this view may touch and the byte index of element 0 inside them;
+    /// `None` when the host cannot read the memory.
+    pub fn host_span(&self) -> Option<(&[u8], isize)> {
+        let span = self.storage.host_bytes()?;
+        Some((span, self.byte_offset as isize - self.storage.span_start()))
+    }
+
     /// Writes `src`'s elements (same dtype and shape) into this view, which must be
     /// writable host memory (an out tensor). A `src` sharing bytes with this view is
     /// read completely before anything is written.
