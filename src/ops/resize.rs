@@ -339,6 +339,26 @@ fn nearest<T: Copy + Send + Sync>(
     })
 }
 
+/// Each output pixel the mean of a 2 x 2 source block, rounded half to even.
+fn halve_u8(src: &[u8], g: Geom, out: &mut [u8]) {
+    let (row, c) = (g.w * g.c, g.c);
+    let (oh, ow) = (g.h / 2, g.w / 2);
+    for p in 0..g.planes {
+        let plane = &src[p * g.h * row..(p + 1) * g.h * row];
+        for y in 0..oh {
+            let (r0, r1) = (&plane[2 * y * row..], &plane[(2 * y + 1) * row..]);
+            let o = &mut out[(p * oh + y) * ow * c..(p * oh + y + 1) * ow * c];
+            for (i, v) in o.iter_mut().enumerate() {
+                let (x, k) = (i / c, i % c);
+                let (a, b) = (2 * x * c + k, (2 * x + 1) * c + k);
+                let q = r0[a] as u32 + r0[b] as u32 + r1[a] as u32 + r1[b] as u32;
+                let (whole, rest) = (q >> 2, q & 3);
+                *v = (whole + u32::from(rest > 2 || (rest == 2 && whole & 1 == 1))) as u8;
+            }
+        }
+    }
+}
+
 fn resize_typed<T: Elem>(
     t: &Tensor,
     shape: &[i64],
@@ -367,6 +387,15 @@ pub fn run(t: &Tensor, p: &Plan) -> Result<Tensor> {
             bool => unreachable!("rejected by plan"));
     }
     match t.dtype() {
+        // OpenCV turns an exact halving into its area filter, which rounds the mean of
+        // each 2 x 2 block half to even for pixels of other than 1, 3 or 4 channels
+        // (for those, its vector path equals the linear blend below).
+        DType::U8 if g.h == 2 * oh && g.w == 2 * ow && !matches!(g.c, 1 | 3 | 4) => {
+            resize_typed::<u8>(t, &shape, |s, o| {
+                halve_u8(s, g, o);
+                Ok(())
+            })
+        }
         DType::U8 => {
             resize_typed::<u8>(t, &shape, |s, o| linear::<FixedU8>(s, g, oh, ow, false, o))
         }
@@ -421,6 +450,22 @@ mod tests {
         assert_eq!(t.frac, vec![0.75, 0.25, 0.75, 0.25]);
         assert_eq!(nearest_taps(4, 2), vec![1, 3]);
         assert_eq!(nearest_taps(3, 7), vec![0, 0, 1, 1, 1, 2, 2]);
+    }
+
+    #[test]
+    fn halving_rounds_block_means_half_to_even() {
+        // One 2 x 2 block of 2-channel pixels: channel 0 sums to 6 (mean 1.5 -> 2),
+        // channel 1 to 10 (mean 2.5 -> 2); a second plane sums to 7 and 1.
+        let src = [0u8, 1, 1, 2, 2, 3, 3, 4, 1, 0, 2, 0, 2, 0, 2, 1];
+        let g = Geom {
+            planes: 2,
+            h: 2,
+            w: 2,
+            c: 2,
+        };
+        let mut out = [0u8; 4];
+        halve_u8(&src, g, &mut out);
+        assert_eq!(out, [2, 2, 2, 0]);
     }
 
     #[test]
