@@ -41,29 +41,6 @@ fn cstr(p: *const c_char) -> String {
     unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
 }
 
-/// Owns a context handle.
-struct Ctx(*mut ndx_context_t);
-
-impl Ctx {
-    fn new(mode: i32) -> Ctx {
-        let opts = ndx_context_options_t {
-            eval_mode: mode,
-            num_threads: 2,
-            ..Default::default()
-        };
-        let mut ctx = std::ptr::null_mut();
-        ok(ndx_context_new(&opts, &mut ctx));
-        assert!(!ctx.is_null());
-        Ctx(ctx)
-    }
-}
-
-impl Drop for Ctx {
-    fn drop(&mut self) {
-        ndx_context_release(self.0);
-    }
-}
-
 /// Owns a tensor handle.
 struct T(*mut ndx_tensor_t);
 

@@ -20,27 +20,6 @@ const SYNC: i32 = ndx_eval_mode_t::NDX_EVAL_SYNC_CPU as i32;
 const DEFERRED: i32 = ndx_eval_mode_t::NDX_EVAL_DEFERRED as i32;
 const EAGER: i32 = ndx_eval_mode_t::NDX_EVAL_EAGER as i32;
 
-struct Ctx(*mut ndx_context_t);
-
-impl Ctx {
-    fn new(mode: i32) -> Ctx {
-        let opts = ndx_context_options_t {
-            eval_mode: mode,
-            num_threads: 2,
-            ..Default::default()
-        };
-        let mut ctx = std::ptr::null_mut();
-        ok(ndx_context_new(&opts, &mut ctx));
-        Ctx(ctx)
-    }
-}
-
-impl Drop for Ctx {
-    fn drop(&mut self) {
-        ndx_context_release(self.0);
-    }
-}
-
 /// A tensor handle, released on drop.
 struct T(*mut ndx_tensor_t);
 

@@ -271,3 +271,26 @@ pub fn strides_of(t: *const ndx_tensor_t) -> Vec<i64> {
     // SAFETY: `nd` entries borrowed from the live tensor.
     unsafe { std::slice::from_raw_parts(p, nd as usize) }.to_vec()
 }
+
+/// Owns a context handle: `eval_mode` (0: the default) and 2 worker threads.
+pub struct Ctx(pub *mut ndx_context_t);
+
+impl Ctx {
+    pub fn new(mode: i32) -> Ctx {
+        let opts = ndx_context_options_t {
+            eval_mode: mode,
+            num_threads: 2,
+            ..Default::default()
+        };
+        let mut ctx = std::ptr::null_mut();
+        ok(ndx_context_new(&opts, &mut ctx));
+        assert!(!ctx.is_null());
+        Ctx(ctx)
+    }
+}
+
+impl Drop for Ctx {
+    fn drop(&mut self) {
+        ndx_context_release(self.0);
+    }
+}
