@@ -483,6 +483,20 @@ fn batch(samples: &[(&[f32], &[i64])]) -> (*mut ndx_batch_t, Vec<Count>) {
     (b, counts)
 }
 
+fn batch_in(b: *const ndx_batch_t) -> ndx_input_t {
+    ndx_input_t {
+        tensor: std::ptr::null(),
+        batch: b,
+    }
+}
+
+fn batch_out(b: *const ndx_batch_t) -> ndx_output_t {
+    ndx_output_t {
+        tensor: std::ptr::null(),
+        batch: b,
+    }
+}
+
 fn sample_values(b: *const ndx_batch_t, i: usize) -> Vec<f32> {
     let mut t = std::ptr::null_mut();
     ok(ndx_batch_sample(b, i, &mut t));
@@ -495,14 +509,8 @@ fn batches_write_per_sample_into_an_out_batch() {
     let ctx = Ctx::new(EAGER);
     let (input, in_counts) = batch(&[(&[1., -2.], &[2]), (&[-3., 4., -5.], &[3])]);
     let (out, out_counts) = batch(&[(&[0., 0.], &[2]), (&[0., 0., 0.], &[3])]);
-    let ins = [ndx_input_t {
-        tensor: std::ptr::null(),
-        batch: input,
-    }];
-    let outs = [ndx_output_t {
-        tensor: std::ptr::null(),
-        batch: out,
-    }];
+    let ins = [batch_in(input)];
+    let outs = [batch_out(out)];
     let f = invoke(&ctx, c"abs", &ins, std::ptr::null(), &outs, 0).unwrap();
     ok(ndx_future_wait(f, -1));
     ndx_future_release(f);
@@ -510,10 +518,7 @@ fn batches_write_per_sample_into_an_out_batch() {
     assert_eq!(sample_values(out, 1), [3., 4., 5.]);
 
     let (short, short_counts) = batch(&[(&[0., 0.], &[2])]);
-    let outs = [ndx_output_t {
-        tensor: std::ptr::null(),
-        batch: short,
-    }];
+    let outs = [batch_out(short)];
     expect_invoke_err(
         &ctx,
         c"abs",
@@ -523,10 +528,7 @@ fn batches_write_per_sample_into_an_out_batch() {
         "outputs[0] is a batch of 1 samples, expected 2",
     );
     let (ragged, ragged_counts) = batch(&[(&[0., 0.], &[2]), (&[0., 0.], &[2])]);
-    let outs = [ndx_output_t {
-        tensor: std::ptr::null(),
-        batch: ragged,
-    }];
+    let outs = [batch_out(ragged)];
     expect_invoke_err(
         &ctx,
         c"abs",
@@ -561,10 +563,7 @@ fn batches_write_per_sample_into_an_out_batch() {
 fn batch_to_tensor_stacks_a_batch_or_tensors_into_an_out_tensor() {
     let ctx = Ctx::new(DEFERRED);
     let (b, _counts) = batch(&[(&[1., 2.], &[2]), (&[3., 4.], &[2]), (&[5., 6.], &[2])]);
-    let ins = [ndx_input_t {
-        tensor: std::ptr::null(),
-        batch: b,
-    }];
+    let ins = [batch_in(b)];
     let mut buf = vec![0f32; 6];
     let out = T::wrap(&mut buf, F32, &[3, 2], None);
     let f = invoke(
@@ -621,13 +620,7 @@ fn batch_to_tensor_stacks_a_batch_or_tensors_into_an_out_tensor() {
     expect_invoke_err(
         &ctx,
         c"batch_to_tensor",
-        &[
-            x.input(),
-            ndx_input_t {
-                tensor: std::ptr::null(),
-                batch: b,
-            },
-        ],
+        &[x.input(), batch_in(b)],
         &[],
         NDX_ERROR_TYPE,
         "input 1 is a batch; give one batch, or tensors as its samples",
