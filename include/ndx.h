@@ -31,6 +31,11 @@
 #define NDX_VERSION_PATCH 0
 #define NDX_VERSION_STRING "0.1.0"
 
+/** The stream value meaning "do not order" (DLPack's -1): for
+ *  ndx_import_options_t.stream the imported CUDA memory is ready as is; for
+ *  ndx_tensor_to_dlpack_versioned_stream the consumer synchronises by itself. */
+#define NDX_STREAM_NO_SYNC ((void *)(intptr_t)-1)
+
 
 /**
  * Who supplied a frame.
@@ -984,6 +989,16 @@ typedef struct {
    * Makes the imported tensors read-only (in addition to DLPack's READ_ONLY flag).
    */
   bool read_only;
+  /**
+   * For CUDA memory (kDLCUDA, kDLCUDAManaged): the `CUstream` on which the
+   * producer's writes to it are ordered. ndx records an event there and orders its
+   * own work after it (no device-wide synchronisation). NULL is the legacy default
+   * stream (CUDA's stream 0), also what callers of an older, shorter struct get;
+   * `NDX_STREAM_NO_SYNC` means the memory is ready as is. Ignored for host memory
+   * and where no CUDA driver is present (nothing can be pending then). Translating
+   * Python's `__dlpack__(stream=...)` integers into a `CUstream` is the binding's job.
+   */
+  void *stream;
 } ndx_import_options_t;
 
 /**
@@ -1047,6 +1062,23 @@ ndx_error_t *ndx_context_take_check_errors(const ndx_context_t *ctx);
  * `*out` alone. NULL arguments return false. Thread-safe.
  */
 bool ndx_error_check_info(const ndx_error_t *err, ndx_check_info_t *out);
+
+/**
+ * The number of CUDA devices ndx can use: 0 where no CUDA driver can be loaded
+ * (libcuda is looked for at run time, once; ndx never requires it), where `cuInit`
+ * fails, or where the environment variable `NDX_CUDA_DISABLE=1` was set when CUDA
+ * was first asked about. `ndx_cuda_device_check` says why a device is unusable.
+ *
+ * Thread-safe; never fails.
+ */
+int32_t ndx_cuda_device_count(void);
+
+/**
+ * NULL when CUDA device `device_id` can be used; otherwise an NDX_ERROR_CUDA error
+ * that says why, e.g. "no CUDA driver found: libcuda.so could not be loaded" or
+ * "device 3 does not exist, 1 device present". Thread-safe.
+ */
+ndx_error_t *ndx_cuda_device_check(int32_t device_id);
 
 /**
  * The kind of `error` (an `ndx_error_kind_t` value), or 0 when `error` is NULL
@@ -1618,10 +1650,25 @@ ndx_error_t *ndx_tensor_copy_to(const ndx_tensor_t *tensor, void *buf, size_t ca
  * Exports the tensor as a versioned DLPack tensor, without copying. The consumer
  * owns `*out` and must call its deleter exactly once; until then the data stays
  * alive. READ_ONLY is set when the tensor is read-only, IS_COPIED when the producer
- * of the imported data set it. Strides are always given. Thread-safe.
+ * of the imported data set it. Strides are always given. For CUDA memory this is
+ * `ndx_tensor_to_dlpack_versioned_stream` with the legacy default stream (NULL).
+ * Thread-safe.
  */
 ndx_error_t *ndx_tensor_to_dlpack_versioned(const ndx_tensor_t *tensor,
                                             DLManagedTensorVersioned **out);
+
+/**
+ * Like `ndx_tensor_to_dlpack_versioned`, for a consumer that will use the data on
+ * `consumer_stream` (a `CUstream`; NULL is the legacy default stream): for CUDA
+ * memory, that stream is made to wait (with an event, no host synchronisation) for
+ * the work that produces the tensor, as DLPack's exchange protocol asks.
+ * `NDX_STREAM_NO_SYNC` orders nothing (the consumer synchronises itself). The stream
+ * is ignored for host memory and where no CUDA driver is present. On failure (an
+ * invalid stream, say) nothing is exported. Thread-safe.
+ */
+ndx_error_t *ndx_tensor_to_dlpack_versioned_stream(const ndx_tensor_t *tensor,
+                                                   void *consumer_stream,
+                                                   DLManagedTensorVersioned **out);
 
 /**
  * Exports the tensor as a legacy DLPack tensor, without copying. Fails with

@@ -5,6 +5,8 @@
 /// cbindgen:ignore
 pub mod checks;
 /// cbindgen:ignore
+pub mod cuda;
+/// cbindgen:ignore
 pub mod debug;
 /// cbindgen:ignore
 pub mod error;

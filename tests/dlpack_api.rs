@@ -221,6 +221,7 @@ fn unknown_versions_are_released_even_when_other_arguments_are_wrong() {
         struct_size: 1,
         layout: std::ptr::null(),
         read_only: false,
+        stream: std::ptr::null_mut(),
     };
     let mut b = std::ptr::null_mut();
     expect_err(
@@ -238,6 +239,7 @@ fn layout_option_is_validated_and_kept() {
         struct_size: std::mem::size_of::<ndx_import_options_t>(),
         layout: c"HW".as_ptr(),
         read_only: false,
+        stream: std::ptr::null_mut(),
     };
     let (m, count) = base().versioned();
     let mut t = std::ptr::null_mut();
@@ -352,6 +354,7 @@ fn export_then_reimport_keeps_values_dtype_shape_strides_and_layout() {
         struct_size: std::mem::size_of::<ndx_import_options_t>(),
         layout: c"HW".as_ptr(),
         read_only: false,
+        stream: std::ptr::null_mut(),
     };
     let mut t = std::ptr::null_mut();
     ok(ndx_tensor_from_dlpack_versioned(m, &opts, &mut t));
@@ -536,12 +539,20 @@ fn bulk_import_argument_errors() {
 }
 
 #[test]
-fn cuda_tensors_import_as_metadata_without_a_driver() {
+fn cuda_tensors_import_as_metadata_without_ordering() {
     let mut spec = base();
     spec.device.device_type = DLDeviceType::CUDA;
     spec.device.device_id = 1;
     let (m, count) = spec.versioned();
-    let t = import_v(m).expect("cuda metadata");
+    // No stream ordering asked for, so device 1 need not exist (nor a driver).
+    let opts = ndx_import_options_t {
+        struct_size: std::mem::size_of::<ndx_import_options_t>(),
+        layout: std::ptr::null(),
+        read_only: false,
+        stream: usize::MAX as *mut std::ffi::c_void,
+    };
+    let mut t = std::ptr::null_mut();
+    ok(ndx_tensor_from_dlpack_versioned(m, &opts, &mut t));
     let mut dev = ndx::tensor::Device::CPU.to_dl();
     ok(ndx_tensor_device(t, &mut dev));
     assert_eq!((dev.device_type, dev.device_id), (DLDeviceType::CUDA, 1));
@@ -566,6 +577,7 @@ fn uniform_batch_stacks_with_a_leading_dimension() {
         struct_size: std::mem::size_of::<ndx_import_options_t>(),
         layout: c"HW".as_ptr(),
         read_only: false,
+        stream: std::ptr::null_mut(),
     };
     let mut b = std::ptr::null_mut();
     ok(ndx_batch_from_dlpack_versioned(

@@ -57,6 +57,7 @@ impl T {
             struct_size: std::mem::size_of::<ndx_import_options_t>(),
             layout: layout.map_or(std::ptr::null(), CStr::as_ptr),
             read_only: false,
+            stream: std::ptr::null_mut(),
         };
         let mut t = std::ptr::null_mut();
         ok(ndx_tensor_from_host(
@@ -608,6 +609,7 @@ fn resize_of_a_ragged_batch_runs_per_sample() {
         struct_size: std::mem::size_of::<ndx_import_options_t>(),
         layout: c"HWC".as_ptr(),
         read_only: false,
+        stream: std::ptr::null_mut(),
     };
     let mut batch = std::ptr::null_mut();
     ok(ndx_batch_from_dlpack_versioned(

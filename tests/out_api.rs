@@ -62,6 +62,7 @@ impl T {
             struct_size: std::mem::size_of::<ndx_import_options_t>(),
             layout: std::ptr::null(),
             read_only,
+            stream: std::ptr::null_mut(),
         };
         let mut t = std::ptr::null_mut();
         ok(ndx_tensor_wrap_host(

@@ -142,10 +142,10 @@ pub fn raise(flag: Raised) {
         return;
     }
     SCOPE.with(|s| {
-        if let Some(s) = s.borrow_mut().as_mut() {
-            if s.categories & flag.category != 0 {
-                s.raised.push(flag);
-            }
+        if let Some(s) = s.borrow_mut().as_mut()
+            && s.categories & flag.category != 0
+        {
+            s.raised.push(flag);
         }
     });
 }

@@ -357,15 +357,15 @@ impl ContextInner {
             Error::value(format!("unknown operator '{op}'")).with_site(site.clone())
         })?;
         let fail = |e: Error| e.with_op_name(&def.name).with_site(site.clone());
-        if let crate::exec::Backend::InjectCompile(target) = &settings.backend {
-            if *target == def.name {
-                return Err(fail(Error::new(
-                    ErrorKind::Backend,
-                    format!(
-                        "injected compile error in operator '{op}' (backend inject_compile_error:{op})"
-                    ),
-                )));
-            }
+        if let crate::exec::Backend::InjectCompile(target) = &settings.backend
+            && *target == def.name
+        {
+            return Err(fail(Error::new(
+                ErrorKind::Backend,
+                format!(
+                    "injected compile error in operator '{op}' (backend inject_compile_error:{op})"
+                ),
+            )));
         }
         let (out_meta, batch_len) = infer(&def, &inputs, &args).map_err(|e| {
             fail(Error::new(
@@ -571,21 +571,31 @@ fn infer(def: &OpDef, inputs: &[Input], args: &Args) -> Result<(Vec<OutMeta>, Op
     for (i, input) in inputs.iter().enumerate() {
         // Only what is known without running anything: an output whose metadata only
         // running tells is checked by its kernel.
-        let device = match input {
+        let (device, dtype) = match input {
             Input::Tensor(t) => match t.ready_data() {
-                Some(Ok(t)) => t.device(),
-                _ => crate::tensor::Device::CPU,
+                Some(Ok(t)) => (t.device(), t.dtype()),
+                _ => continue,
             },
             Input::Batch(b) => match b.ready_data() {
-                Some(Ok(b)) => b.device(),
-                _ => crate::tensor::Device::CPU,
+                Some(Ok(b)) => (b.device(), b.dtype()),
+                _ => continue,
             },
         };
         if device.kind == DeviceKind::Cuda {
+            crate::cuda::require_device(i64::from(device.id)).map_err(|e| {
+                Error::new(
+                    ErrorKind::Cuda,
+                    format!(
+                        "input {i} lives in CUDA memory ({device}), but {}",
+                        e.message()
+                    ),
+                )
+            })?;
             return Err(Error::new(
                 ErrorKind::NotImplemented,
                 format!(
-                    "input {i} lives in CUDA memory ({device}); this build computes on host memory only"
+                    "no CUDA kernel for {} on {device} (input {i})",
+                    dtype.name()
                 ),
             ));
         }
@@ -702,14 +712,14 @@ fn check_outputs(metas: &[OutMeta], outputs: &[Option<Data>]) -> Result<()> {
                 all.push((i, t));
             }
             (Data::Batch(b), OutMeta::Batch(m)) => {
-                if let Some(m) = m {
-                    if m.len() != b.len() {
-                        return Err(Error::value(format!(
-                            "outputs[{i}] is a batch of {} samples, expected {}",
-                            b.len(),
-                            m.len()
-                        )));
-                    }
+                if let Some(m) = m
+                    && m.len() != b.len()
+                {
+                    return Err(Error::value(format!(
+                        "outputs[{i}] is a batch of {} samples, expected {}",
+                        b.len(),
+                        m.len()
+                    )));
                 }
                 for (s, t) in b.samples().iter().enumerate() {
                     let want = m.as_ref().map(|m| &m[s]);
@@ -758,16 +768,16 @@ fn check_out_tensor(what: &str, t: &Tensor, want: Option<&TMeta>) -> Result<()> 
     if t.read_only() {
         return Err(Error::value(format!("{what} is read-only")));
     }
-    if let Some(m) = want {
-        if t.dtype() != m.dtype || t.shape() != m.shape.as_slice() {
-            return Err(Error::value(format!(
-                "{what} is {} {}, expected {} {}",
-                t.dtype().name(),
-                crate::tensor::dims(t.shape()),
-                m.dtype.name(),
-                crate::tensor::dims(&m.shape)
-            )));
-        }
+    if let Some(m) = want
+        && (t.dtype() != m.dtype || t.shape() != m.shape.as_slice())
+    {
+        return Err(Error::value(format!(
+            "{what} is {} {}, expected {} {}",
+            t.dtype().name(),
+            crate::tensor::dims(t.shape()),
+            m.dtype.name(),
+            crate::tensor::dims(&m.shape)
+        )));
     }
     if t.may_overlap_itself() {
         return Err(Error::value(format!(

@@ -396,18 +396,19 @@ impl Node {
                 ctx.run_events();
                 state = self.state.lock();
             }
-            if let Some(d) = deadline {
-                if Instant::now() >= d && state.phase != Phase::Done {
-                    return Err(Error::new(
-                        ErrorKind::Timeout,
-                        format!(
-                            "invocation #{} ('{}') did not complete within {:?}; the future stays valid",
-                            self.seq,
-                            self.op.name,
-                            timeout.unwrap_or_default()
-                        ),
-                    ));
-                }
+            if let Some(d) = deadline
+                && Instant::now() >= d
+                && state.phase != Phase::Done
+            {
+                return Err(Error::new(
+                    ErrorKind::Timeout,
+                    format!(
+                        "invocation #{} ('{}') did not complete within {:?}; the future stays valid",
+                        self.seq,
+                        self.op.name,
+                        timeout.unwrap_or_default()
+                    ),
+                ));
             }
         }
         Ok(())
@@ -531,11 +532,12 @@ impl Node {
     fn dispatch(self: &Arc<Self>) {
         let node = self.clone();
         let host_op = matches!(self.op.kernel, Kernel::Host(_));
-        if self.events && host_op {
-            if let Some(ctx) = self.ctx.upgrade() {
-                ctx.push_event(Box::new(move || node.execute()));
-                return;
-            }
+        if self.events
+            && host_op
+            && let Some(ctx) = self.ctx.upgrade()
+        {
+            ctx.push_event(Box::new(move || node.execute()));
+            return;
         }
         pool::submit(move || node.execute());
     }
@@ -629,13 +631,15 @@ impl Node {
                 }
             }
         }
-        if let Backend::InjectRuntime(op) = &self.backend {
-            if *op == self.op.name {
-                return Err(self.backend_wrap(Error::new(
-                    ErrorKind::Runtime,
-                    format!("injected runtime error in operator '{op}' (backend inject_runtime_error:{op})"),
-                )));
-            }
+        if let Backend::InjectRuntime(op) = &self.backend
+            && *op == self.op.name
+        {
+            return Err(self.backend_wrap(Error::new(
+                ErrorKind::Runtime,
+                format!(
+                    "injected runtime error in operator '{op}' (backend inject_runtime_error:{op})"
+                ),
+            )));
         }
         let active = self.checks.active();
         let mut raised: Vec<checks::Raised> = Vec::new();
@@ -769,13 +773,13 @@ impl Node {
         if checks::nan_unhandled() && matches!(self.op.kernel, Kernel::Builtin(_)) {
             crate::ops::check::flag_new_non_finite(tensors, &outs);
         }
-        if let Backend::InjectAccuracy(op) = &self.backend {
-            if *op == self.op.name {
-                outs = outs
-                    .iter()
-                    .map(|t| kernels::add_one(t).map(Arc::new))
-                    .collect::<Result<_>>()?;
-            }
+        if let Backend::InjectAccuracy(op) = &self.backend
+            && *op == self.op.name
+        {
+            outs = outs
+                .iter()
+                .map(|t| kernels::add_one(t).map(Arc::new))
+                .collect::<Result<_>>()?;
         }
         if debug {
             self.debug_check(tensors, &before, &outs)?;
@@ -875,14 +879,14 @@ impl Node {
         for (i, out) in outs.iter().enumerate() {
             // Undeclared outputs are only checked for aliasing.
             let (dtype, shape, layout) = decls.next().unwrap_or((None, None, None));
-            if let Some(d) = dtype {
-                if out.dtype() != d {
-                    return fail(format!(
-                        "output {i} has dtype {}, its schema declares {}",
-                        out.dtype().name(),
-                        d.name()
-                    ));
-                }
+            if let Some(d) = dtype
+                && out.dtype() != d
+            {
+                return fail(format!(
+                    "output {i} has dtype {}, its schema declares {}",
+                    out.dtype().name(),
+                    d.name()
+                ));
             }
             if let Some(shape) = shape {
                 // A rank-only promise is a shape of -1s.
@@ -904,13 +908,13 @@ impl Node {
                     ));
                 }
             }
-            if let Some(layout) = layout {
-                if out.layout() != layout {
-                    return fail(format!(
-                        "output {i} has layout \"{}\", its schema declares \"{layout}\"",
-                        out.layout()
-                    ));
-                }
+            if let Some(layout) = layout
+                && out.layout() != layout
+            {
+                return fail(format!(
+                    "output {i} has layout \"{}\", its schema declares \"{layout}\"",
+                    out.layout()
+                ));
             }
             if !may_alias {
                 // A built-in may pass an input through as it is (the check operators).

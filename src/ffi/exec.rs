@@ -11,8 +11,9 @@ use std::time::Duration;
 
 use super::handle::{borrow, clone_arc, into_handle, release};
 use super::{
-    boundary, boundary_out, boundary_value, caller_return_address, error_into_raw, host_str,
-    ndx_batch_t, ndx_context_t, ndx_error_t, ndx_future_t, ndx_tensor_t,
+    Options, boundary, boundary_out, boundary_value, caller_return_address, error_into_raw,
+    host_str, ndx_batch_t, ndx_context_t, ndx_error_t, ndx_future_t, ndx_tensor_t, read_options,
+    size_check,
 };
 use crate::error::{Error, Frame, FrameOrigin, Result};
 use crate::exec::{
@@ -322,14 +323,6 @@ impl Drop for UserData {
     }
 }
 
-/// An options struct (`T`, beginning with `size_t struct_size`) from a non-NULL
-/// caller pointer: callers built against an older header pass a smaller struct, at
-/// least `min` bytes, and the fields they lack read as zero.
-trait Options: Sized {
-    /// An all-zero value (NULL pointers, zeros).
-    fn zeroed() -> Self;
-}
-
 impl Options for ndx_context_options_t {
     fn zeroed() -> Self {
         ndx_context_options_t {
@@ -364,32 +357,6 @@ impl Default for ndx_invoke_options_t {
             n_outputs: 0,
         }
     }
-}
-
-fn read_options<T: Options>(opts: *const T, min: usize) -> Result<T> {
-    // SAFETY: non-NULL (the callers check); every options struct begins with its size.
-    let size = unsafe { *opts.cast::<usize>() };
-    size_check(size, min, "opts")?;
-    let mut o = T::zeroed();
-    // SAFETY: the caller's struct holds `size` bytes; we copy no more than that, and
-    // no more than ours, over a valid value whose remaining fields stay zero.
-    unsafe {
-        std::ptr::copy_nonoverlapping(
-            opts.cast::<u8>(),
-            (&mut o as *mut T).cast::<u8>(),
-            size.min(std::mem::size_of::<T>()),
-        )
-    };
-    Ok(o)
-}
-
-fn size_check(size: usize, ours: usize, what: &str) -> Result<()> {
-    if size < ours {
-        return Err(Error::value(format!(
-            "{what}->struct_size is {size}, expected at least {ours} (sizeof({what}_t))"
-        )));
-    }
-    Ok(())
 }
 
 fn eval_mode(raw: i32, arg: &str) -> Result<EvalMode> {
@@ -1426,6 +1393,7 @@ pub extern "C" fn ndx_register_op(
             size,
             std::mem::offset_of!(ndx_op_schema_t, output_dtypes),
             "schema",
+            "ndx_op_schema_t",
         )?;
         let full = size >= std::mem::size_of::<ndx_op_schema_t>();
         // SAFETY: at least as large as the fields read below (`full` guards the rest).

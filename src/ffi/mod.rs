@@ -13,6 +13,7 @@
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
 
 mod checks;
+mod cuda;
 mod error;
 mod exec;
 mod explain;
@@ -21,6 +22,7 @@ mod repro;
 mod tensor;
 
 pub use checks::*;
+pub use cuda::*;
 pub use error::*;
 pub use exec::*;
 pub use explain::*;
@@ -214,6 +216,44 @@ pub(crate) fn write_sized<T>(
     }
     // SAFETY: `out` holds at least `size >= sizeof(T)` bytes.
     unsafe { out.write(value(size)) };
+    Ok(())
+}
+
+/// An options struct (`T`, beginning with `size_t struct_size`) from a non-NULL
+/// caller pointer: callers built against an older header pass a smaller struct, at
+/// least `min` bytes, and the fields they lack read as zero.
+pub(crate) trait Options: Sized {
+    /// An all-zero value (NULL pointers, zeros).
+    fn zeroed() -> Self;
+}
+
+pub(crate) fn read_options<T: Options>(opts: *const T, min: usize) -> Result<T> {
+    // SAFETY: non-NULL (the callers check); every options struct begins with its size.
+    let size = unsafe { *opts.cast::<usize>() };
+    let name = std::any::type_name::<T>()
+        .rsplit("::")
+        .next()
+        .unwrap_or("options");
+    size_check(size, min, "opts", name)?;
+    let mut o = T::zeroed();
+    // SAFETY: the caller's struct holds `size` bytes; we copy no more than that, and
+    // no more than ours, over a valid value whose remaining fields stay zero.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            opts.cast::<u8>(),
+            (&mut o as *mut T).cast::<u8>(),
+            size.min(std::mem::size_of::<T>()),
+        )
+    };
+    Ok(o)
+}
+
+pub(crate) fn size_check(size: usize, min: usize, what: &str, type_name: &str) -> Result<()> {
+    if size < min {
+        return Err(Error::value(format!(
+            "{what}->struct_size is {size}, expected at least {min} (sizeof({type_name}))"
+        )));
+    }
     Ok(())
 }
 

@@ -66,6 +66,25 @@ pub struct ndx_import_options_t {
     pub layout: *const c_char,
     /// Makes the imported tensors read-only (in addition to DLPack's READ_ONLY flag).
     pub read_only: bool,
+    /// For CUDA memory (kDLCUDA, kDLCUDAManaged): the `CUstream` on which the
+    /// producer's writes to it are ordered. ndx records an event there and orders its
+    /// own work after it (no device-wide synchronisation). NULL is the legacy default
+    /// stream (CUDA's stream 0), also what callers of an older, shorter struct get;
+    /// `NDX_STREAM_NO_SYNC` means the memory is ready as is. Ignored for host memory
+    /// and where no CUDA driver is present (nothing can be pending then). Translating
+    /// Python's `__dlpack__(stream=...)` integers into a `CUstream` is the binding's job.
+    pub stream: *mut c_void,
+}
+
+impl super::Options for ndx_import_options_t {
+    fn zeroed() -> Self {
+        ndx_import_options_t {
+            struct_size: 0,
+            layout: std::ptr::null(),
+            read_only: false,
+            stream: std::ptr::null_mut(),
+        }
+    }
 }
 
 /// Called once with `(data, user)` when the last reference to a tensor made by
@@ -76,16 +95,7 @@ fn import_options(opts: *const ndx_import_options_t) -> Result<ImportOptions> {
     if opts.is_null() {
         return Ok(ImportOptions::default());
     }
-    // SAFETY: non-NULL; the caller sets struct_size before anything else is read.
-    let size = unsafe { (*opts).struct_size };
-    let ours = std::mem::size_of::<ndx_import_options_t>();
-    if size < ours {
-        return Err(Error::value(format!(
-            "opts->struct_size is {size}, expected at least {ours} (sizeof(ndx_import_options_t))"
-        )));
-    }
-    // SAFETY: the struct is at least as large as ours.
-    let o = unsafe { &*opts };
+    let o = super::read_options(opts, std::mem::offset_of!(ndx_import_options_t, stream))?;
     let layout = if o.layout.is_null() {
         None
     } else {
@@ -94,6 +104,7 @@ fn import_options(opts: *const ndx_import_options_t) -> Result<ImportOptions> {
     Ok(ImportOptions {
         layout,
         read_only: o.read_only,
+        stream: o.stream as usize,
     })
 }
 
@@ -364,7 +375,9 @@ pub extern "C" fn ndx_tensor_copy_to(
 /// Exports the tensor as a versioned DLPack tensor, without copying. The consumer
 /// owns `*out` and must call its deleter exactly once; until then the data stays
 /// alive. READ_ONLY is set when the tensor is read-only, IS_COPIED when the producer
-/// of the imported data set it. Strides are always given. Thread-safe.
+/// of the imported data set it. Strides are always given. For CUDA memory this is
+/// `ndx_tensor_to_dlpack_versioned_stream` with the legacy default stream (NULL).
+/// Thread-safe.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_tensor_to_dlpack_versioned(
     tensor: *const ndx_tensor_t,
@@ -374,12 +387,40 @@ pub extern "C" fn ndx_tensor_to_dlpack_versioned(
         "ndx_tensor_to_dlpack_versioned",
         out,
         std::ptr::null_mut(),
-        || {
-            Ok(dlpack::export_versioned(
-                borrow(tensor, "tensor")?.resolve_as(Flush::Export)?.clone(),
-            ))
-        },
+        || export_for(tensor, 0),
     )
+}
+
+/// Like `ndx_tensor_to_dlpack_versioned`, for a consumer that will use the data on
+/// `consumer_stream` (a `CUstream`; NULL is the legacy default stream): for CUDA
+/// memory, that stream is made to wait (with an event, no host synchronisation) for
+/// the work that produces the tensor, as DLPack's exchange protocol asks.
+/// `NDX_STREAM_NO_SYNC` orders nothing (the consumer synchronises itself). The stream
+/// is ignored for host memory and where no CUDA driver is present. On failure (an
+/// invalid stream, say) nothing is exported. Thread-safe.
+#[unsafe(no_mangle)]
+pub extern "C" fn ndx_tensor_to_dlpack_versioned_stream(
+    tensor: *const ndx_tensor_t,
+    consumer_stream: *mut c_void,
+    out: *mut *mut DLManagedTensorVersioned,
+) -> *mut ndx_error_t {
+    boundary_out(
+        "ndx_tensor_to_dlpack_versioned_stream",
+        out,
+        std::ptr::null_mut(),
+        || export_for(tensor, consumer_stream as usize),
+    )
+}
+
+fn export_for(tensor: *const ndx_tensor_t, stream: usize) -> Result<*mut DLManagedTensorVersioned> {
+    let t = borrow(tensor, "tensor")?.resolve_as(Flush::Export)?.clone();
+    crate::cuda::order_consumer(t.storage().ready_event().as_ref(), stream).map_err(|e| {
+        Error::new(
+            e.kind(),
+            format!("argument 'consumer_stream': {}", e.message()),
+        )
+    })?;
+    Ok(dlpack::export_versioned(t))
 }
 
 /// Exports the tensor as a legacy DLPack tensor, without copying. Fails with

@@ -641,12 +641,12 @@ fn clamp_bounds(args: &Args) -> Result<(Option<f64>, Option<f64>)> {
         }
     };
     let (lo, hi) = (get("lo")?, get("hi")?);
-    if let (Some(l), Some(h)) = (lo, hi) {
-        if l > h {
-            return Err(Error::value(format!(
-                "clamp bounds are reversed: lo = {l} is greater than hi = {h}"
-            )));
-        }
+    if let (Some(l), Some(h)) = (lo, hi)
+        && l > h
+    {
+        return Err(Error::value(format!(
+            "clamp bounds are reversed: lo = {l} is greater than hi = {h}"
+        )));
     }
     Ok((lo, hi))
 }

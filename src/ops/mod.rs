@@ -187,10 +187,10 @@ impl Registry {
 
     /// The operator `name`: a host operator of this registry, else a built-in.
     pub fn get(&self, name: &str) -> Option<Arc<OpDef>> {
-        if self.any.load(std::sync::atomic::Ordering::Acquire) {
-            if let Some(op) = self.ops.read().get(name) {
-                return Some(op.clone());
-            }
+        if self.any.load(std::sync::atomic::Ordering::Acquire)
+            && let Some(op) = self.ops.read().get(name)
+        {
+            return Some(op.clone());
         }
         builtin(name)
     }

@@ -23,23 +23,22 @@ impl<'a, T: Elem> View<'a, T> {
     /// copy.
     pub(crate) fn new(t: &'a Tensor, shape: &[i64]) -> Result<View<'a, T>> {
         let item = std::mem::size_of::<T>() as isize;
-        if let Some((span, origin)) = t.host_span() {
-            if let Ok(data) = bytemuck::try_cast_slice::<u8, T>(span) {
-                if origin % item == 0 {
-                    let lead = shape.len() - t.ndim();
-                    let mut strides = vec![0isize; shape.len()];
-                    for (k, (&d, &s)) in t.shape().iter().zip(t.strides()).enumerate() {
-                        if d != 1 {
-                            strides[lead + k] = s as isize;
-                        }
-                    }
-                    return Ok(View {
-                        data: Cow::Borrowed(data),
-                        origin: origin / item,
-                        strides,
-                    });
+        if let Some((span, origin)) = t.host_span()
+            && let Ok(data) = bytemuck::try_cast_slice::<u8, T>(span)
+            && origin % item == 0
+        {
+            let lead = shape.len() - t.ndim();
+            let mut strides = vec![0isize; shape.len()];
+            for (k, (&d, &s)) in t.shape().iter().zip(t.strides()).enumerate() {
+                if d != 1 {
+                    strides[lead + k] = s as isize;
                 }
             }
+            return Ok(View {
+                data: Cow::Borrowed(data),
+                origin: origin / item,
+                strides,
+            });
         }
         let strides = broadcast_strides(t.shape(), shape)
             .into_iter()

@@ -129,6 +129,11 @@ pub unsafe fn release_if_unknown_version(managed: *mut DLManagedTensorVersioned)
     Ok(())
 }
 
+/// Names the import in a CUDA ordering failure ("tensor (kDLCUDA:0): ...").
+fn in_import(what: &str, e: Error) -> Error {
+    Error::new(e.kind(), format!("{what}: {}", e.message()))
+}
+
 /// Imports one versioned tensor.
 ///
 /// # Safety
@@ -146,6 +151,8 @@ pub unsafe fn import_versioned(
     let m = unsafe { &*managed };
     // SAFETY: shape/strides per the producer's contract.
     let meta = unsafe { inspect(&m.dl_tensor, "tensor", opts) }?;
+    let ready = crate::cuda::order_after_producer(meta.device, opts.stream)
+        .map_err(|e| in_import("tensor", e))?;
     let read_only = m.flags.contains(DlpackFlags::READ_ONLY);
     let is_copied = m.flags.contains(DlpackFlags::IS_COPIED);
     // SAFETY: validated; ownership passes to the storage now that nothing can fail.
@@ -159,6 +166,7 @@ pub unsafe fn import_versioned(
             is_copied,
         )
     };
+    storage.set_ready_event(ready);
     Ok(tensor_from_meta(storage, meta, opts.read_only))
 }
 
@@ -174,6 +182,8 @@ pub unsafe fn import_legacy(managed: *mut DLManagedTensor, opts: &ImportOptions)
     let m = unsafe { &*managed };
     // SAFETY: shape/strides per the producer's contract.
     let meta = unsafe { inspect(&m.dl_tensor, "tensor", opts) }?;
+    let ready = crate::cuda::order_after_producer(meta.device, opts.stream)
+        .map_err(|e| in_import("tensor", e))?;
     // SAFETY: validated; ownership passes to the storage now that nothing can fail.
     let storage = unsafe {
         Storage::from_legacy(
@@ -184,6 +194,7 @@ pub unsafe fn import_legacy(managed: *mut DLManagedTensor, opts: &ImportOptions)
             false,
         )
     };
+    storage.set_ready_event(ready);
     Ok(tensor_from_meta(storage, meta, opts.read_only))
 }
 
@@ -307,6 +318,8 @@ pub unsafe fn import_batch_versioned(
         );
     }
     check_agreement(&metas).map_err(keep_ownership_note)?;
+    let ready = crate::cuda::order_after_producer(metas[0].device, opts.stream)
+        .map_err(|e| keep_ownership_note(in_import("tensors", e)))?;
     // Pass 3: nothing can fail any more; take them all.
     let samples = ptrs
         .iter()
@@ -327,6 +340,7 @@ pub unsafe fn import_batch_versioned(
                     is_copied,
                 )
             };
+            storage.set_ready_event(ready.clone());
             Arc::new(tensor_from_meta(storage, meta, opts.read_only))
         })
         .collect();
@@ -358,6 +372,8 @@ pub unsafe fn import_batch_legacy(
         );
     }
     check_agreement(&metas).map_err(keep_ownership_note)?;
+    let ready = crate::cuda::order_after_producer(metas[0].device, opts.stream)
+        .map_err(|e| keep_ownership_note(in_import("tensors", e)))?;
     let samples = ptrs
         .iter()
         .zip(metas)
@@ -366,6 +382,7 @@ pub unsafe fn import_batch_legacy(
             let storage = unsafe {
                 Storage::from_legacy(p, meta.geometry.lo, meta.geometry.len, meta.device, false)
             };
+            storage.set_ready_event(ready.clone());
             Arc::new(tensor_from_meta(storage, meta, opts.read_only))
         })
         .collect();

@@ -23,6 +23,9 @@ pub struct ImportOptions {
     pub layout: Option<String>,
     /// Forces the imported tensors to be read-only.
     pub read_only: bool,
+    /// For CUDA memory: the raw `CUstream` the producer's writes are ordered on (0 is
+    /// the legacy default stream), or [`crate::cuda::STREAM_NO_SYNC`].
+    pub stream: usize,
 }
 
 /// Formats a shape or strides as `[2, 3]`.
@@ -544,13 +547,14 @@ impl Tensor {
     /// The elements as compact bytes: borrowed when the view is compact and host
     /// memory, copied otherwise.
     pub fn compact_bytes(&self) -> Result<std::borrow::Cow<'_, [u8]>> {
-        if self.is_compact() && self.nbytes() > 0 {
-            if let Some(span) = self.storage.host_bytes() {
-                let start = (self.byte_offset as isize - self.storage.span_start()) as usize;
-                return Ok(std::borrow::Cow::Borrowed(
-                    &span[start..start + self.nbytes()],
-                ));
-            }
+        if self.is_compact()
+            && self.nbytes() > 0
+            && let Some(span) = self.storage.host_bytes()
+        {
+            let start = (self.byte_offset as isize - self.storage.span_start()) as usize;
+            return Ok(std::borrow::Cow::Borrowed(
+                &span[start..start + self.nbytes()],
+            ));
         }
         self.to_bytes().map(std::borrow::Cow::Owned)
     }

@@ -44,6 +44,9 @@ pub struct Storage {
     read_only: bool,
     is_copied: bool,
     owner: Owner,
+    /// For CUDA memory: the event after which its contents are valid (a producer's
+    /// stream at import, or ndx's last write); `None` when nothing is pending.
+    ready: parking_lot::Mutex<Option<std::sync::Arc<crate::cuda::Event>>>,
 }
 
 // SAFETY: a Storage is a pointer to memory plus the right to release it. ndx writes
@@ -134,10 +137,8 @@ impl Storage {
     /// A new zeroed host buffer of `len` bytes, aligned to [`ALIGNMENT`].
     pub fn owned(len: usize) -> Result<Storage> {
         let (mut s, reused) = Storage::alloc(len)?;
-        if reused {
-            if let Some(b) = s.owned_bytes_mut() {
-                b.fill(0);
-            }
+        if reused && let Some(b) = s.owned_bytes_mut() {
+            b.fill(0);
         }
         Ok(s)
     }
@@ -150,19 +151,20 @@ impl Storage {
 
     /// A buffer from the cache (`true`) or a new zeroed one (`false`).
     fn alloc(len: usize) -> Result<(Storage, bool)> {
-        if len >= CACHE_MIN_BYTES {
-            if let Some(ptr) = cache_take(len) {
-                let storage = Storage {
-                    ptr,
-                    lo: 0,
-                    len,
-                    device: Device::CPU,
-                    read_only: false,
-                    is_copied: false,
-                    owner: Owner::Owned(Layout::from_size_align(len, ALIGNMENT).ok()),
-                };
-                return Ok((storage, true));
-            }
+        if len >= CACHE_MIN_BYTES
+            && let Some(ptr) = cache_take(len)
+        {
+            let storage = Storage {
+                ptr,
+                lo: 0,
+                len,
+                device: Device::CPU,
+                read_only: false,
+                is_copied: false,
+                owner: Owner::Owned(Layout::from_size_align(len, ALIGNMENT).ok()),
+                ready: Default::default(),
+            };
+            return Ok((storage, true));
         }
         let (ptr, layout) = if len == 0 {
             (std::ptr::null_mut(), None)
@@ -191,6 +193,7 @@ impl Storage {
             read_only: false,
             is_copied: false,
             owner: Owner::Owned(layout),
+            ready: Default::default(),
         };
         Ok((storage, false))
     }
@@ -219,6 +222,7 @@ impl Storage {
             read_only,
             is_copied,
             owner: Owner::Versioned(managed),
+            ready: Default::default(),
         }
     }
 
@@ -243,6 +247,7 @@ impl Storage {
             read_only,
             is_copied: false,
             owner: Owner::Legacy(managed),
+            ready: Default::default(),
         }
     }
 
@@ -266,6 +271,7 @@ impl Storage {
             read_only,
             is_copied: false,
             owner: Owner::Host { deleter, user },
+            ready: Default::default(),
         }
     }
 
@@ -280,6 +286,15 @@ impl Storage {
     /// Whether ndx must never write into this memory.
     pub fn read_only(&self) -> bool {
         self.read_only
+    }
+    /// The event after which CUDA memory is valid, if any is pending.
+    pub fn ready_event(&self) -> Option<std::sync::Arc<crate::cuda::Event>> {
+        self.ready.lock().clone()
+    }
+
+    /// Sets the event after which CUDA memory is valid.
+    pub fn set_ready_event(&self, event: Option<std::sync::Arc<crate::cuda::Event>>) {
+        *self.ready.lock() = event;
     }
     /// Whether the producer marked the memory as a private copy (DLPack IS_COPIED).
     pub fn is_copied(&self) -> bool {

@@ -120,7 +120,7 @@ static void test_refusals(void) {
   float buf[4] = {0};
   ndx_tensor_t* flat = wrap(buf, 1, s4, NULL);
   ndx_tensor_t* overlapping = wrap(buf, 2, s22, bad_strides);
-  ndx_import_options_t ro = {sizeof ro, NULL, true};
+  ndx_import_options_t ro = ndx_test_options(NULL, true);
   ndx_tensor_t* read_only = NULL;
   CHECK_OK(ndx_tensor_wrap_host(buf, NDX_DTYPE_FLOAT32, 2, s22, NULL, NULL, NULL, &ro,
                                 &read_only));

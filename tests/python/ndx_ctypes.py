@@ -253,7 +253,12 @@ class ndx_import_options_t(Structure):
         ("struct_size", c_size_t),
         ("layout", c_char_p),
         ("read_only", c_bool),
+        ("stream", c_void_p),
     ]
+
+
+# NDX_STREAM_NO_SYNC: a CUstream value meaning "do not order" ((void*)-1).
+STREAM_NO_SYNC = (1 << (8 * ctypes.sizeof(c_void_p))) - 1
 
 
 class DLPackVersion(Structure):
@@ -323,6 +328,9 @@ def _proto(name, restype, *argtypes):
 
 _proto("ndx_version", c_uint32)
 _proto("ndx_version_string", c_char_p)
+# CUDA discovery
+_proto("ndx_cuda_device_count", c_int32)
+_proto("ndx_cuda_device_check", c_void_p, c_int32)
 # errors
 _proto("ndx_error_kind", c_int32, c_void_p)
 _proto("ndx_error_kind_name", c_char_p, c_int32)
@@ -397,6 +405,7 @@ _proto(
 )
 _proto("ndx_tensor_from_dlpack", _err, c_void_p, POINTER(ndx_import_options_t), POINTER(c_void_p))
 _proto("ndx_tensor_copy_to", _err, c_void_p, c_void_p, c_size_t)
+_proto("ndx_tensor_to_dlpack_versioned_stream", _err, c_void_p, c_void_p, POINTER(c_void_p))
 _proto("ndx_tensor_release", None, c_void_p)
 _proto("ndx_tensor_dtype", _err, c_void_p, POINTER(c_int32))
 _proto("ndx_tensor_ndim", _err, c_void_p, POINTER(c_int32))
@@ -877,8 +886,13 @@ class Tensor:
         return tensor_to_numpy(self)
 
 
-def dlpack_import(capsule, layout: Optional[str] = None, read_only: bool = False) -> Tensor:
+def dlpack_import(
+    capsule, layout: Optional[str] = None, read_only: bool = False, stream: Optional[int] = None
+) -> Tensor:
     """Imports a `__dlpack__` capsule (versioned or legacy) into a new Tensor.
+
+    `stream` is the raw `CUstream` (an integer) the producer's writes are ordered on,
+    for CUDA memory: None is the legacy default stream (0), `STREAM_NO_SYNC` none.
 
     On success ndx owns the managed tensor and the capsule is renamed "used_..." so
     its destructor leaves the deleter alone. On failure the capsule keeps it (and
@@ -895,11 +909,12 @@ def dlpack_import(capsule, layout: Optional[str] = None, read_only: bool = False
     else:
         raise ValueError("not an unused DLPack capsule ('dltensor' or 'dltensor_versioned')")
     opts = None
-    if layout is not None or read_only:
+    if layout is not None or read_only or stream is not None:
         opts = ndx_import_options_t(
             ctypes.sizeof(ndx_import_options_t),
             None if layout is None else layout.encode(),
             read_only,
+            stream,
         )
     out = c_void_p()
     if versioned:

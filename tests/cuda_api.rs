@@ -1,0 +1,239 @@
+//! CUDA discovery and the errors of CUDA requests, through the C ABI. These run on
+//! every machine: where no driver is present (CI) they check the "no driver" answers,
+//! where one is they check the device-range answers.
+
+mod common;
+
+use common::*;
+use dlpark::ffi::DLDeviceType;
+use ndx::ffi::ndx_error_kind_t::*;
+use ndx::ffi::*;
+
+fn driver_reason() -> Option<&'static str> {
+    ndx::cuda::driver_absent_reason()
+}
+
+#[test]
+fn device_count_and_check_agree() {
+    let n = ndx_cuda_device_count();
+    assert!(n >= 0);
+    match driver_reason() {
+        Some(why) => {
+            eprintln!("no usable CUDA driver here ({why}): checking the refusals");
+            assert_eq!(n, 0);
+            expect_err(ndx_cuda_device_check(0), NDX_ERROR_CUDA, why);
+        }
+        None => {
+            ok(ndx_cuda_device_check(n - 1));
+            let plural = if n == 1 { "device" } else { "devices" };
+            expect_err(
+                ndx_cuda_device_check(n + 2),
+                NDX_ERROR_CUDA,
+                &format!("device {} does not exist, {n} {plural} present", n + 2),
+            );
+        }
+    }
+    expect_err(ndx_cuda_device_check(-1), NDX_ERROR_CUDA, "");
+}
+
+#[test]
+fn without_a_driver_the_reason_is_the_missing_library() {
+    // CI has no libcuda: the message names it. (Elsewhere the other test covers it.)
+    if let Some(why) = driver_reason()
+        && std::env::var("NDX_CUDA_DISABLE").is_err()
+    {
+        assert!(
+            why == "no CUDA driver found: libcuda.so could not be loaded"
+                || why.starts_with("the CUDA driver was found but cuInit failed"),
+            "{why}"
+        );
+    }
+}
+
+#[test]
+fn computing_on_a_cuda_tensor_of_a_missing_device_fails_at_invoke() {
+    let mut spec = Spec::f32s(&[1.0, 2.0], &[2]);
+    spec.device.device_type = DLDeviceType::CUDA;
+    spec.device.device_id = 9;
+    let (m, count) = spec.versioned();
+    let mut t = std::ptr::null_mut();
+    ok(ndx_tensor_from_dlpack_versioned(
+        m,
+        std::ptr::null(),
+        &mut t,
+    ));
+    let ctx = Ctx::new(0);
+    let inputs: [ndx_input_t; 2] = std::array::from_fn(|_| ndx_input_t {
+        tensor: t,
+        batch: std::ptr::null(),
+    });
+    let mut f = std::ptr::null_mut();
+    let e = ndx_invoke(
+        ctx.0,
+        c"add".as_ptr(),
+        inputs.as_ptr(),
+        2,
+        std::ptr::null(),
+        std::ptr::null(),
+        &mut f,
+    );
+    let (kind, msg) = take_error(e).expect("refused at invoke");
+    assert_eq!(kind, NDX_ERROR_CUDA as i32, "{msg}");
+    assert!(f.is_null());
+    let want = match driver_reason() {
+        Some(why) => format!("operator 'add': input 0 lives in CUDA memory (kDLCUDA:9), but {why}"),
+        None => format!(
+            "operator 'add': input 0 lives in CUDA memory (kDLCUDA:9), but device 9 does not exist, {} device",
+            ndx_cuda_device_count()
+        ),
+    };
+    assert!(msg.starts_with(&want), "{msg}\nexpected: {want}");
+    ndx_tensor_release(t);
+    assert_eq!(calls(&count), 1);
+}
+
+fn import_opts(stream: usize) -> ndx_import_options_t {
+    ndx_import_options_t {
+        struct_size: std::mem::size_of::<ndx_import_options_t>(),
+        layout: std::ptr::null(),
+        read_only: false,
+        stream: stream as *mut std::ffi::c_void,
+    }
+}
+
+const NO_SYNC: usize = usize::MAX;
+
+#[test]
+fn the_stream_is_ignored_for_host_memory() {
+    // A garbage stream value: host memory is never ordered, so it is never touched.
+    let (m, count) = Spec::f32s(&[1.0, 2.0, 3.0], &[3]).versioned();
+    let mut t = std::ptr::null_mut();
+    ok(ndx_tensor_from_dlpack_versioned(
+        m,
+        &import_opts(0x1234),
+        &mut t,
+    ));
+    assert_eq!(values_f32(t), [1.0, 2.0, 3.0]);
+    let mut out = std::ptr::null_mut();
+    ok(ndx_tensor_to_dlpack_versioned_stream(
+        t,
+        0x1234 as *mut std::ffi::c_void,
+        &mut out,
+    ));
+    assert!(!out.is_null());
+    // SAFETY: a live export; its deleter is called once below.
+    unsafe {
+        let dl = &(*out).dl_tensor;
+        assert_eq!(*dl.data.cast::<f32>().add(2), 3.0);
+        ((*out).deleter.expect("deleter"))(out);
+    }
+    ndx_tensor_release(t);
+    assert_eq!(calls(&count), 1);
+}
+
+#[test]
+fn callers_of_the_shorter_options_struct_get_the_default_stream() {
+    let mut o = import_opts(0xdead_beef);
+    o.struct_size = std::mem::offset_of!(ndx_import_options_t, stream);
+    o.read_only = true;
+    let (m, count) = Spec::f32s(&[4.0], &[1]).versioned();
+    let mut t = std::ptr::null_mut();
+    ok(ndx_tensor_from_dlpack_versioned(m, &o, &mut t));
+    let mut ro = false;
+    ok(ndx_tensor_is_read_only(t, &mut ro));
+    assert!(ro, "the fields the shorter struct has are read");
+    ndx_tensor_release(t);
+    assert_eq!(calls(&count), 1);
+
+    o.struct_size -= 1;
+    let (m, _count) = Spec::f32s(&[4.0], &[1]).versioned();
+    expect_err(
+        ndx_tensor_from_dlpack_versioned(m, &o, &mut t),
+        NDX_ERROR_VALUE,
+        &format!("opts->struct_size is {}", o.struct_size),
+    );
+    drop_versioned(m);
+}
+
+#[test]
+fn cuda_imports_and_exports_with_streams() {
+    // Device 0 with the legacy default stream: without a driver nothing can be
+    // pending, so the tensor is metadata; with one, an event is recorded on stream 0.
+    // The data pointer is never dereferenced either way.
+    let mut spec = Spec::f32s(&[1.0, 2.0], &[2]);
+    spec.device.device_type = DLDeviceType::CUDA;
+    let (m, count) = spec.versioned();
+    let mut t = std::ptr::null_mut();
+    ok(ndx_tensor_from_dlpack_versioned(m, &import_opts(0), &mut t));
+    for stream in [0, NO_SYNC] {
+        let mut out = std::ptr::null_mut();
+        ok(ndx_tensor_to_dlpack_versioned_stream(
+            t,
+            stream as *mut std::ffi::c_void,
+            &mut out,
+        ));
+        // SAFETY: a live export, released once.
+        unsafe {
+            assert_eq!((*out).dl_tensor.device.device_type, DLDeviceType::CUDA);
+            ((*out).deleter.expect("deleter"))(out);
+        }
+    }
+    ndx_tensor_release(t);
+    assert_eq!(calls(&count), 1);
+
+    // A bulk import with one stream: one ordering for every sample.
+    let specs: Vec<_> = (0..3)
+        .map(|i| {
+            let mut s = Spec::f32s(&[i as f32], &[1]);
+            s.device.device_type = DLDeviceType::CUDA;
+            s.versioned()
+        })
+        .collect();
+    let ptrs: Vec<_> = specs.iter().map(|(m, _)| *m).collect();
+    let mut b = std::ptr::null_mut();
+    ok(ndx_batch_from_dlpack_versioned(
+        ptrs.as_ptr(),
+        3,
+        &import_opts(0),
+        &mut b,
+    ));
+    ndx_batch_release(b);
+    for (_, c) in &specs {
+        assert_eq!(calls(c), 1);
+    }
+}
+
+#[test]
+fn a_sample_on_another_device_is_named_and_nothing_is_taken() {
+    let specs: Vec<_> = (0..3)
+        .map(|i| {
+            let mut s = Spec::f32s(&[i as f32], &[1]);
+            s.device.device_type = DLDeviceType::CUDA;
+            s.device.device_id = if i == 2 { 1 } else { 0 };
+            s.versioned()
+        })
+        .collect();
+    let ptrs: Vec<_> = specs.iter().map(|(m, _)| *m).collect();
+    let mut b = std::ptr::null_mut();
+    expect_err(
+        ndx_batch_from_dlpack_versioned(ptrs.as_ptr(), 3, &import_opts(0), &mut b),
+        NDX_ERROR_VALUE,
+        "tensors[2]",
+    );
+    assert!(b.is_null());
+    for (m, c) in &specs {
+        assert_eq!(calls(c), 0);
+        drop_versioned(*m);
+    }
+}
+
+#[test]
+fn exporting_null_names_the_argument() {
+    let mut out = std::ptr::null_mut();
+    expect_err(
+        ndx_tensor_to_dlpack_versioned_stream(std::ptr::null(), std::ptr::null_mut(), &mut out),
+        NDX_ERROR_VALUE,
+        "argument 'tensor' is NULL",
+    );
+    assert!(out.is_null());
+}
