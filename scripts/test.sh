@@ -4,7 +4,9 @@
 # Needs: a Rust toolchain with rustfmt and clippy, cmake, a C/C++ compiler, valgrind,
 # pkg-config, python3 with pip (for the official dlpack.h used by one compatibility
 # test), numpy and pytest (the Python FFI tests), opencv-python-headless and
-# ml_dtypes (references for the image operators and bfloat16).
+# ml_dtypes (references for the image operators and bfloat16), and the NVRTC wheel
+# named by `scripts/build_ptx.py --requirement` (compiles the CUDA kernel sources; no
+# GPU needed; without it the PTX checks skip unless NDX_REQUIRE_NVRTC=1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${NDX_BUILD_DIR:-build}
@@ -47,6 +49,15 @@ PY
   else
     echo "note: no official dlpack.h available; the dlpack_order_* tests are skipped"
   fi
+fi
+
+step "CUDA kernels: committed PTX in sync with src/cuda/kernels (NVRTC)"
+status=0
+python3 scripts/build_ptx.py --check || status=$?
+if [ "$status" = 2 ] && [ "${NDX_REQUIRE_NVRTC:-0}" != 1 ]; then
+  echo "note: NVRTC not installed ($(python3 scripts/build_ptx.py --requirement)); PTX check skipped"
+elif [ "$status" != 0 ]; then
+  exit "$status"
 fi
 
 step "cmake configure and build ($build)"

@@ -237,3 +237,27 @@ fn exporting_null_names_the_argument() {
     );
     assert!(out.is_null());
 }
+
+#[test]
+fn every_kernel_loads_on_device_0() {
+    // Needs a GPU: the driver JIT-compiles the embedded PTX for it.
+    if let Some(why) = driver_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let dev = ndx::cuda::device(0).expect("device 0");
+    let mut n = 0;
+    for (module, _) in ndx::cuda::module::MODULES {
+        for name in ndx::cuda::module::entries(module) {
+            ndx::cuda::module::function(dev, module, name)
+                .unwrap_or_else(|e| panic!("{module}.ptx: {name}: {}", e.message()));
+            n += 1;
+        }
+    }
+    assert!(n > 100, "{n} kernels");
+    let e = ndx::cuda::module::function(dev, "binary", "ndx_no_such_kernel").unwrap_err();
+    assert!(
+        e.message()
+            .contains("'ndx_no_such_kernel' is not in binary.ptx")
+    );
+}

@@ -4,6 +4,7 @@
 //! called (its loader panics when the library is missing).
 
 pub mod device;
+pub mod module;
 
 use std::ffi::CStr;
 use std::sync::{Arc, OnceLock};
