@@ -261,3 +261,30 @@ fn every_kernel_loads_on_device_0() {
             .contains("'ndx_no_such_kernel' is not in binary.ptx")
     );
 }
+
+#[test]
+fn the_device_pool_reuses_blocks_and_names_sizes_on_exhaustion() {
+    // Needs a GPU.
+    if let Some(why) = driver_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let dev = ndx::cuda::device(0).expect("device 0");
+    let mut pool = ndx::cuda::alloc::pool(dev).lock();
+    let before = pool.stats();
+    let b = pool.alloc(3 << 20, "kDLCUDA:0").expect("3 MiB");
+    assert_ne!(b.ptr, 0);
+    pool.free(b.ptr, b.bytes, None);
+    let again = pool.alloc(3 << 20, "kDLCUDA:0").expect("3 MiB again");
+    assert_eq!(again.ptr, b.ptr, "the cached block is reused");
+    pool.free(again.ptr, again.bytes, None);
+    assert_eq!(pool.stats().backend_allocs, before.backend_allocs + 1);
+    let e = pool.alloc(1 << 50, "kDLCUDA:0").unwrap_err();
+    assert_eq!(e.kind(), ndx::error::ErrorKind::Memory);
+    assert!(
+        e.message()
+            .starts_with("CUDA out of memory on kDLCUDA:0: asked for 1024.00 TiB"),
+        "{}",
+        e.message()
+    );
+}

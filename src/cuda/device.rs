@@ -155,6 +155,12 @@ impl Event {
     }
 }
 
+impl std::fmt::Debug for Event {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Event({:p} on device {})", self.raw, self.device.id)
+    }
+}
+
 impl Drop for Event {
     fn drop(&mut self) {
         if self.device.bind().is_ok() {

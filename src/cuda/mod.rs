@@ -3,6 +3,7 @@
 //! operation fails with an `NDX_ERROR_CUDA` error that says so, and cudarc is never
 //! called (its loader panics when the library is missing).
 
+pub mod alloc;
 pub mod device;
 pub mod module;
 
