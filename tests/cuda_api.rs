@@ -288,3 +288,80 @@ fn the_device_pool_reuses_blocks_and_names_sizes_on_exhaustion() {
         e.message()
     );
 }
+
+#[test]
+fn a_kernel_runs_end_to_end_on_device_0() {
+    // Needs a GPU: pool memory, copies and a launch of ndx_add_f32 and its broadcast
+    // form on ndx's stream, checked against the CPU, at two grid sizes.
+    use ndx::cuda::launch::{Arg, Bcast2, copy_to_device, copy_to_host, launch, launch_grid};
+    if let Some(why) = driver_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let dev = ndx::cuda::device(0).expect("device 0");
+    let n = 100_003usize;
+    let a: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();
+    let b: Vec<f32> = (0..n).map(|i| 1.0 / (1.0 + i as f32)).collect();
+    let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>();
+    let mut pool = ndx::cuda::alloc::pool(dev).lock();
+    let [da, db, dout] = [0; 3].map(|_| pool.alloc(n * 4, "kDLCUDA:0").expect("alloc"));
+    drop(pool);
+    copy_to_device(dev, da.ptr, &bytes(&a)).unwrap();
+    copy_to_device(dev, db.ptr, &bytes(&b)).unwrap();
+    let f = ndx::cuda::module::function(dev, "binary", "ndx_add_f32").unwrap();
+    let args = [
+        Arg::Ptr(dout.ptr),
+        Arg::Ptr(da.ptr),
+        Arg::Ptr(db.ptr),
+        Arg::U64(n as u64),
+        Arg::Ptr(0),
+        Arg::Ptr(0),
+    ];
+    let mut got = vec![0u8; n * 4];
+    for grid in [None, Some(3)] {
+        match grid {
+            None => launch(dev, f, n as u64, &args).unwrap(),
+            Some(g) => launch_grid(dev, f, g, n as u64, &args).unwrap(),
+        }
+        copy_to_host(dev, &mut got, dout.ptr).unwrap();
+        for i in (0..n).step_by(997) {
+            let v = f32::from_ne_bytes(got[i * 4..i * 4 + 4].try_into().unwrap());
+            assert_eq!(v, a[i] + b[i], "element {i}, grid {grid:?}");
+        }
+    }
+    // Broadcasting: out[i, j] = a[j] + b[i] over a 2 x 3 view of the same buffers.
+    let mut p = Bcast2 {
+        ndim: 2,
+        ..Default::default()
+    };
+    p.shape[..2].copy_from_slice(&[2, 3]);
+    p.a_strides[..2].copy_from_slice(&[0, 1]);
+    p.b_strides[..2].copy_from_slice(&[1, 0]);
+    let fb = ndx::cuda::module::function(dev, "binary", "ndx_add_f32_bcast").unwrap();
+    launch(
+        dev,
+        fb,
+        6,
+        &[
+            Arg::Ptr(dout.ptr),
+            Arg::Ptr(da.ptr),
+            Arg::Ptr(db.ptr),
+            Arg::U64(6),
+            Arg::Bcast2(p),
+            Arg::Ptr(0),
+            Arg::Ptr(0),
+        ],
+    )
+    .unwrap();
+    let mut six = [0u8; 24];
+    copy_to_host(dev, &mut six, dout.ptr).unwrap();
+    for (k, got) in six.chunks_exact(4).enumerate() {
+        let (i, j) = (k / 3, k % 3);
+        let v = f32::from_ne_bytes(got.try_into().unwrap());
+        assert_eq!(v, a[j] + b[i], "[{i}, {j}]");
+    }
+    let mut pool = ndx::cuda::alloc::pool(dev).lock();
+    for blk in [da, db, dout] {
+        pool.free(blk.ptr, blk.bytes, None);
+    }
+}

@@ -5,6 +5,7 @@
 
 pub mod alloc;
 pub mod device;
+pub mod launch;
 pub mod module;
 
 use std::ffi::CStr;

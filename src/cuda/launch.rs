@@ -1,0 +1,193 @@
+//! Launching the PTX kernels on ndx's stream of a device, and host↔device copies on
+//! that stream. The argument structs mirror `src/cuda/kernels/ABI.md` field for field
+//! (their sizes and offsets are asserted at compile time).
+
+use std::ffi::c_void;
+
+use cudarc::driver::sys;
+
+use super::device::{DeviceState, check};
+use super::module::Function;
+use crate::error::Result;
+
+/// `struct ndx_bcast2` (binary.cu): a broadcasting binary operation's geometry.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Bcast2 {
+    /// Output rank, 0 to 8.
+    pub ndim: u32,
+    /// Set to 0.
+    pub reserved: u32,
+    /// Output shape.
+    pub shape: [i64; 8],
+    /// `a`'s strides in elements (0 to broadcast, negative allowed).
+    pub a_strides: [i64; 8],
+    /// `b`'s strides in elements.
+    pub b_strides: [i64; 8],
+}
+
+/// `struct ndx_resize_geom` (resize.cu).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ResizeGeom {
+    pub planes: u64,
+    pub in_h: u64,
+    pub in_w: u64,
+    pub c: u64,
+    pub out_h: u64,
+    pub out_w: u64,
+}
+
+/// `struct ndx_flag`: a device-side check record (`first_index` starts at `u64::MAX`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Flag {
+    /// Elements that raised.
+    pub count: u64,
+    /// The lowest index that raised, or `u64::MAX`.
+    pub first_index: u64,
+}
+
+impl Flag {
+    /// A record nothing has raised.
+    pub const CLEAR: Flag = Flag {
+        count: 0,
+        first_index: u64::MAX,
+    };
+}
+
+const _: () = {
+    use std::mem::{align_of, offset_of, size_of};
+    assert!(size_of::<Bcast2>() == 200 && align_of::<Bcast2>() == 8);
+    assert!(offset_of!(Bcast2, reserved) == 4 && offset_of!(Bcast2, shape) == 8);
+    assert!(offset_of!(Bcast2, a_strides) == 72 && offset_of!(Bcast2, b_strides) == 136);
+    assert!(size_of::<ResizeGeom>() == 48 && offset_of!(ResizeGeom, out_w) == 40);
+    assert!(size_of::<Flag>() == 16 && offset_of!(Flag, first_index) == 8);
+};
+
+/// One kernel argument, in the C type the ABI names.
+#[derive(Clone, Copy, Debug)]
+pub enum Arg {
+    /// A device pointer (NULL is 0).
+    Ptr(u64),
+    /// `u64`.
+    U64(u64),
+    /// `double`.
+    F64(f64),
+    /// `ndx_bcast2`, by value.
+    Bcast2(Bcast2),
+    /// `ndx_resize_geom`, by value.
+    Geom(ResizeGeom),
+}
+
+/// Threads per block (the ABI's recommendation).
+pub const BLOCK: u32 = 256;
+
+/// Blocks for `work` items: one thread each, at most 65535 blocks (the kernels loop).
+pub fn grid_for(work: u64) -> u32 {
+    work.div_ceil(u64::from(BLOCK)).clamp(1, 65535) as u32
+}
+
+/// Enqueues `f` on `device`'s stream over `work` items (nothing for 0).
+pub fn launch(device: &DeviceState, f: Function, work: u64, args: &[Arg]) -> Result<()> {
+    launch_grid(device, f, grid_for(work), work, args)
+}
+
+/// Like [`launch`] with an explicit grid size (the kernels' results do not depend on it).
+pub fn launch_grid(
+    device: &DeviceState,
+    f: Function,
+    grid: u32,
+    work: u64,
+    args: &[Arg],
+) -> Result<()> {
+    if work == 0 {
+        return Ok(());
+    }
+    let mut values: Vec<Arg> = args.to_vec();
+    let mut params: Vec<*mut c_void> = values
+        .iter_mut()
+        .map(|a| match a {
+            Arg::Ptr(v) | Arg::U64(v) => (v as *mut u64).cast(),
+            Arg::F64(v) => (v as *mut f64).cast(),
+            Arg::Bcast2(v) => (v as *mut Bcast2).cast(),
+            Arg::Geom(v) => (v as *mut ResizeGeom).cast(),
+        })
+        .collect();
+    device.bind()?;
+    // SAFETY: a function of a module loaded in this device's context; `params` holds
+    // one pointer per kernel parameter, each to a live value of the parameter's C type
+    // (the caller follows ABI.md), valid until the call returns (the driver copies
+    // them at launch); no dynamic shared memory; ndx's stream of this device.
+    check("cuLaunchKernel", unsafe {
+        sys::cuLaunchKernel(
+            f.raw(),
+            grid.max(1),
+            1,
+            1,
+            BLOCK,
+            1,
+            1,
+            0,
+            device.stream() as sys::CUstream,
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    })
+}
+
+/// Copies `src` to device memory at `dst` on ndx's stream. Pageable host memory is
+/// staged by the driver before the call returns, so `src` may be reused at once.
+pub fn copy_to_device(device: &DeviceState, dst: u64, src: &[u8]) -> Result<()> {
+    device.bind()?;
+    // SAFETY: `dst` holds at least `src.len()` bytes (the caller's block); `src` is a
+    // live slice for the duration of the call.
+    check("cuMemcpyHtoDAsync", unsafe {
+        sys::cuMemcpyHtoDAsync_v2(
+            dst,
+            src.as_ptr().cast(),
+            src.len(),
+            device.stream() as sys::CUstream,
+        )
+    })
+}
+
+/// Copies device memory at `src` into `dst` after the work enqueued before it on ndx's
+/// stream, and waits for it (the host reads `dst` next).
+pub fn copy_to_host(device: &DeviceState, dst: &mut [u8], src: u64) -> Result<()> {
+    device.bind()?;
+    // SAFETY: `src` holds at least `dst.len()` bytes; `dst` is a live, exclusive slice
+    // that stays borrowed until the stream is synchronised below.
+    check("cuMemcpyDtoHAsync", unsafe {
+        sys::cuMemcpyDtoHAsync_v2(
+            dst.as_mut_ptr().cast(),
+            src,
+            dst.len(),
+            device.stream() as sys::CUstream,
+        )
+    })?;
+    synchronize(device)
+}
+
+/// Waits for everything enqueued on ndx's stream of `device` (SYNC_FULL's wait).
+pub fn synchronize(device: &DeviceState) -> Result<()> {
+    device.bind()?;
+    // SAFETY: ndx's live stream of this device.
+    check("cuStreamSynchronize", unsafe {
+        sys::cuStreamSynchronize(device.stream() as sys::CUstream)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grids_cover_the_work_within_the_limit() {
+        assert_eq!(grid_for(1), 1);
+        assert_eq!(grid_for(256), 1);
+        assert_eq!(grid_for(257), 2);
+        assert_eq!(grid_for(1 << 40), 65535);
+        assert_eq!(Flag::CLEAR.first_index, u64::MAX);
+    }
+}
