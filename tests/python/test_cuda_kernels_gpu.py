@@ -33,6 +33,7 @@ import math
 import os
 import re
 import sys
+from functools import partial
 
 import numpy as np
 import pytest
@@ -394,17 +395,7 @@ def run_cast(g, name, x, out_dtype, grid=None, block=BLOCK):
 @pytest.mark.parametrize("d", list(DT) + ["bool"])
 @pytest.mark.parametrize("s", list(DT))
 def test_gpu_cast(g, s, d):
-    need_bf16(s)
-    need_bf16(d)
-    rng = rng_for(("gpu-cast", s, d))
-    x = sample(rng, s, 5000)
-    if s == "i32":  # values that need rounding in every float format
-        x[:6] = [16777217, -16777219, 2049, 2051, 65519, 65520]
-    if s in FLOATS:  # truncation, saturation, NaN
-        x[:8] = np.array([1.7, -1.7, 255.9, 256.0, -0.9, 3e9, -3e9, np.nan], np.float32).astype(DT[s])
-        x[8:12] = np.array([np.inf, -np.inf, -0.0, 0.0], np.float32).astype(DT[s])
-    want = ref.ref_cast(x, s, d)
-    assert_same(run_cast(g, f"ndx_cast_{s}_{d}", x, want.dtype), want, f"cast {s} -> {d}")
+    ref.case_cast(partial(run_cast, g), s, d, rng_for(("gpu-cast", s, d)), 5000, infs_and_zeros=True)
 
 
 def test_gpu_cast_u8_bool_normalises(g):
@@ -456,36 +447,12 @@ def test_gpu_chunk_rule():
 )
 @pytest.mark.parametrize("dt", list(DT))
 def test_gpu_reduce(g, dt, op, shape):
-    need_bf16(dt)
-    outer, r, inner = shape
-    rng = rng_for(("reduce", dt, op, shape))  # the emulation test's inputs
-    n = outer * r * inner
-    if dt in FLOATS:
-        x = rng.integers(-100, 101, n).astype(np.float32).astype(DT[dt])
-    else:
-        x = sample(rng, dt, n, specials=True) if n else np.zeros(0, DT[dt])
-    want = ref.ref_reduce(op, dt, x.reshape(outer, r, inner))
-    for chunk in sorted({ref.chunk_rule(outer, r, inner), 1, 33}):
-        assert_same(run_reduce(g, op, dt, x, outer, r, inner, chunk), want, f"{op} {dt} {shape} chunk={chunk}")
+    ref.case_reduce(partial(run_reduce, g), dt, op, shape)  # the emulation test's inputs
 
 
 @pytest.mark.parametrize("dt", FLOATS)
 def test_gpu_reduce_real_values_and_nan(g, dt):
-    need_bf16(dt)
-    rng = np.random.default_rng(7)
-    outer, r, inner = 2, 3000, 1
-    x = rng.normal(1, 3, outer * r).astype(np.float32).astype(DT[dt])
-    x3 = x.reshape(outer, r, inner)
-    chunk = ref.chunk_rule(outer, r, inner)
-    tol = {"f32": 2**-22, "f16": 2**-9, "bf16": 2**-6}[dt]
-    for op in ("sum", "mean"):
-        got = run_reduce(g, op, dt, x, outer, r, inner, chunk).astype(np.float64)
-        np.testing.assert_allclose(got, ref.ref_reduce(op, dt, x3).astype(np.float64), rtol=tol, atol=0)
-    x[1234] = np.nan
-    got = run_reduce(g, "max", dt, x, outer, r, inner, chunk).astype(np.float64)
-    assert np.isnan(got[0, 0]) and not np.isnan(got[1, 0])
-    got = run_reduce(g, "sum", dt, x, outer, r, inner, chunk).astype(np.float64)
-    assert np.isnan(got[0, 0]) and not np.isnan(got[1, 0])
+    ref.case_reduce_real_values_and_nan(partial(run_reduce, g), dt, sum_nan_stays_in_its_row=True)
 
 
 LARGE_REDUCE = [
@@ -556,20 +523,8 @@ def run_normalize(g, dt, x, c, inner, mean, std, stride, grid=None, block=BLOCK)
 @pytest.mark.parametrize("layout", ["HWC", "CHW"])
 @pytest.mark.parametrize("dt", list(DT))
 def test_gpu_normalize(g, dt, layout, size):
-    need_bf16(dt)
-    h, w, c = size
     rng = rng_for(("normalize", dt, layout) if size == (5, 7, 3) else ("gpu-normalize", dt, layout))
-    shape = (h, w, c) if layout == "HWC" else (c, h, w)
-    x = sample(rng, dt, h * w * c).reshape(shape)
-    inner = 1 if layout == "HWC" else h * w
-    for mean, std, stride in (([0.485, 0.456, 0.406], [0.229, 0.224, 0.225], 1), ([127.5], [-3.0], 0)):
-        m, s = np.array(mean, np.float64), np.array(std, np.float64)
-        bshape = [1, 1, 1]
-        bshape[2 if layout == "HWC" else 0] = c
-        mb, sb = np.broadcast_to(m, (c,)).reshape(bshape), np.broadcast_to(s, (c,)).reshape(bshape)
-        with np.errstate(all="ignore"):
-            want = ((x.astype(np.float64) - mb) / sb).astype(np.float32)
-        assert_same(run_normalize(g, dt, x, c, inner, m, s, stride), want, f"normalize {dt} {layout} {size}")
+    ref.case_normalize(partial(run_normalize, g), dt, layout, size, rng, f"normalize {dt} {layout} {size}")
 
 
 # --------------------------------------------------------------------------- resize
@@ -589,19 +544,7 @@ RESIZE_CASES = ref.RESIZE_CASES + [(480, 640, 224, 224), (100, 160, 300, 333)]
 @pytest.mark.parametrize("case", RESIZE_CASES, ids=lambda c: "x".join(map(str, c)))
 @pytest.mark.parametrize("dt", list(DT))
 def test_gpu_resize(g, dt, case):
-    need_bf16(dt)
-    ih, iw, oh, ow = case
-    rng = rng_for(("resize", dt, case))
-    for planes, c in ((1, 3), (2, 1)):  # HWC with 3 channels; CHW of 2 planes
-        if dt in FLOATS:
-            img = rng.normal(0, 50, (planes, ih, iw, c)).astype(np.float32).astype(DT[dt])
-        else:
-            img = sample(rng, dt, planes * ih * iw * c, specials=False).reshape(planes, ih, iw, c)
-        got = run_resize(g, f"ndx_resize_linear_{dt}", img, oh, ow)
-        assert_same(got, ref.ref_resize_linear(img, oh, ow, dt), f"linear {dt} {case} planes={planes} c={c}")
-        got = run_resize(g, f"ndx_resize_nearest_{dt}", img, oh, ow)
-        want = img[:, ref.nearest_index(ih, oh)][:, :, ref.nearest_index(iw, ow)]
-        assert_same(got, want, f"nearest {dt} {case} planes={planes} c={c}")
+    ref.case_resize(partial(run_resize, g), dt, case, nearest_names_planes=True)
 
 
 def ref_area2(img):
@@ -624,26 +567,13 @@ def test_gpu_resize_area2_u8(g, c):
 
 
 def test_gpu_resize_u8_against_opencv(g):
-    cv2 = pytest.importorskip("cv2")
-    rng = np.random.default_rng(11)
-    for ih, iw, oh, ow in ref.RESIZE_CASES + [(100, 160, 37, 224), (480, 640, 224, 224)]:
-        for c in (1, 3, 4):
-            img = rng.integers(0, 256, (ih, iw, c), dtype=np.uint8)
-            want = cv2.resize(img, (ow, oh), interpolation=cv2.INTER_LINEAR).reshape(oh, ow, c)
-            got = run_resize(g, "ndx_resize_linear_u8", img[None], oh, ow)[0]
-            diff = np.abs(got.astype(np.int16) - want.astype(np.int16))
-            assert diff.max() <= 1 and np.mean(diff == 0) >= 0.99, (ih, iw, oh, ow, c)
+    cases = ref.RESIZE_CASES + [(100, 160, 37, 224), (480, 640, 224, 224)]
+    ref.case_resize_u8_against_opencv(partial(run_resize, g), cases)
 
 
 @pytest.mark.parametrize("c", [1, 2, 3, 4, 5])
 def test_gpu_resize_u8_halving_equals_opencv(g, c):
-    cv2 = pytest.importorskip("cv2")
-    rng = np.random.default_rng(c)
-    ih, iw, oh, ow = 30, 40, 15, 20
-    img = rng.integers(0, 256, (ih, iw, c), dtype=np.uint8)
-    want = cv2.resize(img, (ow, oh), interpolation=cv2.INTER_LINEAR).reshape(oh, ow, c)
-    kernel = "ndx_resize_linear_u8" if c in (1, 3, 4) else "ndx_resize_area2_u8"
-    assert_same(run_resize(g, kernel, img[None], oh, ow)[0], want, f"halving c={c} with {kernel}")
+    ref.case_resize_u8_halving_equals_opencv(partial(run_resize, g), c)
 
 
 # --------------------------------------------------------------------------- checks

@@ -33,6 +33,7 @@ import sys
 import threading
 import zlib
 from fractions import Fraction
+from functools import partial
 
 import numpy as np
 import pytest
@@ -537,18 +538,29 @@ def ref_cast(x, s, d):
 @pytest.mark.parametrize("d", list(DT) + ["bool"])
 @pytest.mark.parametrize("s", list(DT))
 def test_emulated_cast(emu, s, d):
+    case_cast(partial(run_cast, emu), s, d, rng_for(("cast", s, d)), 2000)
+
+
+def run_cast(emu, name, x, out_dtype):
+    out = np.zeros(x.size, out_dtype)
+    emu["cast"].launch(name, [vp, vp, u64], out, x, x.size)
+    return out
+
+
+# Shared with test_cuda_kernels_gpu.py, as are the case_* functions below: `run` is this
+# file's run_* helper bound to the emulation, or that file's bound to the GPU.
+def case_cast(run, s, d, rng, n, infs_and_zeros=False):
     need_bf16(s)
     need_bf16(d)
-    rng = rng_for(("cast", s, d))
-    x = sample(rng, s, 2000)
+    x = sample(rng, s, n)
     if s == "i32":  # values that need rounding in every float format
         x[:6] = [16777217, -16777219, 2049, 2051, 65519, 65520]
-    if s in FLOATS:
+    if s in FLOATS:  # truncation, saturation, NaN
         x[:8] = np.array([1.7, -1.7, 255.9, 256.0, -0.9, 3e9, -3e9, np.nan], np.float32).astype(DT[s])
+        if infs_and_zeros:
+            x[8:12] = np.array([np.inf, -np.inf, -0.0, 0.0], np.float32).astype(DT[s])
     want = ref_cast(x, s, d)
-    out = np.zeros(x.size, want.dtype)
-    emu["cast"].launch(f"ndx_cast_{s}_{d}", [vp, vp, u64], out, x, x.size)
-    assert_same(out, want, f"cast {s} -> {d}")
+    assert_same(run(f"ndx_cast_{s}_{d}", x, want.dtype), want, f"cast {s} -> {d}")
 
 
 def test_emulated_cast_rounds_once():
@@ -656,6 +668,10 @@ REDUCE_CASES = [
 )
 @pytest.mark.parametrize("dt", list(DT))
 def test_emulated_reduce(emu, dt, op, shape):
+    case_reduce(partial(run_reduce, emu), dt, op, shape)
+
+
+def case_reduce(run, dt, op, shape):
     need_bf16(dt)
     outer, r, inner = shape
     rng = rng_for(("reduce", dt, op, shape))
@@ -668,12 +684,16 @@ def test_emulated_reduce(emu, dt, op, shape):
     want = ref_reduce(op, dt, x3)
     chunks = {chunk_rule(outer, r, inner), 1, 33}  # warp and thread modes, ragged chunks
     for chunk in sorted(chunks):
-        got = run_reduce(emu, op, dt, x, outer, r, inner, chunk)
+        got = run(op, dt, x, outer, r, inner, chunk)
         assert_same(got, want, f"{op} {dt} {shape} chunk={chunk}")
 
 
 @pytest.mark.parametrize("dt", FLOATS)
 def test_emulated_reduce_real_values_and_nan(emu, dt):
+    case_reduce_real_values_and_nan(partial(run_reduce, emu), dt)
+
+
+def case_reduce_real_values_and_nan(run, dt, sum_nan_stays_in_its_row=False):
     need_bf16(dt)
     rng = np.random.default_rng(7)
     outer, r, inner = 2, 3000, 1
@@ -681,16 +701,18 @@ def test_emulated_reduce_real_values_and_nan(emu, dt):
     x3 = x.reshape(outer, r, inner)
     chunk = chunk_rule(outer, r, inner)
     for op in ("sum", "mean"):
-        got = run_reduce(emu, op, dt, x, outer, r, inner, chunk).astype(np.float64)
+        got = run(op, dt, x, outer, r, inner, chunk).astype(np.float64)
         # The double sum differs from the exact one by far less than one ulp of dt.
         want = ref_reduce(op, dt, x3).astype(np.float64)
         tol = {"f32": 2**-22, "f16": 2**-9, "bf16": 2**-6}[dt]
         np.testing.assert_allclose(got, want, rtol=tol, atol=0)
     x[1234] = np.nan
-    got = run_reduce(emu, "max", dt, x, outer, r, inner, chunk)
+    got = run("max", dt, x, outer, r, inner, chunk)
     assert np.isnan(got[0, 0].astype(np.float64)) and not np.isnan(got[1, 0].astype(np.float64))
-    got = run_reduce(emu, "sum", dt, x, outer, r, inner, chunk)
+    got = run("sum", dt, x, outer, r, inner, chunk)
     assert np.isnan(got[0, 0].astype(np.float64))
+    if sum_nan_stays_in_its_row:
+        assert not np.isnan(got[1, 0].astype(np.float64))
 
 
 def test_emulated_chunk_rule_for_a_full_reduction_of_256m():
@@ -704,9 +726,22 @@ def test_emulated_chunk_rule_for_a_full_reduction_of_256m():
 @pytest.mark.parametrize("layout", ["HWC", "CHW"])
 @pytest.mark.parametrize("dt", list(DT))
 def test_emulated_normalize(emu, dt, layout):
+    case_normalize(partial(run_normalize, emu), dt, layout, (5, 7, 3), rng_for(("normalize", dt, layout)),
+                   f"normalize {dt} {layout}")
+
+
+def run_normalize(emu, dt, x, c, inner, m, s, stride):
+    out = np.zeros(x.shape, np.float32)
+    emu["normalize"].launch(
+        f"ndx_normalize_{dt}", [vp, vp, u64, u64, u64, vp, vp, u64],
+        out, x, x.size, c, inner, m, s, stride,
+    )
+    return out
+
+
+def case_normalize(run, dt, layout, size, rng, what):
     need_bf16(dt)
-    rng = rng_for(("normalize", dt, layout))
-    h, w, c = 5, 7, 3
+    h, w, c = size
     x = sample(rng, dt, h * w * c)
     shape = (h, w, c) if layout == "HWC" else (c, h, w)
     x = x.reshape(shape)
@@ -720,12 +755,7 @@ def test_emulated_normalize(emu, dt, layout):
         sb = np.broadcast_to(s, (c,)).reshape(bshape)
         with np.errstate(all="ignore"):
             want = ((x.astype(np.float64) - mb) / sb).astype(np.float32)
-        out = np.zeros(shape, np.float32)
-        emu["normalize"].launch(
-            f"ndx_normalize_{dt}", [vp, vp, u64, u64, u64, vp, vp, u64],
-            out, x, x.size, c, inner, m, s, stride,
-        )
-        assert_same(out, want, f"normalize {dt} {layout}")
+        assert_same(run(dt, x, c, inner, m, s, stride), want, what)
 
 
 # ----- resize: the arithmetic of src/ops/resize.rs, transcribed to NumPy
@@ -818,6 +848,10 @@ RESIZE_CASES = [(12, 16, 5, 7), (5, 7, 12, 16), (17, 13, 40, 9), (1, 1, 4, 5), (
 @pytest.mark.parametrize("case", RESIZE_CASES, ids=lambda c: "x".join(map(str, c)))
 @pytest.mark.parametrize("dt", list(DT))
 def test_emulated_resize(emu, dt, case):
+    case_resize(partial(run_resize, emu), dt, case)
+
+
+def case_resize(run, dt, case, nearest_names_planes=False):
     need_bf16(dt)
     ih, iw, oh, ow = case
     rng = rng_for(("resize", dt, case))
@@ -826,34 +860,42 @@ def test_emulated_resize(emu, dt, case):
             img = rng.normal(0, 50, (planes, ih, iw, c)).astype(np.float32).astype(DT[dt])
         else:
             img = sample(rng, dt, planes * ih * iw * c, specials=False).reshape(planes, ih, iw, c)
-        got = run_resize(emu, f"ndx_resize_linear_{dt}", img, oh, ow)
+        got = run(f"ndx_resize_linear_{dt}", img, oh, ow)
         assert_same(got, ref_resize_linear(img, oh, ow, dt), f"linear {dt} {case} planes={planes} c={c}")
-        got = run_resize(emu, f"ndx_resize_nearest_{dt}", img, oh, ow)
+        got = run(f"ndx_resize_nearest_{dt}", img, oh, ow)
         want = img[:, nearest_index(ih, oh)][:, :, nearest_index(iw, ow)]
-        assert_same(got, want, f"nearest {dt} {case}")
+        assert_same(got, want, f"nearest {dt} {case}" + (f" planes={planes} c={c}" if nearest_names_planes else ""))
 
 
 def test_emulated_resize_u8_against_opencv(emu):
+    case_resize_u8_against_opencv(partial(run_resize, emu), RESIZE_CASES + [(100, 160, 37, 224)])
+
+
+def case_resize_u8_against_opencv(run, cases):
     cv2 = pytest.importorskip("cv2")
     rng = np.random.default_rng(11)
-    for ih, iw, oh, ow in RESIZE_CASES + [(100, 160, 37, 224)]:
+    for ih, iw, oh, ow in cases:
         for c in (1, 3, 4):
             img = rng.integers(0, 256, (ih, iw, c), dtype=np.uint8)
             want = cv2.resize(img, (ow, oh), interpolation=cv2.INTER_LINEAR).reshape(oh, ow, c)
-            got = run_resize(emu, "ndx_resize_linear_u8", img[None], oh, ow)[0]
+            got = run("ndx_resize_linear_u8", img[None], oh, ow)[0]
             diff = np.abs(got.astype(np.int16) - want.astype(np.int16))
             assert diff.max() <= 1 and np.mean(diff == 0) >= 0.99, (ih, iw, oh, ow, c)
 
 
 @pytest.mark.parametrize("c", [1, 2, 3, 5])
 def test_emulated_resize_u8_halving_equals_opencv(emu, c):
+    case_resize_u8_halving_equals_opencv(partial(run_resize, emu), c)
+
+
+def case_resize_u8_halving_equals_opencv(run, c):
     cv2 = pytest.importorskip("cv2")
     rng = np.random.default_rng(c)
     ih, iw, oh, ow = 30, 40, 15, 20
     img = rng.integers(0, 256, (ih, iw, c), dtype=np.uint8)
     want = cv2.resize(img, (ow, oh), interpolation=cv2.INTER_LINEAR).reshape(oh, ow, c)
     kernel = "ndx_resize_linear_u8" if c in (1, 3, 4) else "ndx_resize_area2_u8"
-    got = run_resize(emu, kernel, img[None], oh, ow)[0]
+    got = run(kernel, img[None], oh, ow)[0]
     assert_same(got, want, f"halving c={c} with {kernel}")
 
 
