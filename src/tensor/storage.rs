@@ -151,23 +151,12 @@ impl Storage {
 
     /// A buffer from the cache (`true`) or a new zeroed one (`false`).
     fn alloc(len: usize) -> Result<(Storage, bool)> {
-        if len >= CACHE_MIN_BYTES
+        let (ptr, layout, reused) = if len >= CACHE_MIN_BYTES
             && let Some(ptr) = cache_take(len)
         {
-            let storage = Storage {
-                ptr,
-                lo: 0,
-                len,
-                device: Device::CPU,
-                read_only: false,
-                is_copied: false,
-                owner: Owner::Owned(Layout::from_size_align(len, ALIGNMENT).ok()),
-                ready: Default::default(),
-            };
-            return Ok((storage, true));
-        }
-        let (ptr, layout) = if len == 0 {
-            (std::ptr::null_mut(), None)
+            (ptr, Layout::from_size_align(len, ALIGNMENT).ok(), true)
+        } else if len == 0 {
+            (std::ptr::null_mut(), None, false)
         } else {
             let layout = Layout::from_size_align(len, ALIGNMENT).map_err(|_| {
                 Error::new(
@@ -183,19 +172,32 @@ impl Storage {
                     format!("cannot allocate {len} bytes of host memory"),
                 ));
             }
-            (ptr, Some(layout))
+            (ptr, Some(layout), false)
         };
-        let storage = Storage {
+        let storage = Storage::new(ptr, 0, len, Device::CPU, false, false, Owner::Owned(layout));
+        Ok((storage, reused))
+    }
+
+    /// A storage with nothing pending on it.
+    fn new(
+        ptr: *mut u8,
+        lo: isize,
+        len: usize,
+        device: Device,
+        read_only: bool,
+        is_copied: bool,
+        owner: Owner,
+    ) -> Storage {
+        Storage {
             ptr,
-            lo: 0,
+            lo,
             len,
-            device: Device::CPU,
-            read_only: false,
-            is_copied: false,
-            owner: Owner::Owned(layout),
+            device,
+            read_only,
+            is_copied,
+            owner,
             ready: Default::default(),
-        };
-        Ok((storage, false))
+        }
     }
 
     /// Takes ownership of a versioned DLPack tensor whose metadata has been validated;
@@ -214,16 +216,15 @@ impl Storage {
     ) -> Storage {
         // SAFETY: the caller guarantees `managed` is valid.
         let ptr = unsafe { (*managed).dl_tensor.data.cast::<u8>() };
-        Storage {
+        Storage::new(
             ptr,
             lo,
             len,
             device,
             read_only,
             is_copied,
-            owner: Owner::Versioned(managed),
-            ready: Default::default(),
-        }
+            Owner::Versioned(managed),
+        )
     }
 
     /// Like [`Storage::from_versioned`], for a legacy tensor.
@@ -239,16 +240,15 @@ impl Storage {
     ) -> Storage {
         // SAFETY: the caller guarantees `managed` is valid.
         let ptr = unsafe { (*managed).dl_tensor.data.cast::<u8>() };
-        Storage {
+        Storage::new(
             ptr,
             lo,
             len,
             device,
             read_only,
-            is_copied: false,
-            owner: Owner::Legacy(managed),
-            ready: Default::default(),
-        }
+            false,
+            Owner::Legacy(managed),
+        )
     }
 
     /// Borrows host memory from a C caller; `deleter(data, user)` runs once on drop.
@@ -263,16 +263,15 @@ impl Storage {
         deleter: Option<HostDeleter>,
         user: *mut c_void,
     ) -> Storage {
-        Storage {
-            ptr: data.cast(),
+        Storage::new(
+            data.cast(),
             lo,
             len,
-            device: Device::CPU,
+            Device::CPU,
             read_only,
-            is_copied: false,
-            owner: Owner::Host { deleter, user },
-            ready: Default::default(),
-        }
+            false,
+            Owner::Host { deleter, user },
+        )
     }
 
     /// The DLPack `data` pointer.

@@ -102,13 +102,19 @@ def copy_tree(tmp_path):
     return src, out
 
 
+def break_line(path, old, new):
+    """Replaces `old` by `new` on the first line of `path` holding it; its 0-based index."""
+    lines = path.read_text().split("\n")
+    at = next(i for i, l in enumerate(lines) if old in l)
+    lines[at] = lines[at].replace(old, new)
+    path.write_text("\n".join(lines))
+    return at
+
+
 def test_check_fails_on_a_compile_error_naming_file_and_line(nvrtc, tmp_path):
     src, out = copy_tree(tmp_path)
     cu = src / "binary.cu"
-    lines = cu.read_text().split("\n")
-    at = next(i for i, l in enumerate(lines) if "return x + y;" in l)
-    lines[at] = lines[at].replace("return x + y;", "retrun x + y;")
-    cu.write_text("\n".join(lines))
+    at = break_line(cu, "return x + y;", "retrun x + y;")
     for mode in (["--check"], []):
         r = run_script("--src", str(src), "--out", str(out), *mode)
         assert r.returncode != 0, r.stdout + r.stderr
@@ -121,11 +127,7 @@ def test_check_fails_on_a_compile_error_naming_file_and_line(nvrtc, tmp_path):
 
 def test_check_fails_on_stale_ptx_naming_file_and_line(nvrtc, tmp_path):
     src, out = copy_tree(tmp_path)
-    ptx = out / "cast.ptx"
-    lines = ptx.read_text().split("\n")
-    at = next(i for i, l in enumerate(lines) if "cvt.f32.f16" in l)
-    lines[at] = lines[at].replace("cvt.f32.f16", "cvt.f32.bf16")
-    ptx.write_text("\n".join(lines))
+    at = break_line(out / "cast.ptx", "cvt.f32.f16", "cvt.f32.bf16")
     r = run_script("--src", str(src), "--out", str(out), "--check")
     assert r.returncode == 1, r.stdout + r.stderr
     assert "cast.ptx is out of date" in r.stderr

@@ -179,37 +179,28 @@ NDX_DEV void area2_u8(u8* out, const u8* src, const ndx_resize_geom& g) {
 
 // ---------------------------------------------------------------------------
 
-extern "C" __global__ void ndx_resize_linear_f32(float* out, const float* src, ndx_resize_geom g) {
-    linear_float<DF32>(out, src, g);
-}
-extern "C" __global__ void ndx_resize_linear_f16(f16* out, const f16* src, ndx_resize_geom g) {
-    linear_float<DF16>(out, src, g);
-}
-extern "C" __global__ void ndx_resize_linear_bf16(bf16* out, const bf16* src, ndx_resize_geom g) {
-    linear_float<DBF16>(out, src, g);
-}
-extern "C" __global__ void ndx_resize_linear_u8(u8* out, const u8* src, ndx_resize_geom g) {
-    linear_u8(out, src, g);
-}
-extern "C" __global__ void ndx_resize_linear_i32(i32* out, const i32* src, ndx_resize_geom g) {
-    linear_i32(out, src, g);
-}
+#define NDX_RESIZE_LINEAR(dt, T, call)                                                    \
+    extern "C" __global__ void ndx_resize_linear_##dt(T* out, const T* src,               \
+                                                      ndx_resize_geom g) {                \
+        call(out, src, g);                                                                \
+    }
+#define NDX_RESIZE_NEAREST(dt, T)                                                         \
+    extern "C" __global__ void ndx_resize_nearest_##dt(T* out, const T* src,              \
+                                                       ndx_resize_geom g) {               \
+        nearest<T>(out, src, g);                                                          \
+    }
 
-extern "C" __global__ void ndx_resize_nearest_f32(float* out, const float* src, ndx_resize_geom g) {
-    nearest<float>(out, src, g);
-}
-extern "C" __global__ void ndx_resize_nearest_f16(f16* out, const f16* src, ndx_resize_geom g) {
-    nearest<f16>(out, src, g);
-}
-extern "C" __global__ void ndx_resize_nearest_bf16(bf16* out, const bf16* src, ndx_resize_geom g) {
-    nearest<bf16>(out, src, g);
-}
-extern "C" __global__ void ndx_resize_nearest_u8(u8* out, const u8* src, ndx_resize_geom g) {
-    nearest<u8>(out, src, g);
-}
-extern "C" __global__ void ndx_resize_nearest_i32(i32* out, const i32* src, ndx_resize_geom g) {
-    nearest<i32>(out, src, g);
-}
+NDX_RESIZE_LINEAR(f32, float, linear_float<DF32>)
+NDX_RESIZE_LINEAR(f16, f16, linear_float<DF16>)
+NDX_RESIZE_LINEAR(bf16, bf16, linear_float<DBF16>)
+NDX_RESIZE_LINEAR(u8, u8, linear_u8)
+NDX_RESIZE_LINEAR(i32, i32, linear_i32)
+
+NDX_RESIZE_NEAREST(f32, float)
+NDX_RESIZE_NEAREST(f16, f16)
+NDX_RESIZE_NEAREST(bf16, bf16)
+NDX_RESIZE_NEAREST(u8, u8)
+NDX_RESIZE_NEAREST(i32, i32)
 
 extern "C" __global__ void ndx_resize_area2_u8(u8* out, const u8* src, ndx_resize_geom g) {
     area2_u8(out, src, g);
