@@ -239,6 +239,28 @@ pub fn pool(device: &'static DeviceState) -> &'static DevicePool {
     all[device.id() as usize].get_or_init(|| Mutex::new(Pool::new(DriverBackend { device })))
 }
 
+/// A block of at least `bytes` on `device` for work on ndx's stream: a reused block
+/// last used on another stream makes ndx's stream wait for that use first.
+pub fn take(device: &'static DeviceState, bytes: usize) -> Result<u64> {
+    let name = format!("kDLCUDA:{}", device.id());
+    let block = pool(device).lock().alloc(bytes, &name)?;
+    if let Some(after) = &block.after
+        && let Err(e) = after.wait_on(device.stream())
+    {
+        pool(device)
+            .lock()
+            .free(block.ptr, block.bytes, block.after);
+        return Err(e);
+    }
+    Ok(block.ptr)
+}
+
+/// Gives a block of [`take`] back once ndx's work on it has been enqueued: later work
+/// on ndx's stream may reuse it (the stream runs them in order).
+pub fn give_back(device: &'static DeviceState, ptr: u64, bytes: usize) {
+    pool(device).lock().free(ptr, bytes, None);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

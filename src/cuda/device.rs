@@ -149,6 +149,16 @@ impl Event {
         check("cuEventQuery", r).map(|()| true)
     }
 
+    /// Blocks until the work before the event has completed (a CUDA error that
+    /// happened in that work, or before it on the context, is returned).
+    pub fn synchronize(&self) -> Result<()> {
+        self.device.bind()?;
+        // SAFETY: a live event.
+        check("cuEventSynchronize", unsafe {
+            sys::cuEventSynchronize(self.raw)
+        })
+    }
+
     /// The device the event belongs to.
     pub fn device(&self) -> &'static DeviceState {
         self.device

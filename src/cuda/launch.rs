@@ -169,6 +169,30 @@ pub fn copy_to_host(device: &DeviceState, dst: &mut [u8], src: u64) -> Result<()
     synchronize(device)
 }
 
+/// Copies `bytes` of device memory from `src` to `dst` on ndx's stream.
+pub fn copy_on_device(device: &DeviceState, dst: u64, src: u64, bytes: usize) -> Result<()> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    device.bind()?;
+    // SAFETY: both ranges hold `bytes` bytes of device memory of this context (the
+    // caller's blocks and views).
+    check("cuMemcpyDtoDAsync", unsafe {
+        sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, device.stream() as sys::CUstream)
+    })
+}
+
+/// Copies device memory at `src` into `dst` now, ordered after nothing on ndx's stream:
+/// for memory whose writers the caller has already waited for (flag records).
+pub fn read_now(device: &DeviceState, dst: &mut [u8], src: u64) -> Result<()> {
+    device.bind()?;
+    // SAFETY: `src` holds at least `dst.len()` bytes; `dst` is a live exclusive slice;
+    // the synchronous copy has finished writing it when the call returns.
+    check("cuMemcpyDtoH", unsafe {
+        sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src, dst.len())
+    })
+}
+
 /// Waits for everything enqueued on ndx's stream of `device` (SYNC_FULL's wait).
 pub fn synchronize(device: &DeviceState) -> Result<()> {
     device.bind()?;

@@ -7,6 +7,8 @@ pub mod alloc;
 pub mod device;
 pub mod launch;
 pub mod module;
+pub mod ops;
+pub mod progress;
 
 use std::ffi::CStr;
 use std::sync::{Arc, OnceLock};

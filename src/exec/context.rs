@@ -15,7 +15,7 @@ use super::value::{BatchRef, TensorRef};
 use crate::debug::explain::{Flush, Why};
 use crate::error::{Error, ErrorKind, Frame, Result, Site};
 use crate::ops::{OpDef, Registry, TMeta};
-use crate::tensor::{DeviceKind, Tensor};
+use crate::tensor::Tensor;
 
 /// When an invocation runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -568,38 +568,7 @@ fn infer(def: &OpDef, inputs: &[Input], args: &Args) -> Result<(Vec<OutMeta>, Op
             }
         }
     }
-    for (i, input) in inputs.iter().enumerate() {
-        // Only what is known without running anything: an output whose metadata only
-        // running tells is checked by its kernel.
-        let (device, dtype) = match input {
-            Input::Tensor(t) => match t.ready_data() {
-                Some(Ok(t)) => (t.device(), t.dtype()),
-                _ => continue,
-            },
-            Input::Batch(b) => match b.ready_data() {
-                Some(Ok(b)) => (b.device(), b.dtype()),
-                _ => continue,
-            },
-        };
-        if device.kind == DeviceKind::Cuda {
-            crate::cuda::require_device(i64::from(device.id)).map_err(|e| {
-                Error::new(
-                    ErrorKind::Cuda,
-                    format!(
-                        "input {i} lives in CUDA memory ({device}), but {}",
-                        e.message()
-                    ),
-                )
-            })?;
-            return Err(Error::new(
-                ErrorKind::NotImplemented,
-                format!(
-                    "no CUDA kernel for {} on {device} (input {i})",
-                    dtype.name()
-                ),
-            ));
-        }
-    }
+    cuda_check(def, inputs, args)?;
     let Some(infer) = &def.infer else {
         let unknown = (0..def.n_outputs)
             .map(|_| {
@@ -650,6 +619,49 @@ fn infer(def: &OpDef, inputs: &[Input], args: &Args) -> Result<(Vec<OutMeta>, Op
             ))
         }
     }
+}
+
+/// Refuses at enqueue what the CUDA launchers would refuse, for the inputs whose data
+/// is known now (the outputs of pending work are checked when it runs): inputs on a
+/// device that is absent, on several devices or mixed with host memory, and operators
+/// or dtypes without a CUDA kernel.
+fn cuda_check(def: &OpDef, inputs: &[Input], args: &Args) -> Result<()> {
+    let mut ready: Vec<Arc<crate::tensor::Tensor>> = Vec::with_capacity(inputs.len());
+    for input in inputs {
+        match input {
+            Input::Tensor(t) => match t.ready_data() {
+                Some(Ok(t)) => ready.push(t.clone()),
+                _ => return Ok(()),
+            },
+            Input::Batch(b) => match b.ready_data() {
+                Some(Ok(b)) => match b.samples().first() {
+                    Some(t) => ready.push(t.clone()),
+                    None => return Ok(()),
+                },
+                _ => return Ok(()),
+            },
+        }
+    }
+    let refs: Vec<&crate::tensor::Tensor> = ready.iter().map(|t| t.as_ref()).collect();
+    let Some(device) = crate::cuda::ops::device_of(&def.name, &refs)? else {
+        return Ok(());
+    };
+    let i = refs
+        .iter()
+        .position(|t| t.device() == device)
+        .unwrap_or_default();
+    crate::cuda::require_device(i64::from(device.id)).map_err(|e| {
+        Error::new(
+            ErrorKind::Cuda,
+            format!(
+                "input {i} lives in CUDA memory ({device}), but {}",
+                e.message()
+            ),
+        )
+    })?;
+    let metas: Vec<TMeta> = refs.iter().map(|t| TMeta::of(t)).collect();
+    let metas: Vec<&TMeta> = metas.iter().collect();
+    crate::cuda::ops::supported(&def.name, &metas, args, device)
 }
 
 /// [`infer`] for an operator that takes a batch's samples at once: one batch, or one

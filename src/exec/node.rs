@@ -754,6 +754,13 @@ impl Node {
     /// checks, the accuracy fault and, when NAN is checked and the kernel did not fuse
     /// it, a pass over the outputs for non-finite values made from finite inputs.
     fn run_kernel(&self, tensors: &[Arc<Tensor>]) -> Result<Vec<Arc<Tensor>>> {
+        if self.op.name == "to_device"
+            || tensors
+                .iter()
+                .any(|t| t.device().kind == crate::tensor::DeviceKind::Cuda)
+        {
+            return self.run_cuda(tensors);
+        }
         let debug = self.backend == Backend::Debug;
         let before = if debug {
             tensors.iter().map(|t| fingerprint(t)).collect()
@@ -785,6 +792,34 @@ impl Node {
             self.debug_check(tensors, &before, &outs)?;
         }
         Ok(outs)
+    }
+
+    /// Runs the operator on CUDA inputs through the launchers of `src/cuda/ops.rs`.
+    /// SYNC_CPU returns once the work is enqueued (unless its flags must be read);
+    /// the other modes return when it has completed, SYNC_FULL after the whole stream.
+    fn run_cuda(&self, tensors: &[Arc<Tensor>]) -> Result<Vec<Arc<Tensor>>> {
+        let metas: Vec<TMeta> = tensors.iter().map(|t| TMeta::of(t)).collect();
+        let refs: Vec<&TMeta> = metas.iter().collect();
+        let outs = match &self.op.infer {
+            Some(infer) => infer(&refs, &self.args)?,
+            None => {
+                return Err(Error::new(
+                    ErrorKind::NotImplemented,
+                    format!(
+                        "operator '{}' has no CUDA kernel (inputs on the GPU)",
+                        self.op.name
+                    ),
+                ));
+            }
+        };
+        let inv = crate::cuda::ops::Invocation {
+            op: &self.op.name,
+            seq: self.seq,
+            site: &self.site,
+            wait: self.mode != EvalMode::SyncCpu,
+            whole_stream: self.mode == EvalMode::SyncFull,
+        };
+        crate::cuda::ops::run(&inv, tensors, &self.args, &outs)
     }
 
     /// Ties the flags the kernel raised to this invocation: FAIL_FAST fails it with

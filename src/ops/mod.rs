@@ -2,6 +2,7 @@
 //! enqueue, and kernels; the registry of built-ins and host operators.
 
 pub mod check;
+pub mod device;
 pub mod elementwise;
 pub mod image;
 pub mod kernels;
@@ -243,6 +244,7 @@ pub fn builtin(name: &str) -> Option<Arc<OpDef>> {
             ops.extend(shape::ops());
             ops.extend(image::ops());
             ops.extend(check::ops());
+            ops.extend(device::ops());
             ops.extend([OpDef {
                 name: "cast".into(),
                 n_inputs: 1,

@@ -357,7 +357,7 @@ fn argreduce(max: bool, t: &Tensor, axis: Option<usize>, keepdims: bool) -> Resu
     })
 }
 
-fn axes_arg(shape: &[i64], args: &Args) -> Result<(Vec<usize>, bool)> {
+pub(crate) fn axes_arg(shape: &[i64], args: &Args) -> Result<(Vec<usize>, bool)> {
     let axes = args.ints("axes")?;
     let axes = normalize_axes(axes.as_deref(), shape.len())?;
     Ok((axes, args.bool_or("keepdims", false)?))

@@ -31,6 +31,8 @@ enum Owner {
         deleter: Option<HostDeleter>,
         user: *mut c_void,
     },
+    /// A block of ndx's caching allocator on a CUDA device (`len` is the block size).
+    Pool(&'static crate::cuda::DeviceState),
 }
 
 /// A block of memory and who releases it.
@@ -47,6 +49,9 @@ pub struct Storage {
     /// For CUDA memory: the event after which its contents are valid (a producer's
     /// stream at import, or ndx's last write); `None` when nothing is pending.
     ready: parking_lot::Mutex<Option<std::sync::Arc<crate::cuda::Event>>>,
+    /// For CUDA memory: the event after ndx's last enqueued work that reads it; the
+    /// producer's deleter waits for it (DLPack: the deleter may free the memory).
+    last_use: parking_lot::Mutex<Option<std::sync::Arc<crate::cuda::Event>>>,
 }
 
 // SAFETY: a Storage is a pointer to memory plus the right to release it. ndx writes
@@ -197,7 +202,31 @@ impl Storage {
             is_copied,
             owner,
             ready: Default::default(),
+            last_use: Default::default(),
         }
+    }
+
+    /// `len` bytes of device memory on CUDA device `device` from ndx's caching
+    /// allocator, ordered on ndx's stream (its contents are stale).
+    pub fn cuda(device: &'static crate::cuda::DeviceState, len: usize) -> Result<Storage> {
+        let mut ptr = std::ptr::null_mut();
+        if len > 0 {
+            let block = crate::cuda::alloc::take(device, len)?;
+            ptr = block as *mut u8;
+        }
+        let dev = Device {
+            kind: super::dtype::DeviceKind::Cuda,
+            id: device.id(),
+        };
+        Ok(Storage::new(
+            ptr,
+            0,
+            len,
+            dev,
+            false,
+            false,
+            Owner::Pool(device),
+        ))
     }
 
     /// Takes ownership of a versioned DLPack tensor whose metadata has been validated;
@@ -295,6 +324,13 @@ impl Storage {
     pub fn set_ready_event(&self, event: Option<std::sync::Arc<crate::cuda::Event>>) {
         *self.ready.lock() = event;
     }
+    /// Records that ndx's work enqueued up to `event` reads this memory: the release
+    /// of imported memory waits for it.
+    pub fn set_last_use(&self, event: std::sync::Arc<crate::cuda::Event>) {
+        if !matches!(self.owner, Owner::Pool(_) | Owner::Owned(_)) {
+            *self.last_use.lock() = Some(event);
+        }
+    }
     /// Whether the producer marked the memory as a private copy (DLPack IS_COPIED).
     pub fn is_copied(&self) -> bool {
         self.is_copied
@@ -302,6 +338,11 @@ impl Storage {
     /// The start of the span views may touch, in bytes relative to the data pointer.
     pub fn span_start(&self) -> isize {
         self.lo
+    }
+
+    /// The length in bytes of the span views may touch.
+    pub fn span_len(&self) -> usize {
+        self.len
     }
 
     /// The span as bytes, when the host can read this memory.
@@ -364,7 +405,18 @@ impl Storage {
 
 impl Drop for Storage {
     fn drop(&mut self) {
+        if let Some(event) = self.last_use.get_mut().take() {
+            // Imported CUDA memory: the producer may free it in its deleter, so ndx's
+            // reads of it must be done first. An error here (a faulted context) leaves
+            // nothing better to do than to release it anyway.
+            let _ = event.synchronize();
+        }
         match self.owner {
+            Owner::Pool(device) => {
+                if self.len > 0 {
+                    crate::cuda::alloc::give_back(device, self.ptr as u64, self.len);
+                }
+            }
             Owner::Owned(None) => {}
             Owner::Owned(Some(layout)) => {
                 if layout.size() >= CACHE_MIN_BYTES {

@@ -1,0 +1,963 @@
+//! The operators on CUDA tensors: which ones have kernels ([`supported`]), and their
+//! launchers ([`run`]), which enqueue the kernels of `src/cuda/kernels` on ndx's stream
+//! of the device following `ABI.md`, then (unless told not to) wait for that work and
+//! read its check flags.
+//!
+//! All tensors of one invocation live on one device. Inputs are ordered after the
+//! event of their last writer (a producer's stream at import, or ndx's own work), and
+//! the outputs carry the event recorded after this invocation's work.
+
+use std::ffi::CString;
+use std::sync::Arc;
+
+use super::device::{DeviceState, Event};
+use super::launch::{self, Arg, Bcast2, Flag, ResizeGeom};
+use super::module;
+use crate::checks;
+use crate::error::Site;
+use crate::error::{Error, ErrorKind, Result};
+use crate::exec::args::{ArgValue, Args};
+use crate::ops::TMeta;
+use crate::tensor::{DType, Device, DeviceKind, Geometry, Storage, Tensor};
+
+/// What the launchers need to know of the invocation they run.
+pub struct Invocation<'a> {
+    /// Operator name.
+    pub op: &'a str,
+    /// Its sequence number in its context.
+    pub seq: u64,
+    /// Its enqueue site (a fault found later is reported with it).
+    pub site: &'a Arc<Site>,
+    /// Whether to wait for the device work before returning (all modes but
+    /// SYNC_CPU). Work whose flags must be read waits regardless.
+    pub wait: bool,
+    /// Whether to wait for everything on ndx's stream (SYNC_FULL), not only this work.
+    pub whole_stream: bool,
+}
+
+/// The dtypes the kernels are compiled for, by their suffix in kernel names.
+fn suffix(dtype: DType) -> Option<&'static str> {
+    Some(match dtype {
+        DType::F32 => "f32",
+        DType::F16 => "f16",
+        DType::BF16 => "bf16",
+        DType::U8 => "u8",
+        DType::I32 => "i32",
+        _ => return None,
+    })
+}
+
+/// `suffix`, with bool read as its bytes (`u8`).
+fn suffix_or_bool(dtype: DType) -> Option<&'static str> {
+    if dtype == DType::Bool {
+        Some("u8")
+    } else {
+        suffix(dtype)
+    }
+}
+
+fn not_implemented(op: &str, dtype: DType, device: Device, why: &str) -> Error {
+    Error::new(
+        ErrorKind::NotImplemented,
+        format!(
+            "operator '{op}' has no CUDA kernel for {} on {device}{why}",
+            dtype.name()
+        ),
+    )
+}
+
+/// Whether operator `op` can run on CUDA `device` with inputs `inputs` (metadata):
+/// `NDX_ERROR_NOT_IMPLEMENTED` naming the op, the dtype and the device otherwise.
+pub fn supported(op: &str, inputs: &[&TMeta], args: &Args, device: Device) -> Result<()> {
+    let dtype = inputs.first().map_or(DType::F32, |m| m.dtype);
+    let refuse = |d: DType, why: &str| Err(not_implemented(op, d, device, why));
+    match op {
+        "to_host" | "to_device" | "check_shape" => Ok(()),
+        "add" | "sub" | "mul" | "div" => {
+            let common = crate::ops::elementwise::promote(inputs[0].dtype, inputs[1].dtype);
+            if suffix(common).is_none() {
+                return refuse(common, "");
+            }
+            let ndim = inputs[0].shape.len().max(inputs[1].shape.len());
+            if ndim > 8 {
+                return refuse(common, &format!(" with {ndim} dimensions (at most 8)"));
+            }
+            Ok(())
+        }
+        "cast" => {
+            let to = args.dtype("dtype")?.unwrap_or(dtype);
+            if suffix_or_bool(dtype).is_none() {
+                return refuse(dtype, "");
+            }
+            if suffix_or_bool(to).is_none() {
+                return refuse(to, " (as the target dtype)");
+            }
+            Ok(())
+        }
+        "sum" | "mean" | "max" => {
+            if suffix_or_bool(dtype).is_none() {
+                return refuse(dtype, "");
+            }
+            let (axes, _) = crate::ops::reduce::axes_arg(&inputs[0].shape, args)?;
+            if axes.windows(2).any(|w| w[1] != w[0] + 1) {
+                return refuse(
+                    dtype,
+                    &format!(" over axes {axes:?}, which are not adjacent"),
+                );
+            }
+            Ok(())
+        }
+        "normalize" | "resize" | "check_range" => {
+            if suffix(dtype).is_some() || (op == "check_range" && dtype == DType::Bool) {
+                Ok(())
+            } else {
+                refuse(dtype, "")
+            }
+        }
+        "check" => Ok(()),
+        "check_finite" => {
+            if suffix_or_bool(dtype).is_some() {
+                Ok(())
+            } else {
+                refuse(dtype, "")
+            }
+        }
+        _ => refuse(dtype, ""),
+    }
+}
+
+/// The one CUDA device of an invocation's inputs: an error when they are spread over
+/// several devices or mix host and device memory (`to_device` takes host memory).
+pub fn device_of(op: &str, inputs: &[&Tensor]) -> Result<Option<Device>> {
+    let mut found: Option<(usize, Device)> = None;
+    for (i, t) in inputs.iter().enumerate() {
+        let d = t.device();
+        if d.kind != DeviceKind::Cuda {
+            continue;
+        }
+        match found {
+            None => found = Some((i, d)),
+            Some((j, e)) if e != d => {
+                return Err(Error::value(format!(
+                    "operator '{op}': input {i} is on {d} but input {j} is on {e}; all inputs of an invocation must be on one device"
+                )));
+            }
+            _ => {}
+        }
+    }
+    let Some((j, dev)) = found else {
+        return Ok(None);
+    };
+    if op != "to_device"
+        && let Some(i) = inputs
+            .iter()
+            .position(|t| t.device().kind != DeviceKind::Cuda)
+    {
+        return Err(Error::value(format!(
+            "operator '{op}': input {i} is in host memory ({}) but input {j} is on {dev}; move it with 'to_device' first",
+            inputs[i].device()
+        )));
+    }
+    Ok(Some(dev))
+}
+
+/// The device address of a tensor's element 0.
+fn addr(t: &Tensor) -> u64 {
+    (t.storage().data_ptr() as u64).wrapping_add(t.byte_offset())
+}
+
+/// A new compact tensor on `device` (contents written by the work enqueued next).
+fn empty(
+    device: &'static DeviceState,
+    dtype: DType,
+    shape: &[i64],
+    layout: &str,
+) -> Result<Tensor> {
+    let geometry = crate::tensor::validate_geometry("output", 1, shape, None, dtype.itemsize(), 0)?;
+    let nbytes = geometry.numel * dtype.itemsize();
+    let storage = Storage::cuda(device, nbytes)?;
+    Ok(Tensor::from_parts(
+        Arc::new(storage),
+        dtype,
+        shape.to_vec(),
+        Geometry {
+            lo: 0,
+            len: nbytes,
+            ..geometry
+        },
+        0,
+        CString::new(layout).unwrap_or_default(),
+        false,
+    ))
+}
+
+/// Scratch device memory for one invocation, returned to the pool on drop (after the
+/// work using it was enqueued: the stream keeps the order).
+struct Scratch {
+    device: &'static DeviceState,
+    ptr: u64,
+    bytes: usize,
+}
+
+impl Scratch {
+    fn new(device: &'static DeviceState, bytes: usize) -> Result<Scratch> {
+        let ptr = if bytes == 0 {
+            0
+        } else {
+            super::alloc::take(device, bytes)?
+        };
+        Ok(Scratch { device, ptr, bytes })
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if self.bytes > 0 {
+            super::alloc::give_back(self.device, self.ptr, self.bytes);
+        }
+    }
+}
+
+/// The flag records of one invocation: one device array, cleared at the start, read
+/// once after its work completed.
+struct Flags {
+    scratch: Option<Scratch>,
+    n: usize,
+}
+
+impl Flags {
+    /// `n` cleared records (nothing for 0).
+    fn new(device: &'static DeviceState, n: usize) -> Result<Flags> {
+        if n == 0 {
+            return Ok(Flags { scratch: None, n });
+        }
+        let s = Scratch::new(device, n * std::mem::size_of::<Flag>())?;
+        let f = module::function(device, "check", "ndx_flags_reset")?;
+        launch::launch(device, f, n as u64, &[Arg::Ptr(s.ptr), Arg::U64(n as u64)])?;
+        Ok(Flags {
+            scratch: Some(s),
+            n,
+        })
+    }
+
+    /// The device address of record `i`.
+    fn at(&self, i: usize) -> u64 {
+        self.scratch
+            .as_ref()
+            .map_or(0, |s| s.ptr + (i * std::mem::size_of::<Flag>()) as u64)
+    }
+
+    /// The records, once the work writing them has completed.
+    fn read(&self, device: &DeviceState) -> Result<Vec<Flag>> {
+        let mut bytes = vec![0u8; self.n * std::mem::size_of::<Flag>()];
+        if let Some(s) = &self.scratch {
+            launch::read_now(device, &mut bytes, s.ptr)?;
+        }
+        Ok(bytes
+            .chunks_exact(16)
+            .map(|c| Flag {
+                count: u64::from_le_bytes(c[..8].try_into().unwrap_or_default()),
+                first_index: u64::from_le_bytes(c[8..].try_into().unwrap_or_default()),
+            })
+            .collect())
+    }
+}
+
+/// What to do with a flag record once read.
+enum Watch {
+    /// A user check: raise its message in the USER category.
+    User(String),
+    /// Integer division by zero: an error, or the DIV flag when DIV is checked.
+    Div { checked: bool },
+    /// Float division by zero watched for the DIV category.
+    DivFloat,
+    /// NaN made from finite inputs, watched in the kernel's loop.
+    Nan,
+    /// The NAN pass over output `k` (paired with the inputs' record that follows).
+    NanOut(usize),
+    /// The NAN pass over the float inputs: the output's flag counts only when this
+    /// stayed clear.
+    NanIn,
+}
+
+fn plural(n: u64) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}
+
+/// The launches of one invocation: the device, what the flags watch.
+struct Job {
+    device: &'static DeviceState,
+    watches: Vec<Watch>,
+    flags: Flags,
+}
+
+impl Job {
+    fn function(&self, module: &'static str, name: &str) -> Result<module::Function> {
+        module::function(self.device, module, name)
+    }
+
+    fn launch(&self, module: &'static str, name: &str, work: u64, args: &[Arg]) -> Result<()> {
+        let f = self.function(module, name)?;
+        launch::launch(self.device, f, work, args)
+    }
+
+    fn flag(&self, w: &Watch) -> u64 {
+        let i = self
+            .watches
+            .iter()
+            .position(|x| std::ptr::eq(x, w))
+            .unwrap_or(usize::MAX);
+        if i == usize::MAX { 0 } else { self.flags.at(i) }
+    }
+}
+
+/// Runs operator `inv.op` on CUDA inputs (checked with [`device_of`]) and returns its
+/// outputs, whose metadata `metas` the operator inferred.
+pub fn run(
+    inv: &Invocation,
+    inputs: &[Arc<Tensor>],
+    args: &Args,
+    metas: &[TMeta],
+) -> Result<Vec<Arc<Tensor>>> {
+    let refs: Vec<&Tensor> = inputs.iter().map(|t| t.as_ref()).collect();
+    let dev = match device_of(inv.op, &refs)? {
+        Some(d) => d,
+        None if inv.op == "to_device" => Device {
+            kind: DeviceKind::Cuda,
+            id: args.int_or("device", 0)? as i32,
+        },
+        None => {
+            return Err(Error::internal(format!(
+                "operator '{}' reached the CUDA launchers without CUDA inputs",
+                inv.op
+            )));
+        }
+    };
+    let device = super::device(dev.id).map_err(|e| {
+        Error::new(
+            ErrorKind::Cuda,
+            format!("operator '{}': {}", inv.op, e.message()),
+        )
+    })?;
+    if inv.op != "to_device" {
+        let in_metas: Vec<TMeta> = refs.iter().map(|t| TMeta::of(t)).collect();
+        let in_refs: Vec<&TMeta> = in_metas.iter().collect();
+        supported(inv.op, &in_refs, args, dev)?;
+    }
+    device.bind()?;
+    for t in inputs {
+        if t.device().kind == DeviceKind::Cuda
+            && let Some(ev) = t.storage().ready_event()
+        {
+            ev.wait_on(device.stream())?;
+        }
+    }
+    // Flags every invocation may watch.
+    let watches = plan_watches(inv.op, &refs, args, metas);
+    let job = Job {
+        device,
+        flags: Flags::new(device, watches.len())?,
+        watches,
+    };
+    checks::nan_handled();
+    let outs = match inv.op {
+        "to_device" => vec![to_device(device, refs[0], &metas[0])?],
+        "to_host" => {
+            // Reading into host memory waits for the stream: nothing is left pending.
+            return Ok(vec![Arc::new(to_host(device, refs[0])?)]);
+        }
+        "add" | "sub" | "mul" | "div" => vec![binary(&job, inv.op, refs[0], refs[1], &metas[0])?],
+        "cast" => vec![cast(&job, refs[0], metas[0].dtype)?.with_layout(layout(&metas[0]))],
+        "sum" | "mean" | "max" => vec![reduce(&job, inv.op, refs[0], args, &metas[0])?],
+        "normalize" => vec![normalize(&job, refs[0], args, &metas[0])?],
+        "resize" => vec![resize(&job, refs[0], args, &metas[0])?],
+        "check" | "check_finite" | "check_range" | "check_shape" => {
+            vec![check(&job, inv.op, refs[0], args)?]
+        }
+        _ => {
+            return Err(not_implemented(inv.op, metas[0].dtype, dev, ""));
+        }
+    };
+    nan_pass(&job, &refs, &outs)?;
+    let progress = super::progress::progress(device);
+    progress.mark(device, inv.op, inv.seq, inv.site);
+    let event = Event::record(device, device.stream())?;
+    for t in &outs {
+        t.storage().set_ready_event(Some(event.clone()));
+    }
+    for t in inputs {
+        if t.device().kind == DeviceKind::Cuda {
+            t.storage().set_last_use(event.clone());
+        }
+    }
+    if inv.wait || job.flags.n > 0 {
+        if inv.whole_stream {
+            launch::synchronize(device)
+        } else {
+            event.synchronize()
+        }
+        .map_err(|e| progress.attribute(device, e))?;
+        progress.retire();
+        settle(&job, &outs)?;
+    }
+    Ok(outs.into_iter().map(Arc::new).collect())
+}
+
+fn layout(m: &TMeta) -> CString {
+    CString::new(m.layout.as_str()).unwrap_or_default()
+}
+
+/// The flag records operator `op` needs with the categories checked on this thread.
+fn plan_watches(op: &str, inputs: &[&Tensor], args: &Args, metas: &[TMeta]) -> Vec<Watch> {
+    let mut w = Vec::new();
+    let is_float = |d: DType| matches!(d, DType::F32 | DType::F16 | DType::BF16);
+    match op {
+        "add" | "sub" | "mul" | "div" => {
+            let common = metas[0].dtype;
+            if op == "div" {
+                if is_float(common) {
+                    if checks::enabled(checks::DIV) {
+                        w.push(Watch::DivFloat);
+                    }
+                } else {
+                    w.push(Watch::Div {
+                        checked: checks::enabled(checks::DIV),
+                    });
+                }
+            }
+            if is_float(common) && checks::enabled(checks::NAN) {
+                w.push(Watch::Nan);
+            }
+        }
+        "check" | "check_finite" | "check_range" if checks::enabled(checks::USER) => {
+            let t = inputs[0];
+            let n = t.numel();
+            let message = match op {
+                "check" => {
+                    let what = args
+                        .string("message")
+                        .ok()
+                        .flatten()
+                        .unwrap_or_else(|| "check".into());
+                    format!("{what}: {{n}} of {n} element{} false", plural(n as u64))
+                }
+                "check_finite" => format!("{{n}} of {n} element{} not finite", plural(n as u64)),
+                _ => {
+                    let lo = args.float("lo").ok().flatten().unwrap_or(f64::NEG_INFINITY);
+                    let hi = args.float("hi").ok().flatten().unwrap_or(f64::INFINITY);
+                    format!(
+                        "{{n}} of {n} element{} outside [{lo}, {hi}]",
+                        plural(n as u64)
+                    )
+                }
+            };
+            if op != "check_finite" || is_float(t.dtype()) {
+                w.push(Watch::User(message));
+            }
+        }
+        "cast" | "sum" | "mean" | "max" | "normalize" | "resize"
+            if checks::enabled(checks::NAN) && metas.iter().any(|m| is_float(m.dtype)) =>
+        {
+            w.push(Watch::NanOut(0));
+            w.push(Watch::NanIn);
+        }
+        _ => {}
+    }
+    w
+}
+
+/// The NAN pass of kernels that do not watch NaN themselves: the output's non-finite
+/// elements count only when every float input is finite.
+fn nan_pass(job: &Job, inputs: &[&Tensor], outs: &[Tensor]) -> Result<()> {
+    let Some(out_watch) = job.watches.iter().find(|w| matches!(w, Watch::NanOut(_))) else {
+        return Ok(());
+    };
+    let in_watch = job
+        .watches
+        .iter()
+        .find(|w| matches!(w, Watch::NanIn))
+        .ok_or_else(|| Error::internal("NAN pass without its input record"))?;
+    for out in outs {
+        finite_into(job, out, job.flag(out_watch))?;
+    }
+    for t in inputs {
+        finite_into(job, t, job.flag(in_watch))?;
+    }
+    Ok(())
+}
+
+/// Counts the non-finite elements of a float tensor into the record at `flag`.
+fn finite_into(job: &Job, t: &Tensor, flag: u64) -> Result<()> {
+    let Some(sfx) = suffix(t.dtype()).filter(|s| s.starts_with('f') || *s == "bf16") else {
+        return Ok(());
+    };
+    let c = compacted(job, t)?;
+    let n = c.numel() as u64;
+    job.launch(
+        "check",
+        &format!("ndx_check_finite_{sfx}"),
+        n,
+        &[Arg::Ptr(addr(&c)), Arg::U64(n), Arg::Ptr(flag)],
+    )
+}
+
+/// Reads the flag records after the work completed and raises or fails.
+fn settle(job: &Job, outs: &[Tensor]) -> Result<()> {
+    if job.flags.n == 0 {
+        return Ok(());
+    }
+    let records = job.flags.read(job.device)?;
+    let raised = |i: usize| (records[i].count > 0).then_some(records[i]);
+    for (i, w) in job.watches.iter().enumerate() {
+        let Some(f) = raised(i) else { continue };
+        match w {
+            Watch::User(message) => {
+                let tally = checks::Tally::new();
+                tally.add(f.first_index, f.count);
+                checks::raise_tally(checks::USER, &tally, |n| {
+                    message.replace("{n}", &n.to_string())
+                });
+            }
+            Watch::Div { checked: false } => {
+                return Err(Error::value(format!(
+                    "integer division by zero (output element {})",
+                    f.first_index
+                )));
+            }
+            Watch::Div { checked: true } | Watch::DivFloat => {
+                let tally = checks::Tally::new();
+                tally.add(f.first_index, f.count);
+                checks::raise_tally(checks::DIV, &tally, |n| {
+                    format!("{n} division{} by zero", plural(n))
+                });
+            }
+            Watch::Nan => {
+                let tally = checks::Tally::new();
+                tally.add(f.first_index, f.count);
+                checks::raise_tally(checks::NAN, &tally, |n| {
+                    format!(
+                        "output 0 has {n} NaN or infinite element{} from finite inputs",
+                        plural(n)
+                    )
+                });
+            }
+            Watch::NanOut(k) => {
+                let inputs_clear = job
+                    .watches
+                    .iter()
+                    .position(|x| matches!(x, Watch::NanIn))
+                    .is_some_and(|j| records[j].count == 0);
+                if inputs_clear && *k < outs.len() {
+                    let tally = checks::Tally::new();
+                    tally.add(f.first_index, f.count);
+                    checks::raise_tally(checks::NAN, &tally, |n| {
+                        format!(
+                            "output {k} has {n} NaN or infinite element{} from finite inputs",
+                            plural(n)
+                        )
+                    });
+                }
+            }
+            Watch::NanIn => {}
+        }
+    }
+    Ok(())
+}
+
+/// `t` itself when compact, else a compact copy made on the device (a broadcasting
+/// multiplication by one, exact for every dtype).
+fn compacted(job: &Job, t: &Tensor) -> Result<Tensor> {
+    if t.is_compact() {
+        return Ok(t.clone());
+    }
+    let dtype = t.dtype();
+    let sfx = suffix_or_bool(dtype)
+        .ok_or_else(|| not_implemented("compact", dtype, t.device(), " (a strided view)"))?;
+    if t.ndim() > 8 {
+        return Err(not_implemented(
+            "compact",
+            dtype,
+            t.device(),
+            &format!(" (a strided view with {} dimensions)", t.ndim()),
+        ));
+    }
+    let out = empty(job.device, dtype, t.shape(), t.layout())?;
+    let one = one_of(job, sfx)?;
+    let mut p = Bcast2 {
+        ndim: t.ndim() as u32,
+        ..Bcast2::default()
+    };
+    p.shape[..t.ndim()].copy_from_slice(t.shape());
+    p.a_strides[..t.ndim()].copy_from_slice(t.strides());
+    job.launch(
+        "binary",
+        &format!("ndx_mul_{sfx}_bcast"),
+        out.numel() as u64,
+        &[
+            Arg::Ptr(addr(&out)),
+            Arg::Ptr(addr(t)),
+            Arg::Ptr(one.ptr),
+            Arg::U64(out.numel() as u64),
+            Arg::Bcast2(p),
+            Arg::Ptr(0),
+            Arg::Ptr(0),
+        ],
+    )?;
+    Ok(out)
+}
+
+/// A device scalar 1 of the kernels' dtype `sfx`.
+fn one_of(job: &Job, sfx: &str) -> Result<Scratch> {
+    let bytes: Vec<u8> = match sfx {
+        "f32" => 1f32.to_le_bytes().to_vec(),
+        "f16" => half::f16::ONE.to_le_bytes().to_vec(),
+        "bf16" => half::bf16::ONE.to_le_bytes().to_vec(),
+        "u8" => vec![1],
+        _ => 1i32.to_le_bytes().to_vec(),
+    };
+    let s = Scratch::new(job.device, bytes.len())?;
+    launch::copy_to_device(job.device, s.ptr, &bytes)?;
+    Ok(s)
+}
+
+fn to_device(device: &'static DeviceState, t: &Tensor, meta: &TMeta) -> Result<Tensor> {
+    if t.device().kind == DeviceKind::Cuda {
+        return Ok(t.clone());
+    }
+    let bytes = t.compact_bytes()?;
+    let out = empty(device, t.dtype(), t.shape(), &meta.layout)?;
+    if !bytes.is_empty() {
+        launch::copy_to_device(device, addr(&out), &bytes)?;
+    }
+    Ok(out)
+}
+
+fn to_host(device: &'static DeviceState, t: &Tensor) -> Result<Tensor> {
+    // The span the view touches is copied whole, then viewed with the same strides.
+    let storage = t.storage();
+    let span = storage.span_len();
+    let mut host = Storage::owned_stale(span)?;
+    if span > 0
+        && let Some(bytes) = host.owned_bytes_mut()
+    {
+        let src = (storage.data_ptr() as u64).wrapping_add(storage.span_start() as u64);
+        launch::copy_to_host(device, bytes, src)?;
+    }
+    let byte_offset = (t.byte_offset() as i64 - storage.span_start() as i64) as u64;
+    let view = Tensor::from_parts(
+        Arc::new(host),
+        t.dtype(),
+        t.shape().to_vec(),
+        Geometry {
+            strides: t.strides().to_vec(),
+            numel: t.numel(),
+            lo: 0,
+            len: span,
+        },
+        byte_offset,
+        t.c_layout().to_owned(),
+        false,
+    );
+    if view.is_compact() {
+        Ok(view)
+    } else {
+        view.to_compact()
+    }
+}
+
+fn binary(job: &Job, op: &str, a: &Tensor, b: &Tensor, meta: &TMeta) -> Result<Tensor> {
+    let common = meta.dtype;
+    let sfx = suffix(common).ok_or_else(|| not_implemented(op, common, a.device(), ""))?;
+    let a = if a.dtype() == common {
+        a.clone()
+    } else {
+        cast(job, a, common)?
+    };
+    let b = if b.dtype() == common {
+        b.clone()
+    } else {
+        cast(job, b, common)?
+    };
+    let out = empty(job.device, common, &meta.shape, &meta.layout)?;
+    let n = out.numel() as u64;
+    let nan = job
+        .watches
+        .iter()
+        .find(|w| matches!(w, Watch::Nan))
+        .map_or(0, |w| job.flag(w));
+    let div = job
+        .watches
+        .iter()
+        .find(|w| matches!(w, Watch::Div { .. } | Watch::DivFloat))
+        .map_or(0, |w| job.flag(w));
+    let same = a.shape() == meta.shape.as_slice()
+        && b.shape() == meta.shape.as_slice()
+        && a.is_compact()
+        && b.is_compact();
+    if same {
+        job.launch(
+            "binary",
+            &format!("ndx_{op}_{sfx}"),
+            n,
+            &[
+                Arg::Ptr(addr(&out)),
+                Arg::Ptr(addr(&a)),
+                Arg::Ptr(addr(&b)),
+                Arg::U64(n),
+                Arg::Ptr(nan),
+                Arg::Ptr(div),
+            ],
+        )?;
+    } else {
+        let nd = meta.shape.len();
+        let mut p = Bcast2 {
+            ndim: nd as u32,
+            ..Bcast2::default()
+        };
+        p.shape[..nd].copy_from_slice(&meta.shape);
+        for (t, strides) in [(&a, &mut p.a_strides), (&b, &mut p.b_strides)] {
+            let off = nd - t.ndim();
+            for k in 0..t.ndim() {
+                strides[off + k] = if t.shape()[k] == 1 { 0 } else { t.strides()[k] };
+            }
+        }
+        job.launch(
+            "binary",
+            &format!("ndx_{op}_{sfx}_bcast"),
+            n,
+            &[
+                Arg::Ptr(addr(&out)),
+                Arg::Ptr(addr(&a)),
+                Arg::Ptr(addr(&b)),
+                Arg::U64(n),
+                Arg::Bcast2(p),
+                Arg::Ptr(nan),
+                Arg::Ptr(div),
+            ],
+        )?;
+    }
+    Ok(out)
+}
+
+fn cast(job: &Job, t: &Tensor, to: DType) -> Result<Tensor> {
+    let t = compacted(job, t)?;
+    let from = t.dtype();
+    let src = suffix_or_bool(from).ok_or_else(|| not_implemented("cast", from, t.device(), ""))?;
+    let dst = if to == DType::Bool {
+        "bool"
+    } else {
+        suffix(to)
+            .ok_or_else(|| not_implemented("cast", to, t.device(), " (as the target dtype)"))?
+    };
+    let out = empty(job.device, to, t.shape(), t.layout())?;
+    let n = out.numel() as u64;
+    if from == to || (from == DType::Bool && to == DType::U8) {
+        launch::copy_on_device(job.device, addr(&out), addr(&t), out.nbytes())?;
+    } else {
+        job.launch(
+            "cast",
+            &format!("ndx_cast_{src}_{dst}"),
+            n,
+            &[Arg::Ptr(addr(&out)), Arg::Ptr(addr(&t)), Arg::U64(n)],
+        )?;
+    }
+    Ok(out)
+}
+
+fn reduce(job: &Job, op: &str, t: &Tensor, args: &Args, meta: &TMeta) -> Result<Tensor> {
+    let t = compacted(job, t)?;
+    let sfx =
+        suffix_or_bool(t.dtype()).ok_or_else(|| not_implemented(op, t.dtype(), t.device(), ""))?;
+    let (axes, _) = crate::ops::reduce::axes_arg(t.shape(), args)?;
+    let shape = t.shape();
+    let (lo, hi) = match (axes.first(), axes.last()) {
+        (Some(&f), Some(&l)) => (f, l + 1),
+        _ => (shape.len(), shape.len()),
+    };
+    let prod = |s: &[i64]| s.iter().map(|&d| d as u64).product::<u64>();
+    let (outer, r, inner) = (prod(&shape[..lo]), prod(&shape[lo..hi]), prod(&shape[hi..]));
+    if op == "max" && r == 0 && outer * inner > 0 {
+        return Err(Error::value(format!(
+            "zero-size reduction: operator '{op}' has no identity for an empty set of elements"
+        )));
+    }
+    let out = empty(job.device, meta.dtype, &meta.shape, &meta.layout)?;
+    if outer * inner == 0 {
+        return Ok(out);
+    }
+    let nchunks = if r == 0 {
+        0
+    } else if inner == 1 {
+        8192u64.div_ceil(outer).clamp(1, r.div_ceil(1024).max(1))
+    } else {
+        65536u64
+            .div_ceil(outer * inner)
+            .clamp(1, r.div_ceil(16).max(1))
+    };
+    let chunk = if nchunks == 0 { 1 } else { r.div_ceil(nchunks) };
+    let nchunks = if r == 0 { 0 } else { r.div_ceil(chunk) };
+    let partial_elem = if op == "max" { t.dtype().itemsize() } else { 8 };
+    let partial = Scratch::new(
+        job.device,
+        (outer * nchunks * inner) as usize * partial_elem,
+    )?;
+    let geometry = [
+        Arg::U64(outer),
+        Arg::U64(r),
+        Arg::U64(inner),
+        Arg::U64(chunk),
+    ];
+    let first = if op == "max" { "max" } else { "sum" };
+    if r > 0 {
+        let work = if inner == 1 && chunk >= 32 {
+            32 * outer * nchunks
+        } else {
+            outer * nchunks * inner
+        };
+        let mut a = vec![Arg::Ptr(partial.ptr), Arg::Ptr(addr(&t))];
+        a.extend(geometry);
+        job.launch("reduce", &format!("ndx_{first}_{sfx}_partial"), work, &a)?;
+    }
+    let mut a = vec![Arg::Ptr(addr(&out)), Arg::Ptr(partial.ptr)];
+    a.extend(geometry);
+    job.launch(
+        "reduce",
+        &format!("ndx_{op}_{sfx}_final"),
+        32 * outer * inner,
+        &a,
+    )?;
+    Ok(out)
+}
+
+fn float_list(args: &Args, name: &str, c: usize) -> Result<Vec<f64>> {
+    let v = match args.get(name) {
+        Some(ArgValue::Floats(v)) => v.clone(),
+        Some(ArgValue::Float(v)) => vec![*v],
+        Some(ArgValue::Int(v)) => vec![*v as f64],
+        _ => {
+            return Err(Error::value(format!(
+                "normalize needs float-array argument '{name}'"
+            )));
+        }
+    };
+    Ok(if v.len() == 1 { vec![v[0]; c] } else { v })
+}
+
+fn normalize(job: &Job, t: &Tensor, args: &Args, meta: &TMeta) -> Result<Tensor> {
+    let t = compacted(job, t)?;
+    let sfx =
+        suffix(t.dtype()).ok_or_else(|| not_implemented("normalize", t.dtype(), t.device(), ""))?;
+    let (_, _, c_ax) = crate::ops::image::hwc_axes(t.layout(), t.shape(), "normalize")?;
+    let c = t.shape()[c_ax] as usize;
+    let inner: u64 = t.shape()[c_ax + 1..].iter().map(|&d| d as u64).product();
+    let (mean, std) = (float_list(args, "mean", c)?, float_list(args, "std", c)?);
+    let params: Vec<u8> = mean
+        .iter()
+        .chain(&std)
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let p = Scratch::new(job.device, params.len())?;
+    launch::copy_to_device(job.device, p.ptr, &params)?;
+    let out = empty(job.device, DType::F32, t.shape(), &meta.layout)?;
+    let n = out.numel() as u64;
+    job.launch(
+        "normalize",
+        &format!("ndx_normalize_{sfx}"),
+        n,
+        &[
+            Arg::Ptr(addr(&out)),
+            Arg::Ptr(addr(&t)),
+            Arg::U64(n),
+            Arg::U64(c as u64),
+            Arg::U64(inner),
+            Arg::Ptr(p.ptr),
+            Arg::Ptr(p.ptr + 8 * c as u64),
+            Arg::U64(1),
+        ],
+    )?;
+    Ok(out)
+}
+
+fn resize(job: &Job, t: &Tensor, args: &Args, meta: &TMeta) -> Result<Tensor> {
+    let t = compacted(job, t)?;
+    let dtype = t.dtype();
+    let sfx = suffix(dtype).ok_or_else(|| not_implemented("resize", dtype, t.device(), ""))?;
+    let plan = crate::ops::resize::plan(&TMeta::of(&t), args)?;
+    let (h_ax, w_ax, c_ax) = plan.axes;
+    let s = t.shape();
+    let out = empty(job.device, dtype, &meta.shape, &meta.layout)?;
+    let g = ResizeGeom {
+        planes: if c_ax < h_ax { s[c_ax] as u64 } else { 1 },
+        in_h: s[h_ax] as u64,
+        in_w: s[w_ax] as u64,
+        c: if c_ax < h_ax { 1 } else { s[c_ax] as u64 },
+        out_h: plan.out_h as u64,
+        out_w: plan.out_w as u64,
+    };
+    if g.planes * g.c == 0 || out.numel() == 0 {
+        return Ok(out);
+    }
+    if (g.out_h, g.out_w) == (g.in_h, g.in_w) {
+        launch::copy_on_device(job.device, addr(&out), addr(&t), out.nbytes())?;
+        return Ok(out);
+    }
+    let name = match plan.interp {
+        crate::ops::resize::Interp::Nearest => format!("ndx_resize_nearest_{sfx}"),
+        crate::ops::resize::Interp::Linear
+            if dtype == DType::U8
+                && g.in_h == 2 * g.out_h
+                && g.in_w == 2 * g.out_w
+                && !matches!(g.c, 1 | 3 | 4) =>
+        {
+            "ndx_resize_area2_u8".to_string()
+        }
+        crate::ops::resize::Interp::Linear => format!("ndx_resize_linear_{sfx}"),
+    };
+    job.launch(
+        "resize",
+        &name,
+        out.numel() as u64,
+        &[Arg::Ptr(addr(&out)), Arg::Ptr(addr(&t)), Arg::Geom(g)],
+    )?;
+    Ok(out)
+}
+
+fn check(job: &Job, op: &str, t: &Tensor, args: &Args) -> Result<Tensor> {
+    let out = compacted(job, t)?;
+    if op == "check_shape" {
+        let def = crate::ops::builtin("check_shape")
+            .ok_or_else(|| Error::internal("check_shape is not registered"))?;
+        if let crate::ops::Kernel::Builtin(f) = &def.kernel {
+            // Reads only the shape; passes a compact input through unchanged.
+            f(&[&out], args)?;
+        }
+        return Ok(out);
+    }
+    let Some(w) = job.watches.iter().find(|w| matches!(w, Watch::User(_))) else {
+        return Ok(out);
+    };
+    let flag = job.flag(w);
+    let n = out.numel() as u64;
+    let x = Arg::Ptr(addr(&out));
+    match op {
+        "check" => job.launch(
+            "check",
+            "ndx_check_bool",
+            n,
+            &[x, Arg::U64(n), Arg::Ptr(flag)],
+        )?,
+        "check_finite" => finite_into(job, &out, flag)?,
+        _ => {
+            let sfx = suffix_or_bool(out.dtype()).unwrap_or("u8");
+            let lo = args.float("lo")?.unwrap_or(f64::NEG_INFINITY);
+            let hi = args.float("hi")?.unwrap_or(f64::INFINITY);
+            job.launch(
+                "check",
+                &format!("ndx_check_range_{sfx}"),
+                n,
+                &[x, Arg::U64(n), Arg::F64(lo), Arg::F64(hi), Arg::Ptr(flag)],
+            )?;
+        }
+    }
+    Ok(out)
+}

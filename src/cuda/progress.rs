@@ -1,0 +1,198 @@
+//! Which invocation a CUDA fault belongs to. A kernel that faults (an illegal address,
+//! say) is reported by the driver at some later call — a sync, an event query — and
+//! from then on every call of the context fails ("sticky"). So after each invocation's
+//! work ndx enqueues `cuStreamWriteValue64` of a tag into pinned host memory: when a
+//! fault surfaces, the tag there names the last invocation whose work completed, and
+//! the fault belongs to the first one enqueued after it — what `CUDA_LAUNCH_BLOCKING=1`
+//! tells, without synchronising every launch.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use cudarc::driver::sys;
+use parking_lot::Mutex;
+
+use super::device::{DeviceState, check};
+use crate::error::Site;
+use crate::error::{Error, ErrorKind, Result};
+
+/// An invocation whose stream work may not have completed.
+struct InFlight {
+    tag: u64,
+    op: String,
+    seq: u64,
+    site: Arc<Site>,
+}
+
+/// One device's progress word and the invocations in flight on ndx's stream.
+pub struct Progress {
+    /// Pinned host memory the stream writes tags into (`None`: the driver refused
+    /// stream memory operations, so faults cannot be attributed).
+    word: Option<Word>,
+    next: AtomicU64,
+    inflight: Mutex<VecDeque<InFlight>>,
+    /// The op and sequence number of the last invocation seen completed.
+    last_done: Mutex<Option<(String, u64)>>,
+}
+
+struct Word {
+    host: *mut u64,
+    dptr: u64,
+}
+
+// SAFETY: the pinned word is only read (volatile) by the host and written by the
+// device; the pointer is valid for the life of the process (never freed).
+unsafe impl Send for Word {}
+// SAFETY: see `Send`.
+unsafe impl Sync for Word {}
+
+/// In-flight invocations remembered at most (older ones are forgotten: their work has
+/// long completed in any pipeline this deep).
+const MAX_INFLIGHT: usize = 4096;
+
+/// The progress tracker of `device` (pinned memory allocated on first use).
+pub fn progress(device: &'static DeviceState) -> &'static Progress {
+    static ALL: OnceLock<Vec<OnceLock<Progress>>> = OnceLock::new();
+    let all = ALL.get_or_init(|| {
+        (0..super::device_count())
+            .map(|_| OnceLock::new())
+            .collect()
+    });
+    all[device.id() as usize].get_or_init(|| Progress {
+        word: pinned_word(device).ok(),
+        next: AtomicU64::new(1),
+        inflight: Mutex::new(VecDeque::new()),
+        last_done: Mutex::new(None),
+    })
+}
+
+fn pinned_word(device: &DeviceState) -> Result<Word> {
+    device.bind()?;
+    // The symbol is looked up first: cudarc's loader panics on a missing one.
+    // SAFETY: the library is loaded (a device exists); a lookup runs no code of it.
+    let lib = unsafe { sys::culib() };
+    // SAFETY: only the presence of the symbol is tested.
+    if unsafe { lib.get::<*const ()>(b"cuStreamWriteValue64_v2\0") }.is_err() {
+        return Err(Error::new(
+            ErrorKind::Cuda,
+            "the driver has no cuStreamWriteValue64_v2",
+        ));
+    }
+    let mut host: *mut std::ffi::c_void = std::ptr::null_mut();
+    // SAFETY: a current context and a valid out-pointer; 8 bytes, portable and mapped
+    // into the device's address space. Never freed (kept for the process).
+    check("cuMemHostAlloc", unsafe {
+        sys::cuMemHostAlloc(
+            &mut host,
+            8,
+            sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP,
+        )
+    })?;
+    let host = host.cast::<u64>();
+    // SAFETY: 8 bytes of pinned host memory just allocated, aligned (the driver
+    // returns page-aligned memory).
+    unsafe { host.write_volatile(0) };
+    let mut dptr: sys::CUdeviceptr = 0;
+    // SAFETY: mapped pinned memory of this context and a valid out-pointer.
+    check("cuMemHostGetDevicePointer", unsafe {
+        sys::cuMemHostGetDevicePointer_v2(&mut dptr, host.cast(), 0)
+    })?;
+    Ok(Word { host, dptr })
+}
+
+impl Progress {
+    /// Enqueues, after the work just enqueued for invocation `seq` of `op`, the write
+    /// of its tag; returns the tag.
+    pub fn mark(&self, device: &DeviceState, op: &str, seq: u64, site: &Arc<Site>) -> u64 {
+        let tag = self.next.fetch_add(1, Ordering::Relaxed);
+        let Some(word) = &self.word else {
+            return tag;
+        };
+        {
+            let mut inflight = self.inflight.lock();
+            if inflight.len() == MAX_INFLIGHT {
+                inflight.pop_front();
+            }
+            inflight.push_back(InFlight {
+                tag,
+                op: op.to_string(),
+                seq,
+                site: site.clone(),
+            });
+        }
+        // SAFETY: ndx's live stream and the mapped address of the pinned word; flags 0
+        // is a plain write once the preceding work on the stream has completed.
+        let r = unsafe {
+            sys::cuStreamWriteValue64_v2(device.stream() as sys::CUstream, word.dptr, tag, 0)
+        };
+        // A refused write only costs the attribution; the fault itself still surfaces.
+        let _ = r;
+        tag
+    }
+
+    /// The tag of the last invocation whose work completed (0: none yet).
+    pub fn completed(&self) -> u64 {
+        match &self.word {
+            // SAFETY: the pinned word lives for the process; the device writes it
+            // whole (8-byte aligned), so a volatile read sees an old or a new tag.
+            Some(w) => unsafe { w.host.read_volatile() },
+            None => 0,
+        }
+    }
+
+    /// Forgets the invocations whose work has completed.
+    pub fn retire(&self) {
+        let done = self.completed();
+        let mut inflight = self.inflight.lock();
+        let mut last = None;
+        while inflight.front().is_some_and(|f| f.tag <= done) {
+            last = inflight.pop_front();
+        }
+        if let Some(f) = last {
+            *self.last_done.lock() = Some((f.op, f.seq));
+        }
+    }
+
+    /// `e`, a CUDA error that surfaced while waiting, with the invocation whose work
+    /// faulted as its cause (op, sequence number and enqueue site).
+    pub fn attribute(&self, device: &DeviceState, e: Error) -> Error {
+        let e = Error::new(
+            ErrorKind::Cuda,
+            format!(
+                "{}; the CUDA context of kDLCUDA:{} is unusable from now on (a sticky fault)",
+                e.message(),
+                device.id()
+            ),
+        );
+        if self.word.is_none() {
+            return e;
+        }
+        let done = self.completed();
+        let inflight = self.inflight.lock();
+        let Some(culprit) = inflight.iter().find(|f| f.tag > done) else {
+            return e;
+        };
+        let last = inflight
+            .iter()
+            .rev()
+            .find(|f| f.tag <= done)
+            .map(|f| (f.op.clone(), f.seq))
+            .or_else(|| self.last_done.lock().clone())
+            .map_or_else(
+                || "none yet".to_string(),
+                |(op, seq)| format!("'{op}' (#{seq})"),
+            );
+        e.with_cause(
+            Error::new(
+                ErrorKind::Cuda,
+                format!(
+                    "the fault is attributed to '{}' (#{}): the first work on ndx's stream after the last that completed ({last})",
+                    culprit.op, culprit.seq
+                ),
+            )
+            .with_op(&culprit.op, culprit.seq)
+            .with_site(culprit.site.clone()),
+        )
+    }
+}
