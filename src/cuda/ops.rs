@@ -56,13 +56,10 @@ fn suffix_or_bool(dtype: DType) -> Option<&'static str> {
     }
 }
 
-fn not_implemented(op: &str, dtype: DType, device: Device, why: &str) -> Error {
+fn not_implemented(dtype: DType, device: Device, why: &str) -> Error {
     Error::new(
         ErrorKind::NotImplemented,
-        format!(
-            "operator '{op}' has no CUDA kernel for {} on {device}{why}",
-            dtype.name()
-        ),
+        format!("no CUDA kernel for {} on {device}{why}", dtype.name()),
     )
 }
 
@@ -70,7 +67,7 @@ fn not_implemented(op: &str, dtype: DType, device: Device, why: &str) -> Error {
 /// `NDX_ERROR_NOT_IMPLEMENTED` naming the op, the dtype and the device otherwise.
 pub fn supported(op: &str, inputs: &[&TMeta], args: &Args, device: Device) -> Result<()> {
     let dtype = inputs.first().map_or(DType::F32, |m| m.dtype);
-    let refuse = |d: DType, why: &str| Err(not_implemented(op, d, device, why));
+    let refuse = |d: DType, why: &str| Err(not_implemented(d, device, why));
     match op {
         "to_host" | "to_device" | "check_shape" => Ok(()),
         "add" | "sub" | "mul" | "div" => {
@@ -139,7 +136,7 @@ pub fn device_of(op: &str, inputs: &[&Tensor]) -> Result<Option<Device>> {
             None => found = Some((i, d)),
             Some((j, e)) if e != d => {
                 return Err(Error::value(format!(
-                    "operator '{op}': input {i} is on {d} but input {j} is on {e}; all inputs of an invocation must be on one device"
+                    "input {i} is on {d} but input {j} is on {e}; all inputs of an invocation must be on one device"
                 )));
             }
             _ => {}
@@ -154,7 +151,7 @@ pub fn device_of(op: &str, inputs: &[&Tensor]) -> Result<Option<Device>> {
             .position(|t| t.device().kind != DeviceKind::Cuda)
     {
         return Err(Error::value(format!(
-            "operator '{op}': input {i} is in host memory ({}) but input {j} is on {dev}; move it with 'to_device' first",
+            "input {i} is in host memory ({}) but input {j} is on {dev}; move it with 'to_device' first",
             inputs[i].device()
         )));
     }
@@ -319,8 +316,10 @@ pub fn run(
     args: &Args,
     metas: &[TMeta],
 ) -> Result<Vec<Arc<Tensor>>> {
+    let prefixed =
+        |e: Error| Error::new(e.kind(), format!("operator '{}': {}", inv.op, e.message()));
     let refs: Vec<&Tensor> = inputs.iter().map(|t| t.as_ref()).collect();
-    let dev = match device_of(inv.op, &refs)? {
+    let dev = match device_of(inv.op, &refs).map_err(prefixed)? {
         Some(d) => d,
         None if inv.op == "to_device" => Device {
             kind: DeviceKind::Cuda,
@@ -342,7 +341,7 @@ pub fn run(
     if inv.op != "to_device" {
         let in_metas: Vec<TMeta> = refs.iter().map(|t| TMeta::of(t)).collect();
         let in_refs: Vec<&TMeta> = in_metas.iter().collect();
-        supported(inv.op, &in_refs, args, dev)?;
+        supported(inv.op, &in_refs, args, dev).map_err(prefixed)?;
     }
     device.bind()?;
     for t in inputs {
@@ -375,7 +374,7 @@ pub fn run(
             vec![check(&job, inv.op, refs[0], args)?]
         }
         _ => {
-            return Err(not_implemented(inv.op, metas[0].dtype, dev, ""));
+            return Err(not_implemented(metas[0].dtype, dev, ""));
         }
     };
     nan_pass(&job, &refs, &outs)?;
@@ -572,10 +571,9 @@ fn compacted(job: &Job, t: &Tensor) -> Result<Tensor> {
     }
     let dtype = t.dtype();
     let sfx = suffix_or_bool(dtype)
-        .ok_or_else(|| not_implemented("compact", dtype, t.device(), " (a strided view)"))?;
+        .ok_or_else(|| not_implemented(dtype, t.device(), " (a strided view)"))?;
     if t.ndim() > 8 {
         return Err(not_implemented(
-            "compact",
             dtype,
             t.device(),
             &format!(" (a strided view with {} dimensions)", t.ndim()),
@@ -667,7 +665,7 @@ fn to_host(device: &'static DeviceState, t: &Tensor) -> Result<Tensor> {
 
 fn binary(job: &Job, op: &str, a: &Tensor, b: &Tensor, meta: &TMeta) -> Result<Tensor> {
     let common = meta.dtype;
-    let sfx = suffix(common).ok_or_else(|| not_implemented(op, common, a.device(), ""))?;
+    let sfx = suffix(common).ok_or_else(|| not_implemented(common, a.device(), ""))?;
     let a = if a.dtype() == common {
         a.clone()
     } else {
@@ -742,12 +740,11 @@ fn binary(job: &Job, op: &str, a: &Tensor, b: &Tensor, meta: &TMeta) -> Result<T
 fn cast(job: &Job, t: &Tensor, to: DType) -> Result<Tensor> {
     let t = compacted(job, t)?;
     let from = t.dtype();
-    let src = suffix_or_bool(from).ok_or_else(|| not_implemented("cast", from, t.device(), ""))?;
+    let src = suffix_or_bool(from).ok_or_else(|| not_implemented(from, t.device(), ""))?;
     let dst = if to == DType::Bool {
         "bool"
     } else {
-        suffix(to)
-            .ok_or_else(|| not_implemented("cast", to, t.device(), " (as the target dtype)"))?
+        suffix(to).ok_or_else(|| not_implemented(to, t.device(), " (as the target dtype)"))?
     };
     let out = empty(job.device, to, t.shape(), t.layout())?;
     let n = out.numel() as u64;
@@ -767,7 +764,7 @@ fn cast(job: &Job, t: &Tensor, to: DType) -> Result<Tensor> {
 fn reduce(job: &Job, op: &str, t: &Tensor, args: &Args, meta: &TMeta) -> Result<Tensor> {
     let t = compacted(job, t)?;
     let sfx =
-        suffix_or_bool(t.dtype()).ok_or_else(|| not_implemented(op, t.dtype(), t.device(), ""))?;
+        suffix_or_bool(t.dtype()).ok_or_else(|| not_implemented(t.dtype(), t.device(), ""))?;
     let (axes, _) = crate::ops::reduce::axes_arg(t.shape(), args)?;
     let shape = t.shape();
     let (lo, hi) = match (axes.first(), axes.last()) {
@@ -845,8 +842,7 @@ fn float_list(args: &Args, name: &str, c: usize) -> Result<Vec<f64>> {
 
 fn normalize(job: &Job, t: &Tensor, args: &Args, meta: &TMeta) -> Result<Tensor> {
     let t = compacted(job, t)?;
-    let sfx =
-        suffix(t.dtype()).ok_or_else(|| not_implemented("normalize", t.dtype(), t.device(), ""))?;
+    let sfx = suffix(t.dtype()).ok_or_else(|| not_implemented(t.dtype(), t.device(), ""))?;
     let (_, _, c_ax) = crate::ops::image::hwc_axes(t.layout(), t.shape(), "normalize")?;
     let c = t.shape()[c_ax] as usize;
     let inner: u64 = t.shape()[c_ax + 1..].iter().map(|&d| d as u64).product();
@@ -881,7 +877,7 @@ fn normalize(job: &Job, t: &Tensor, args: &Args, meta: &TMeta) -> Result<Tensor>
 fn resize(job: &Job, t: &Tensor, args: &Args, meta: &TMeta) -> Result<Tensor> {
     let t = compacted(job, t)?;
     let dtype = t.dtype();
-    let sfx = suffix(dtype).ok_or_else(|| not_implemented("resize", dtype, t.device(), ""))?;
+    let sfx = suffix(dtype).ok_or_else(|| not_implemented(dtype, t.device(), ""))?;
     let plan = crate::ops::resize::plan(&TMeta::of(&t), args)?;
     let (h_ax, w_ax, c_ax) = plan.axes;
     let s = t.shape();

@@ -15,7 +15,7 @@ use super::value::{BatchRef, TensorRef};
 use crate::debug::explain::{Flush, Why};
 use crate::error::{Error, ErrorKind, Frame, Result, Site};
 use crate::ops::{OpDef, Registry, TMeta};
-use crate::tensor::Tensor;
+use crate::tensor::{Device, DeviceKind, Tensor};
 
 /// When an invocation runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -380,7 +380,9 @@ impl ContextInner {
             ))
         })?;
         let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
+        let out_device = output_device(&def, &inputs, &args);
         let node = Node::new(NodeSpec {
+            out_device,
             seq,
             op: def,
             args,
@@ -626,42 +628,86 @@ fn infer(def: &OpDef, inputs: &[Input], args: &Args) -> Result<(Vec<OutMeta>, Op
 /// device that is absent, on several devices or mixed with host memory, and operators
 /// or dtypes without a CUDA kernel.
 fn cuda_check(def: &OpDef, inputs: &[Input], args: &Args) -> Result<()> {
-    let mut ready: Vec<Arc<crate::tensor::Tensor>> = Vec::with_capacity(inputs.len());
-    for input in inputs {
-        match input {
-            Input::Tensor(t) => match t.ready_data() {
-                Some(Ok(t)) => ready.push(t.clone()),
-                _ => return Ok(()),
-            },
-            Input::Batch(b) => match b.ready_data() {
-                Some(Ok(b)) => match b.samples().first() {
-                    Some(t) => ready.push(t.clone()),
-                    None => return Ok(()),
-                },
-                _ => return Ok(()),
-            },
-        }
-    }
-    let refs: Vec<&crate::tensor::Tensor> = ready.iter().map(|t| t.as_ref()).collect();
-    let Some(device) = crate::cuda::ops::device_of(&def.name, &refs)? else {
+    let devices: Vec<Option<Device>> = inputs.iter().map(Input::device).collect();
+    let Some(first) = devices
+        .iter()
+        .position(|d| d.is_some_and(|d| d.kind == DeviceKind::Cuda))
+    else {
         return Ok(());
     };
-    let i = refs
-        .iter()
-        .position(|t| t.device() == device)
-        .unwrap_or_default();
+    let device = devices[first].unwrap_or(Device::CPU);
     crate::cuda::require_device(i64::from(device.id)).map_err(|e| {
         Error::new(
             ErrorKind::Cuda,
             format!(
-                "input {i} lives in CUDA memory ({device}), but {}",
+                "input {first} lives in CUDA memory ({device}), but {}",
                 e.message()
             ),
         )
     })?;
-    let metas: Vec<TMeta> = refs.iter().map(|t| TMeta::of(t)).collect();
-    let metas: Vec<&TMeta> = metas.iter().collect();
-    crate::cuda::ops::supported(&def.name, &metas, args, device)
+    for (i, d) in devices.iter().enumerate() {
+        match d {
+            Some(d) if d.kind == DeviceKind::Cuda && *d != device => {
+                return Err(Error::value(format!(
+                    "input {i} is on {d} but input {first} is on {device}; all inputs of an invocation must be on one device"
+                )));
+            }
+            Some(d) if d.kind != DeviceKind::Cuda && def.name != "to_device" => {
+                return Err(Error::value(format!(
+                    "input {i} is in host memory ({d}) but input {first} is on {device}; move it with 'to_device' first"
+                )));
+            }
+            _ => {}
+        }
+    }
+    // Metadata known without running anything (a batch by its first sample).
+    let mut metas = Vec::with_capacity(inputs.len());
+    for input in inputs {
+        let m = match input {
+            Input::Tensor(t) => t.known_meta().cloned(),
+            Input::Batch(b) => b.known_sample_meta().and_then(|m| m.first().cloned()),
+        };
+        match m {
+            Some(m) => metas.push(m),
+            None => return Ok(()),
+        }
+    }
+    let refs: Vec<&TMeta> = metas.iter().collect();
+    crate::cuda::ops::supported(&def.name, &refs, args, device)
+}
+
+/// Where an invocation's outputs will live, when its inputs tell at enqueue: on the
+/// CUDA device of its inputs, or the target of `to_device`; host memory when every
+/// input is (plain) host memory; `None` when some input's device is not known yet.
+fn output_device(def: &OpDef, inputs: &[Input], args: &Args) -> Option<Device> {
+    match def.name.as_str() {
+        "to_device" => {
+            return crate::ops::device::target_device(args)
+                .ok()
+                .map(|id| Device {
+                    kind: DeviceKind::Cuda,
+                    id,
+                });
+        }
+        "to_host"
+            if inputs
+                .first()
+                .and_then(Input::device)
+                .is_some_and(|d| d.kind == DeviceKind::Cuda) =>
+        {
+            return Some(Device::CPU);
+        }
+        _ => {}
+    }
+    let mut all_cpu = true;
+    for input in inputs {
+        let d = input.device()?;
+        if d.kind == DeviceKind::Cuda {
+            return Some(d);
+        }
+        all_cpu &= d == Device::CPU;
+    }
+    all_cpu.then_some(Device::CPU)
 }
 
 /// [`infer`] for an operator that takes a batch's samples at once: one batch, or one

@@ -16,7 +16,7 @@ use crate::checks;
 use crate::debug::explain::{Flush, Why};
 use crate::error::{Error, ErrorKind, Result, Site};
 use crate::ops::{Kernel, OpDef, TMeta, kernels};
-use crate::tensor::{Batch, Tensor};
+use crate::tensor::{Batch, Device, Tensor};
 
 /// A computed output.
 #[derive(Clone)]
@@ -41,6 +41,20 @@ impl Input {
         match self {
             Input::Tensor(t) => t.producer(),
             Input::Batch(b) => b.producer(),
+        }
+    }
+
+    /// Where the data lives, when known without running anything.
+    pub(crate) fn device(&self) -> Option<Device> {
+        match self {
+            Input::Tensor(t) => match t.ready_data() {
+                Some(Ok(t)) => Some(t.device()),
+                _ => t.producer().and_then(|n| n.out_device()),
+            },
+            Input::Batch(b) => match b.ready_data() {
+                Some(Ok(b)) => Some(b.device()),
+                _ => b.producer().and_then(|n| n.out_device()),
+            },
         }
     }
 }
@@ -190,6 +204,8 @@ pub struct Node {
     graph: AtomicU64,
     ctx: Weak<ContextInner>,
     out_meta: Vec<OutMeta>,
+    /// Where the outputs will live, when known at enqueue.
+    out_device: Option<Device>,
     batch_len: Option<usize>,
     /// Caller-given out tensors, one entry per output when any (`None`: allocate).
     outputs: Vec<Option<Data>>,
@@ -216,6 +232,7 @@ pub(crate) struct NodeSpec {
     pub repro_max_bytes: u64,
     pub ctx: Weak<ContextInner>,
     pub out_meta: Vec<OutMeta>,
+    pub out_device: Option<Device>,
     pub batch_len: Option<usize>,
     pub inputs: Vec<Input>,
     pub outputs: Vec<Option<Data>>,
@@ -238,6 +255,7 @@ impl Node {
             graph: AtomicU64::new(0),
             ctx: spec.ctx,
             out_meta: spec.out_meta,
+            out_device: spec.out_device,
             batch_len: spec.batch_len,
             outputs: spec.outputs,
             inputs: Mutex::new(Vec::new()),
@@ -288,7 +306,12 @@ impl Node {
     pub fn out_meta(&self) -> &[OutMeta] {
         &self.out_meta
     }
-    /// Whether the result is set.
+    /// Where the outputs will live, when known at enqueue (`None`: ask the data).
+    pub fn out_device(&self) -> Option<Device> {
+        self.out_device
+    }
+
+    /// Whether the invocation has completed.
     pub fn is_done(&self) -> bool {
         self.result.get().is_some()
     }

@@ -109,6 +109,11 @@ impl TensorRef {
         }
     }
 
+    /// Metadata when known without running anything.
+    pub(crate) fn known_meta(&self) -> Option<&TMeta> {
+        self.summary.get()
+    }
+
     /// Metadata; forces evaluation only when the producer could not infer it.
     pub fn meta(&self) -> Result<&TMeta> {
         if let Some(m) = self.summary.get() {
@@ -154,11 +159,12 @@ impl TensorRef {
     pub fn nbytes(&self) -> Result<usize> {
         Ok(self.numel()? * self.dtype()?.itemsize())
     }
-    /// The device (operator outputs live in host memory).
+    /// The device: known at enqueue for most pending outputs (from their inputs'),
+    /// else asked of the data.
     pub fn device(&self) -> Result<Device> {
-        match &self.meta {
-            Some(_) => Ok(Device::CPU),
-            None => Ok(self.resolve_as(Flush::Metadata)?.device()),
+        match (&self.meta, self.producer().and_then(|n| n.out_device())) {
+            (Some(_), Some(d)) => Ok(d),
+            _ => Ok(self.resolve_as(Flush::Metadata)?.device()),
         }
     }
     /// Whether the data is read-only (operator outputs are not).
@@ -206,6 +212,14 @@ impl BatchRef {
         match &self.source {
             Source::Ready(_) => None,
             Source::Pending(node, _) => Some(node),
+        }
+    }
+
+    /// Per-sample metadata when known without running anything.
+    pub(crate) fn known_sample_meta(&self) -> Option<Vec<TMeta>> {
+        match &self.source {
+            Source::Ready(b) => Some(b.samples().iter().map(|s| TMeta::of(s)).collect()),
+            Source::Pending(..) => self.meta.clone(),
         }
     }
 
@@ -276,11 +290,14 @@ impl BatchRef {
             None => Ok(self.resolve_as(Flush::Metadata)?.ndim()),
         }
     }
-    /// The samples' device (operator outputs live in host memory).
+    /// The samples' device (known at enqueue for most pending outputs).
     pub fn device(&self) -> Result<Device> {
-        match self.first_meta() {
-            Some(_) => Ok(Device::CPU),
-            None => Ok(self.resolve_as(Flush::Metadata)?.device()),
+        match (
+            self.first_meta(),
+            self.producer().and_then(|n| n.out_device()),
+        ) {
+            (Some(_), Some(d)) => Ok(d),
+            _ => Ok(self.resolve_as(Flush::Metadata)?.device()),
         }
     }
     /// The samples' layout.

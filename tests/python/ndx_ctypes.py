@@ -408,6 +408,7 @@ _proto("ndx_tensor_copy_to", _err, c_void_p, c_void_p, c_size_t)
 _proto("ndx_tensor_to_dlpack_versioned_stream", _err, c_void_p, c_void_p, POINTER(c_void_p))
 _proto("ndx_tensor_release", None, c_void_p)
 _proto("ndx_tensor_dtype", _err, c_void_p, POINTER(c_int32))
+_proto("ndx_tensor_device", _err, c_void_p, POINTER(DLDevice))
 _proto("ndx_tensor_ndim", _err, c_void_p, POINTER(c_int32))
 _proto("ndx_tensor_shape", _err, c_void_p, POINTER(POINTER(c_int64)))
 _proto("ndx_tensor_nbytes", _err, c_void_p, POINTER(c_size_t))
@@ -880,6 +881,13 @@ class Tensor:
         out = c_bool()
         check(lib.ndx_tensor_is_read_only(self.ptr, byref(out)))
         return out.value
+
+    @property
+    def device(self) -> tuple:
+        """`(device_type, device_id)` of the memory (DLPack codes: 1 CPU, 2 CUDA)."""
+        dev = DLDevice()
+        check(lib.ndx_tensor_device(self.ptr, byref(dev)))
+        return dev.device_type, dev.device_id
 
     def numpy(self):
         """A new NumPy array holding a copy of the data (waits for pending work)."""
