@@ -343,6 +343,24 @@ pub fn run(
         let in_refs: Vec<&TMeta> = in_metas.iter().collect();
         supported(inv.op, &in_refs, args, dev).map_err(prefixed)?;
     }
+    enqueue(inv, device, inputs, &refs, args, metas).map_err(|e| {
+        if super::progress::is_sticky(&e) {
+            super::progress::progress(device).attribute(device, e)
+        } else {
+            e
+        }
+    })
+}
+
+/// [`run`] once the device is known: the launches, the wait and the flags.
+fn enqueue(
+    inv: &Invocation,
+    device: &'static DeviceState,
+    inputs: &[Arc<Tensor>],
+    refs: &[&Tensor],
+    args: &Args,
+    metas: &[TMeta],
+) -> Result<Vec<Arc<Tensor>>> {
     device.bind()?;
     for t in inputs {
         if t.device().kind == DeviceKind::Cuda
@@ -352,7 +370,7 @@ pub fn run(
         }
     }
     // Flags every invocation may watch.
-    let watches = plan_watches(inv.op, &refs, args, metas);
+    let watches = plan_watches(inv.op, refs, args, metas);
     let job = Job {
         device,
         flags: Flags::new(device, watches.len())?,
@@ -374,10 +392,10 @@ pub fn run(
             vec![check(&job, inv.op, refs[0], args)?]
         }
         _ => {
-            return Err(not_implemented(metas[0].dtype, dev, ""));
+            return Err(not_implemented(metas[0].dtype, refs[0].device(), ""));
         }
     };
-    nan_pass(&job, &refs, &outs)?;
+    nan_pass(&job, refs, &outs)?;
     let progress = super::progress::progress(device);
     progress.mark(device, inv.op, inv.seq, inv.site);
     let event = Event::record(device, device.stream())?;
@@ -394,8 +412,7 @@ pub fn run(
             launch::synchronize(device)
         } else {
             event.synchronize()
-        }
-        .map_err(|e| progress.attribute(device, e))?;
+        }?;
         progress.retire();
         settle(&job, &outs)?;
     }

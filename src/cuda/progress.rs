@@ -101,6 +101,26 @@ fn pinned_word(device: &DeviceState) -> Result<Word> {
     Ok(Word { host, dptr })
 }
 
+/// The driver errors after which the context is unusable (sticky): a kernel faulted.
+const STICKY: [&str; 11] = [
+    "CUDA_ERROR_ILLEGAL_ADDRESS",
+    "CUDA_ERROR_LAUNCH_FAILED",
+    "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+    "CUDA_ERROR_MISALIGNED_ADDRESS",
+    "CUDA_ERROR_INVALID_ADDRESS_SPACE",
+    "CUDA_ERROR_INVALID_PC",
+    "CUDA_ERROR_HARDWARE_STACK_ERROR",
+    "CUDA_ERROR_ASSERT",
+    "CUDA_ERROR_LAUNCH_TIMEOUT",
+    "CUDA_ERROR_ECC_UNCORRECTABLE",
+    "CUDA_ERROR_UNKNOWN",
+];
+
+/// Whether `e` is a CUDA error of a faulted context (see [`STICKY`]).
+pub fn is_sticky(e: &Error) -> bool {
+    e.kind() == ErrorKind::Cuda && STICKY.iter().any(|n| e.message().contains(n))
+}
+
 impl Progress {
     /// Enqueues, after the work just enqueued for invocation `seq` of `op`, the write
     /// of its tag; returns the tag.

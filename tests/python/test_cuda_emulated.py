@@ -1,0 +1,161 @@
+"""ndx's CUDA paths on the emulated driver of tests/cuda_emu, so machines without a GPU
+(CI) run the launchers, the allocator, stream ordering and fault attribution.
+
+The emulated libcuda.so.1 runs only in subprocesses (see cuda_emu.py). On a machine
+with a real GPU, tests/python/test_cuda_ops.py runs against it directly as well.
+
+Run: NDX_LIBRARY=/path/to/libndx.so python3 -m pytest -q tests/python/test_cuda_emulated.py
+"""
+
+import os
+import re
+import sys
+import textwrap
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cuda_emu  # noqa: E402
+import ndx_ctypes as ndx  # noqa: E402
+
+LIB = os.path.abspath(ndx.library_path())
+
+
+def env(**extra):
+    return cuda_emu.emu_env(NDX_LIBRARY=LIB, NDX_EMU="1", NDX_REQUIRE_CUDA="1", **extra)
+
+
+def passed(r):
+    m = re.search(r"(\d+) passed", r.stdout)
+    return int(m.group(1)) if m else 0
+
+
+def test_every_operator_test_passes_on_the_emulated_gpu():
+    r = cuda_emu.run_under_emu(
+        ["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/python/test_cuda_ops.py"],
+        env=env(), timeout=600,
+    )
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
+    assert passed(r) > 300, r.stdout[-2000:]
+
+
+def test_operators_are_stream_ordered_when_the_stream_runs_later():
+    # Every stream operation now runs on a worker thread, each launch 2 ms late: the
+    # results stay right only if ndx orders its copies and launches on its events.
+    r = cuda_emu.run_under_emu(
+        ["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/python/test_cuda_ops.py",
+         "-k", "chain or round_trip or (binary and float32) or reductions and int32 or checks"],
+        env=env(NDX_EMU_ASYNC="1", NDX_EMU_KERNEL_DELAY_MS="2"), timeout=600,
+    )
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
+    assert passed(r) >= 40, r.stdout[-2000:]
+
+
+FAULT = textwrap.dedent(
+    """\
+    import numpy as np
+    import ndx_ctypes as ndx
+    ctx = ndx.Context(mode=ndx.NDX_EVAL_SYNC_CPU, capture=ndx.NDX_CAPTURE_HOST)
+    ctx.set_frame_provider()
+    a = ctx.invoke("to_device", [np.arange(64, dtype=np.float32)]).tensor()
+    b = ctx.invoke("add", [a, a]).tensor()
+    c = ctx.invoke("mul", [b, b]).tensor()  # line 7: its kernel faults
+    d = ctx.invoke("sub", [c, b]).tensor()
+    try:
+        ctx.invoke("to_host", [d]).result()  # line 10: where the fault is noticed
+        print("no error")
+    except ndx.NdxError as e:
+        print("KIND", e.kind)
+        print("MESSAGE", e.message)
+        cause = e.cause
+        print("CAUSE", cause.message)
+        print("CAUSE_OP", cause.op, cause.sequence)
+        print("CAUSE_FRAME", [(f.file, f.line) for f in cause.frames if f.file.endswith("fault.py")])
+        print("FRAME", [(f.file, f.line) for f in e.frames if f.file.endswith("fault.py")])
+    try:
+        ctx.invoke("to_device", [np.ones(3, np.float32)]).result()
+    except ndx.NdxError as e:
+        print("AFTER", e.kind, e.message)
+    """
+)
+
+
+def test_a_sticky_fault_is_attributed_to_the_invocation_whose_kernel_faulted(tmp_path):
+    script = tmp_path / "fault.py"
+    script.write_text(FAULT)
+    r = cuda_emu.run_under_emu(
+        [str(script)], env=env(NDX_EMU_ASYNC="1", NDX_EMU_FAULT_KERNEL="ndx_mul_f32"), timeout=120
+    )
+    out = r.stdout
+    assert r.returncode == 0, out + r.stderr
+    assert f"KIND {ndx.NDX_ERROR_CUDA}" in out, out
+    assert "CUDA_ERROR_ILLEGAL_ADDRESS" in out and "unusable from now on" in out, out
+    assert "the fault is attributed to 'mul' (#3)" in out, out
+    assert "after the last that completed ('add' (#2))" in out, out
+    assert "CAUSE_OP mul 3" in out, out
+    assert re.search(r"CAUSE_FRAME \[\('[^']*fault\.py', 7\)\]", out), out
+    assert re.search(r"FRAME \[\('[^']*fault\.py', 10\)\]", out), out
+    assert re.search(rf"AFTER {ndx.NDX_ERROR_CUDA} .*CUDA_ERROR_ILLEGAL_ADDRESS", out), out
+
+
+ORDERING = textwrap.dedent(
+    """\
+    import ctypes
+    import numpy as np
+    import cuda_driver as cd
+    import ndx_ctypes as ndx
+
+    n = 512
+    cu = cd.Context()
+    add = cu.load_ptx("src/cuda/ptx/binary.ptx").function("ndx_add_f32")
+    a, b = cu.upload(np.full(n, 1, np.float32)), cu.upload(np.full(n, 2, np.float32))
+    out = cu.alloc(4 * n)
+    producer = cu.stream()
+    shape = (ctypes.c_int64 * 1)(n)
+    ctx = ndx.Context(mode=ndx.NDX_EVAL_SYNC_CPU)
+    deleted = []
+    keep = []
+
+    def produce_then_read(stream):
+        cu.memset8(out, 0)
+        # The producer's kernel runs late (NDX_EMU_KERNEL_DELAY_MS) on its own stream.
+        cu.launch(add, 2, 256, [out, a, b, n, 0, 0], stream=producer)
+        m = ndx.DLManagedTensorVersioned()
+        m.version.major = 1
+        m.dl_tensor.data = out.ptr
+        m.dl_tensor.device.device_type, m.dl_tensor.device.device_id = 2, 0
+        m.dl_tensor.ndim = 1
+        m.dl_tensor.dtype.code, m.dl_tensor.dtype.bits, m.dl_tensor.dtype.lanes = 2, 32, 1
+        m.dl_tensor.shape = shape
+        m.deleter = ndx.DLManagedTensorVersionedDeleter(lambda p: deleted.append(1))
+        keep.append(m)
+        opts = ndx.ndx_import_options_t(ctypes.sizeof(ndx.ndx_import_options_t), None, False, stream)
+        t = ctypes.c_void_p()
+        ndx.check(ndx.lib.ndx_tensor_from_dlpack_versioned(ctypes.addressof(m), ctypes.byref(opts), ctypes.byref(t)))
+        t = ndx.Tensor(t.value)
+        got = ctx.invoke("to_host", [t]).result()
+        t.release()
+        producer.synchronize()
+        return got
+
+    ordered = produce_then_read(producer.handle.value)
+    unordered = produce_then_read(ndx.STREAM_NO_SYNC)
+    print("ORDERED", float(ordered.min()), float(ordered.max()))
+    print("UNORDERED", float(unordered.max()))
+    print("DELETED", len(deleted))
+    """
+)
+
+
+def test_an_import_is_ordered_after_the_producers_stream_with_a_negative_control(tmp_path):
+    script = tmp_path / "ordering.py"
+    script.write_text(ORDERING)
+    r = cuda_emu.run_under_emu(
+        [str(script)], env=env(NDX_EMU_ASYNC="1", NDX_EMU_KERNEL_DELAY_MS="300"), timeout=120
+    )
+    out = r.stdout
+    assert r.returncode == 0, out + r.stderr
+    # With the producer's stream, ndx's read waits for the late kernel: every 1 + 2.
+    assert "ORDERED 3.0 3.0" in out, out
+    # Told not to order (NDX_STREAM_NO_SYNC), it reads before the kernel ran: the
+    # control that proves the first read was ordered, not lucky.
+    assert "UNORDERED 0.0" in out, out
+    assert "DELETED 2" in out, out
