@@ -6,7 +6,8 @@
 # test), numpy and pytest (the Python FFI tests), opencv-python-headless and
 # ml_dtypes (references for the image operators and bfloat16), and the NVRTC wheel
 # named by `scripts/build_ptx.py --requirement` (compiles the CUDA kernel sources; no
-# GPU needed; without it the PTX checks skip unless NDX_REQUIRE_NVRTC=1).
+# GPU needed; without it the PTX checks skip unless NDX_REQUIRE_NVRTC=1), and g++ (the
+# emulated CUDA driver the CUDA tests run on where there is no GPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${NDX_BUILD_DIR:-build}
@@ -22,6 +23,12 @@ cargo clippy --all-targets --features test-hooks -- -D warnings
 
 step "cargo test"
 cargo test
+
+# The CUDA tests again, on the emulated driver of tests/cuda_emu (g++; no GPU): the
+# tests that need a device run the launchers, the pool and the copies.
+step "cargo test --test cuda_api on the emulated CUDA driver"
+emu_dir="$(dirname "$(python3 tests/cuda_emu/build.py "$build/cuda_emu")")"
+LD_LIBRARY_PATH="$emu_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" cargo test --test cuda_api
 
 # An official dlpack.h (from the apache-tvm-ffi wheel) for the include-order tests.
 dlpack_dir=${NDX_OFFICIAL_DLPACK_INCLUDE_DIR:-}

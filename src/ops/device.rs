@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use super::{ArgSpec, Kernel, OpDef, TMeta};
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, Result};
 use crate::exec::args::{ArgType, Args};
 use crate::tensor::Tensor;
 
@@ -14,11 +14,10 @@ pub fn target_device(args: &Args) -> Result<i32> {
     let id = args.int_or("device", 0)?;
     if id < 0 || id > i64::from(i32::MAX) {
         return Err(Error::value(format!(
-            "to_device: 'device' must be a CUDA device id (0 or more), got {id}"
+            "'device' must be a CUDA device id (0 or more), got {id}"
         )));
     }
-    crate::cuda::require_device(id)
-        .map_err(|e| Error::new(ErrorKind::Cuda, format!("to_device: {}", e.message())))?;
+    crate::cuda::require_device(id)?;
     Ok(id as i32)
 }
 
