@@ -43,7 +43,16 @@ static void test_invoke_on_a_missing_device(void) {
   m->dl_tensor.device.device_type = kDLCUDA;
   m->dl_tensor.device.device_id = 9;
   ndx_tensor_t* t = NULL;
-  CHECK_OK(ndx_tensor_from_dlpack_versioned(m, NULL, &t));
+  ndx_error_t* imported = ndx_tensor_from_dlpack_versioned(m, NULL, &t);
+  if (ndx_cuda_device_count() > 0) {
+    /* With a driver the import orders after the producer's stream on device 9, which
+     * does not exist: refused there, and the tensor stays with its owner. */
+    expect_error(imported, NDX_ERROR_CUDA, "device 9 does not exist");
+    CHECK(t == NULL && deleted == 0, "nothing taken");
+    m->deleter(m);
+    return;
+  }
+  CHECK_OK(imported);
   ndx_context_t* ctx = NULL;
   CHECK_OK(ndx_context_new(NULL, &ctx));
   ndx_input_t in[2] = {ndx_test_in(t), ndx_test_in(t)};
@@ -51,9 +60,6 @@ static void test_invoke_on_a_missing_device(void) {
   int line = __LINE__; ndx_error_t* e = ndx_invoke(ctx, "add", in, 2, NULL, NULL, &f);
   CHECK(f == NULL, "no future");
   CHECK_LINK(e, NDX_ERROR_CUDA, "input 0 lives in CUDA memory (kDLCUDA:9), but ", "add", 0);
-  if (ndx_cuda_device_count() > 0) {
-    CHECK_CONTAINS(ndx_error_message(e), "device 9 does not exist");
-  }
   CHECK_FRAME(e, 0, "test_cuda.c", line, NULL, NDX_FRAME_NATIVE);
   ndx_error_free(e);
   ndx_context_release(ctx);
@@ -108,8 +114,58 @@ static void test_streams(void) {
   CHECK(out == NULL, "out reset");
 }
 
+/* to_device: refused at ndx_invoke, at the invoking line, where there is no device;
+ * a round trip host -> device -> add -> host where there is one. */
+static void test_to_device(void) {
+  const float v[3] = {1.5f, -2.0f, 3.25f};
+  const int64_t shape[1] = {3};
+  ndx_tensor_t* t = NULL;
+  CHECK_OK(ndx_tensor_from_host(v, NDX_DTYPE_FLOAT32, 1, shape, NULL, NULL, &t));
+  ndx_context_t* ctx = NULL;
+  CHECK_OK(ndx_context_new(NULL, &ctx));
+  ndx_input_t in[1] = {ndx_test_in(t)};
+  ndx_future_t* f = NULL;
+  if (ndx_cuda_device_count() == 0) {
+    int line = __LINE__; ndx_error_t* e = ndx_invoke(ctx, "to_device", in, 1, NULL, NULL, &f);
+    CHECK(f == NULL, "no future");
+    CHECK_LINK(e, NDX_ERROR_CUDA, "operator 'to_device': ", "to_device", 0);
+    CHECK_FRAME(e, 0, "test_cuda.c", line, NULL, NDX_FRAME_NATIVE);
+    ndx_error_free(e);
+  } else {
+    CHECK_OK(ndx_invoke(ctx, "to_device", in, 1, NULL, NULL, &f));
+    ndx_tensor_t* d = NULL;
+    CHECK_OK(ndx_future_tensor(f, 0, &d));
+    DLDevice dev;
+    CHECK_OK(ndx_tensor_device(d, &dev));
+    CHECK(dev.device_type == kDLCUDA && dev.device_id == 0, "on kDLCUDA:0");
+    ndx_input_t two[2] = {ndx_test_in(d), ndx_test_in(d)};
+    ndx_future_t* g = NULL;
+    CHECK_OK(ndx_invoke(ctx, "add", two, 2, NULL, NULL, &g));
+    ndx_tensor_t* s = NULL;
+    CHECK_OK(ndx_future_tensor(g, 0, &s));
+    ndx_input_t back[1] = {ndx_test_in(s)};
+    ndx_future_t* h = NULL;
+    CHECK_OK(ndx_invoke(ctx, "to_host", back, 1, NULL, NULL, &h));
+    ndx_tensor_t* r = NULL;
+    CHECK_OK(ndx_future_tensor(h, 0, &r));
+    float got[3] = {0, 0, 0};
+    CHECK_OK(ndx_tensor_copy_to(r, got, sizeof got));
+    CHECK(got[0] == 3.0f && got[1] == -4.0f && got[2] == 6.5f, "values %g %g %g", got[0],
+          got[1], got[2]);
+    ndx_tensor_release(d);
+    ndx_tensor_release(s);
+    ndx_tensor_release(r);
+    ndx_future_release(g);
+    ndx_future_release(h);
+  }
+  ndx_future_release(f);
+  ndx_context_release(ctx);
+  ndx_tensor_release(t);
+}
+
 int main(void) {
   test_discovery();
+  test_to_device();
   test_streams();
   test_invoke_on_a_missing_device();
   return NDX_TEST_SUMMARY("test_cuda");

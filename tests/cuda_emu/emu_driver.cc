@@ -334,8 +334,10 @@ struct State {
 };
 
 // Never destroyed: worker threads may outlive static destruction at exit.
+std::atomic<State*> g_state{nullptr};
 State& S() {
     static State* s = new State();
+    g_state.store(s);
     return *s;
 }
 
@@ -1067,6 +1069,9 @@ CUresult write_value(CUstream hstream, CUdeviceptr addr, T value, unsigned flags
 // in flight on another thread racing the exit.
 struct ShutdownAtExit {
     ~ShutdownAtExit() {
+        // A library only probed (opened and closed again, as loaders that look for
+        // libcuda do) never made its state: nothing to drain, nothing to allocate.
+        if (g_state.load() == nullptr) return;
         State& st = S();
         if (st.initialized && st.async) {
             std::vector<std::shared_ptr<Stream>> streams;
