@@ -16,7 +16,7 @@ use super::module;
 use crate::checks;
 use crate::error::Site;
 use crate::error::{Error, ErrorKind, Result};
-use crate::exec::args::{ArgValue, Args};
+use crate::exec::args::Args;
 use crate::ops::TMeta;
 use crate::tensor::{DType, Device, DeviceKind, Geometry, Storage, Tensor};
 
@@ -123,39 +123,40 @@ pub fn supported(op: &str, inputs: &[&TMeta], args: &Args, device: Device) -> Re
     }
 }
 
-/// The one CUDA device of an invocation's inputs: an error when they are spread over
-/// several devices or mix host and device memory (`to_device` takes host memory).
-pub fn device_of(op: &str, inputs: &[&Tensor]) -> Result<Option<Device>> {
-    let mut found: Option<(usize, Device)> = None;
-    for (i, t) in inputs.iter().enumerate() {
-        let d = t.device();
-        if d.kind != DeviceKind::Cuda {
-            continue;
-        }
-        match found {
-            None => found = Some((i, d)),
-            Some((j, e)) if e != d => {
+/// The one CUDA device of an invocation's inputs, given where each lives (`None`: not
+/// known yet): `(index of the first input on it, device)`, or `None` when no input is
+/// in CUDA memory. An error when they are spread over several devices, or mix host
+/// and device memory (only `to_device` takes host memory).
+pub fn common_device(op: &str, devices: &[Option<Device>]) -> Result<Option<(usize, Device)>> {
+    let Some(first) = devices
+        .iter()
+        .position(|d| d.is_some_and(|d| d.kind == DeviceKind::Cuda))
+    else {
+        return Ok(None);
+    };
+    let device = devices[first].unwrap_or(Device::CPU);
+    for (i, d) in devices.iter().enumerate() {
+        match d {
+            Some(d) if d.kind == DeviceKind::Cuda && *d != device => {
                 return Err(Error::value(format!(
-                    "input {i} is on {d} but input {j} is on {e}; all inputs of an invocation must be on one device"
+                    "input {i} is on {d} but input {first} is on {device}; all inputs of an invocation must be on one device"
+                )));
+            }
+            Some(d) if d.kind != DeviceKind::Cuda && op != "to_device" => {
+                return Err(Error::value(format!(
+                    "input {i} is in host memory ({d}) but input {first} is on {device}; move it with 'to_device' first"
                 )));
             }
             _ => {}
         }
     }
-    let Some((j, dev)) = found else {
-        return Ok(None);
-    };
-    if op != "to_device"
-        && let Some(i) = inputs
-            .iter()
-            .position(|t| t.device().kind != DeviceKind::Cuda)
-    {
-        return Err(Error::value(format!(
-            "input {i} is in host memory ({}) but input {j} is on {dev}; move it with 'to_device' first",
-            inputs[i].device()
-        )));
-    }
-    Ok(Some(dev))
+    Ok(Some((first, device)))
+}
+
+/// [`common_device`] of tensors whose data exists.
+pub fn device_of(op: &str, inputs: &[&Tensor]) -> Result<Option<Device>> {
+    let devices: Vec<Option<Device>> = inputs.iter().map(|t| Some(t.device())).collect();
+    Ok(common_device(op, &devices)?.map(|(_, d)| d))
 }
 
 /// The device address of a tensor's element 0.
@@ -320,11 +321,23 @@ pub fn run(
         |e: Error| Error::new(e.kind(), format!("operator '{}': {}", inv.op, e.message()));
     let refs: Vec<&Tensor> = inputs.iter().map(|t| t.as_ref()).collect();
     let dev = match device_of(inv.op, &refs).map_err(prefixed)? {
+        _ if inv.op == "to_device" => {
+            let target = Device {
+                kind: DeviceKind::Cuda,
+                id: crate::ops::device::target_device(args).map_err(prefixed)?,
+            };
+            let d = refs[0].device();
+            if d.kind == DeviceKind::Cuda && d != target {
+                return Err(prefixed(Error::new(
+                    ErrorKind::NotImplemented,
+                    format!(
+                        "copies between CUDA devices ({d} to {target}) are not supported; go through 'to_host'"
+                    ),
+                )));
+            }
+            target
+        }
         Some(d) => d,
-        None if inv.op == "to_device" => Device {
-            kind: DeviceKind::Cuda,
-            id: args.int_or("device", 0)? as i32,
-        },
         None => {
             return Err(Error::internal(format!(
                 "operator '{}' reached the CUDA launchers without CUDA inputs",
@@ -709,21 +722,8 @@ fn binary(job: &Job, op: &str, a: &Tensor, b: &Tensor, meta: &TMeta) -> Result<T
         && b.shape() == meta.shape.as_slice()
         && a.is_compact()
         && b.is_compact();
-    if same {
-        job.launch(
-            "binary",
-            &format!("ndx_{op}_{sfx}"),
-            n,
-            &[
-                Arg::Ptr(addr(&out)),
-                Arg::Ptr(addr(&a)),
-                Arg::Ptr(addr(&b)),
-                Arg::U64(n),
-                Arg::Ptr(nan),
-                Arg::Ptr(div),
-            ],
-        )?;
-    } else {
+    // The compact kernel, or the broadcasting one with the inputs' element strides.
+    let geometry = (!same).then(|| {
         let nd = meta.shape.len();
         let mut p = Bcast2 {
             ndim: nd as u32,
@@ -736,21 +736,18 @@ fn binary(job: &Job, op: &str, a: &Tensor, b: &Tensor, meta: &TMeta) -> Result<T
                 strides[off + k] = if t.shape()[k] == 1 { 0 } else { t.strides()[k] };
             }
         }
-        job.launch(
-            "binary",
-            &format!("ndx_{op}_{sfx}_bcast"),
-            n,
-            &[
-                Arg::Ptr(addr(&out)),
-                Arg::Ptr(addr(&a)),
-                Arg::Ptr(addr(&b)),
-                Arg::U64(n),
-                Arg::Bcast2(p),
-                Arg::Ptr(nan),
-                Arg::Ptr(div),
-            ],
-        )?;
-    }
+        p
+    });
+    let mut params = vec![
+        Arg::Ptr(addr(&out)),
+        Arg::Ptr(addr(&a)),
+        Arg::Ptr(addr(&b)),
+        Arg::U64(n),
+    ];
+    params.extend(geometry.map(Arg::Bcast2));
+    params.extend([Arg::Ptr(nan), Arg::Ptr(div)]);
+    let suffix = if same { "" } else { "_bcast" };
+    job.launch("binary", &format!("ndx_{op}_{sfx}{suffix}"), n, &params)?;
     Ok(out)
 }
 
@@ -843,27 +840,12 @@ fn reduce(job: &Job, op: &str, t: &Tensor, args: &Args, meta: &TMeta) -> Result<
     Ok(out)
 }
 
-fn float_list(args: &Args, name: &str, c: usize) -> Result<Vec<f64>> {
-    let v = match args.get(name) {
-        Some(ArgValue::Floats(v)) => v.clone(),
-        Some(ArgValue::Float(v)) => vec![*v],
-        Some(ArgValue::Int(v)) => vec![*v as f64],
-        _ => {
-            return Err(Error::value(format!(
-                "normalize needs float-array argument '{name}'"
-            )));
-        }
-    };
-    Ok(if v.len() == 1 { vec![v[0]; c] } else { v })
-}
-
 fn normalize(job: &Job, t: &Tensor, args: &Args, meta: &TMeta) -> Result<Tensor> {
     let t = compacted(job, t)?;
     let sfx = suffix(t.dtype()).ok_or_else(|| not_implemented(t.dtype(), t.device(), ""))?;
-    let (_, _, c_ax) = crate::ops::image::hwc_axes(t.layout(), t.shape(), "normalize")?;
+    let (c_ax, mean, std) = crate::ops::image::normalize_params(&TMeta::of(&t), args)?;
     let c = t.shape()[c_ax] as usize;
     let inner: u64 = t.shape()[c_ax + 1..].iter().map(|&d| d as u64).product();
-    let (mean, std) = (float_list(args, "mean", c)?, float_list(args, "std", c)?);
     let params: Vec<u8> = mean
         .iter()
         .chain(&std)

@@ -629,13 +629,9 @@ fn infer(def: &OpDef, inputs: &[Input], args: &Args) -> Result<(Vec<OutMeta>, Op
 /// or dtypes without a CUDA kernel.
 fn cuda_check(def: &OpDef, inputs: &[Input], args: &Args) -> Result<()> {
     let devices: Vec<Option<Device>> = inputs.iter().map(Input::device).collect();
-    let Some(first) = devices
-        .iter()
-        .position(|d| d.is_some_and(|d| d.kind == DeviceKind::Cuda))
-    else {
+    let Some((first, device)) = crate::cuda::ops::common_device(&def.name, &devices)? else {
         return Ok(());
     };
-    let device = devices[first].unwrap_or(Device::CPU);
     crate::cuda::require_device(i64::from(device.id)).map_err(|e| {
         Error::new(
             ErrorKind::Cuda,
@@ -645,21 +641,6 @@ fn cuda_check(def: &OpDef, inputs: &[Input], args: &Args) -> Result<()> {
             ),
         )
     })?;
-    for (i, d) in devices.iter().enumerate() {
-        match d {
-            Some(d) if d.kind == DeviceKind::Cuda && *d != device => {
-                return Err(Error::value(format!(
-                    "input {i} is on {d} but input {first} is on {device}; all inputs of an invocation must be on one device"
-                )));
-            }
-            Some(d) if d.kind != DeviceKind::Cuda && def.name != "to_device" => {
-                return Err(Error::value(format!(
-                    "input {i} is in host memory ({d}) but input {first} is on {device}; move it with 'to_device' first"
-                )));
-            }
-            _ => {}
-        }
-    }
     // Metadata known without running anything (a batch by its first sample).
     let mut metas = Vec::with_capacity(inputs.len());
     for input in inputs {

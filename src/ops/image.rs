@@ -147,7 +147,9 @@ fn crop_window(m: &TMeta, args: &Args) -> Result<(usize, usize, [i64; 4])> {
     Ok((h_ax, w_ax, [x, y, w, h]))
 }
 
-fn normalize_params(m: &TMeta, args: &Args) -> Result<(usize, Vec<f64>, Vec<f64>)> {
+/// `normalize`'s channel axis and per-channel mean and std (a single value repeated),
+/// validated against the image's metadata.
+pub(crate) fn normalize_params(m: &TMeta, args: &Args) -> Result<(usize, Vec<f64>, Vec<f64>)> {
     let (_, _, c_ax) = hwc_axes(&m.layout, &m.shape, "normalize")?;
     let c = m.shape[c_ax] as usize;
     let get = |n: &str| -> Result<Vec<f64>> {
