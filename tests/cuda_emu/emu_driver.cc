@@ -1448,18 +1448,22 @@ NDX_EMU_API CUresult cuStreamQuery(CUstream hStream) {
     return stream_idle(s) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
+// The live stream and event of two handles (false when either is unknown).
+static bool find_stream_and_event(CUstream hStream, CUevent hEvent, std::shared_ptr<Stream>& s,
+                                  std::shared_ptr<Event>& e) {
+    Lock lock(S().mu);
+    s = find_stream_locked(hStream);
+    auto it = S().events.find(hEvent);
+    if (it != S().events.end()) e = it->second;
+    return s && e;
+}
+
 NDX_EMU_API CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int flags) {
     if (CUresult r = check_live()) return r;
     if (flags > 1) return CUDA_ERROR_INVALID_VALUE;
     std::shared_ptr<Stream> s;
     std::shared_ptr<Event> e;
-    {
-        Lock lock(S().mu);
-        s = find_stream_locked(hStream);
-        auto it = S().events.find(hEvent);
-        if (it != S().events.end()) e = it->second;
-    }
-    if (!s || !e) return CUDA_ERROR_INVALID_HANDLE;
+    if (!find_stream_and_event(hStream, hEvent, s, e)) return CUDA_ERROR_INVALID_HANDLE;
     if (!S().async) return CUDA_SUCCESS;  // every recorded point has already executed
     unsigned long long gen;
     {
@@ -1512,13 +1516,7 @@ NDX_EMU_API CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, un
     if (flags > 1) return CUDA_ERROR_INVALID_VALUE;
     std::shared_ptr<Stream> s;
     std::shared_ptr<Event> e;
-    {
-        Lock lock(S().mu);
-        s = find_stream_locked(hStream);
-        auto it = S().events.find(hEvent);
-        if (it != S().events.end()) e = it->second;
-    }
-    if (!s || !e) return CUDA_ERROR_INVALID_HANDLE;
+    if (!find_stream_and_event(hStream, hEvent, s, e)) return CUDA_ERROR_INVALID_HANDLE;
     unsigned long long gen;
     {
         std::lock_guard<std::mutex> lock(e->m);

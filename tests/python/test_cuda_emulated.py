@@ -23,6 +23,15 @@ def env(**extra):
     return cuda_emu.emu_env(NDX_LIBRARY=LIB, NDX_EMU="1", NDX_REQUIRE_CUDA="1", **extra)
 
 
+def run_script(tmp_path, name, text, **extra):
+    """Runs `text` as the script `name` under the emulated driver; its stdout."""
+    script = tmp_path / name
+    script.write_text(text)
+    r = cuda_emu.run_under_emu([str(script)], env=env(NDX_EMU_ASYNC="1", **extra), timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
+
+
 def passed(r):
     m = re.search(r"(\d+) passed", r.stdout)
     return int(m.group(1)) if m else 0
@@ -79,13 +88,7 @@ FAULT = textwrap.dedent(
 
 
 def test_a_sticky_fault_is_attributed_to_the_invocation_whose_kernel_faulted(tmp_path):
-    script = tmp_path / "fault.py"
-    script.write_text(FAULT)
-    r = cuda_emu.run_under_emu(
-        [str(script)], env=env(NDX_EMU_ASYNC="1", NDX_EMU_FAULT_KERNEL="ndx_mul_f32"), timeout=120
-    )
-    out = r.stdout
-    assert r.returncode == 0, out + r.stderr
+    out = run_script(tmp_path, "fault.py", FAULT, NDX_EMU_FAULT_KERNEL="ndx_mul_f32")
     assert f"KIND {ndx.NDX_ERROR_CUDA}" in out, out
     assert "CUDA_ERROR_ILLEGAL_ADDRESS" in out and "unusable from now on" in out, out
     assert "the fault is attributed to 'mul' (#3)" in out, out
@@ -146,13 +149,7 @@ ORDERING = textwrap.dedent(
 
 
 def test_an_import_is_ordered_after_the_producers_stream_with_a_negative_control(tmp_path):
-    script = tmp_path / "ordering.py"
-    script.write_text(ORDERING)
-    r = cuda_emu.run_under_emu(
-        [str(script)], env=env(NDX_EMU_ASYNC="1", NDX_EMU_KERNEL_DELAY_MS="300"), timeout=120
-    )
-    out = r.stdout
-    assert r.returncode == 0, out + r.stderr
+    out = run_script(tmp_path, "ordering.py", ORDERING, NDX_EMU_KERNEL_DELAY_MS="300")
     # With the producer's stream, ndx's read waits for the late kernel: every 1 + 2.
     assert "ORDERED 3.0 3.0" in out, out
     # Told not to order (NDX_STREAM_NO_SYNC), it reads before the kernel ran: the
