@@ -212,12 +212,13 @@ enum ndx_eval_mode_t
   NDX_EVAL_CONTEXT_DEFAULT = 0,
   /**
    * Runs on the calling thread before `ndx_invoke` returns; the future is already
-   * READY or FAILED. (Device work, once ndx has any, may still be queued.)
+   * READY or FAILED. CUDA work may still be queued on ndx's stream (its outputs are
+   * ordered after it; an invocation whose check flags must be read waits for it).
    */
   NDX_EVAL_SYNC_CPU = 1,
   /**
-   * Like SYNC_CPU, and all device work is finished before return. Identical to
-   * SYNC_CPU for host work.
+   * Like SYNC_CPU, and all device work is finished before return (ndx's stream of
+   * the device is synchronised). Identical to SYNC_CPU for host work.
    */
   NDX_EVAL_SYNC_FULL = 2,
   /**
@@ -228,7 +229,8 @@ enum ndx_eval_mode_t
   NDX_EVAL_DEFERRED = 3,
   /**
    * Submitted to the worker threads at once; `ndx_invoke` returns immediately. The
-   * work never runs on the calling thread. The default.
+   * work never runs on the calling thread. The default. (As with DEFERRED, a future
+   * of CUDA work becomes READY once that work has completed on the device.)
    */
   NDX_EVAL_EAGER = 4,
 };

@@ -463,3 +463,61 @@ fn to_device_refuses_a_missing_device_at_invoke_and_round_trips_on_a_present_one
     drop(ctx);
     assert_eq!(calls(&count), 1);
 }
+
+#[test]
+fn a_repeated_invocation_allocates_no_device_memory_in_steady_state() {
+    // Needs a device: outputs and temporaries come back to the pool and are reused.
+    if let Some(why) = driver_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let values: Vec<f32> = (0..5000).map(|i| i as f32).collect();
+    let (m, count) = Spec::f32s(&values, &[50, 100]).versioned();
+    let mut t = std::ptr::null_mut();
+    ok(ndx_tensor_from_dlpack_versioned(
+        m,
+        std::ptr::null(),
+        &mut t,
+    ));
+    let ctx = Ctx::new(ndx_eval_mode_t::NDX_EVAL_SYNC_FULL as i32);
+    let up = invoke1(&ctx, c"to_device", t, &[]).expect("to_device");
+    let mut d = std::ptr::null_mut();
+    ok(ndx_future_tensor(up, 0, &mut d));
+    let dev = ndx::cuda::device(0).expect("device 0");
+    let allocs = || ndx::cuda::alloc::pool(dev).lock().stats().backend_allocs;
+    let mut seen = Vec::new();
+    for _ in 0..6 {
+        // A reduction (output and a partial-sums temporary), then its square.
+        let f = invoke1(&ctx, c"sum", d, &[]).expect("sum");
+        let mut s = std::ptr::null_mut();
+        ok(ndx_future_tensor(f, 0, &mut s));
+        let inputs = [s, s].map(|tensor| ndx_input_t {
+            tensor,
+            batch: std::ptr::null(),
+        });
+        let mut g = std::ptr::null_mut();
+        ok(ndx_invoke(
+            ctx.0,
+            c"mul".as_ptr(),
+            inputs.as_ptr(),
+            2,
+            std::ptr::null(),
+            std::ptr::null(),
+            &mut g,
+        ));
+        ok(ndx_future_wait(g, -1));
+        ndx_tensor_release(s);
+        ndx_future_release(f);
+        ndx_future_release(g);
+        seen.push(allocs());
+    }
+    assert!(
+        seen[1..].iter().all(|&a| a == seen[1]),
+        "cuMemAlloc calls after each round: {seen:?}"
+    );
+    ndx_tensor_release(d);
+    ndx_future_release(up);
+    ndx_tensor_release(t);
+    drop(ctx);
+    assert_eq!(calls(&count), 1);
+}

@@ -167,3 +167,50 @@ def test_the_gpu_benchmark_runs_end_to_end_on_tiny_sizes():
     assert r.returncode == 0, r.stdout + r.stderr
     for key in ('"add_fraction_of_copy"', '"per_tensor_us"', '"gpu_us_per_invocation"'):
         assert key in r.stdout, r.stdout
+
+
+POLL = textwrap.dedent(
+    """\
+    import numpy as np
+    import ndx_ctypes as ndx
+    ctx = ndx.Context(mode=ndx.NDX_EVAL_EAGER)
+    x = ctx.invoke("to_device", [np.arange(1000, dtype=np.float32)]).tensor()
+    f = ctx.invoke("add", [x, x])  # its kernel runs 300 ms late (NDX_EMU_KERNEL_DELAY_MS)
+    print("POLL", f.poll())
+    f.wait()
+    print("AFTER", f.poll())
+    print("SUM", float(ctx.invoke("to_host", [f.tensor()]).result().sum()))
+    """
+)
+
+
+def test_an_eager_future_is_pending_until_its_gpu_work_is_done(tmp_path):
+    out = run_script(tmp_path, "poll.py", POLL, NDX_EMU_KERNEL_DELAY_MS="300")
+    # poll never blocks: it answered PENDING while the kernel was still queued.
+    assert f"POLL {ndx.NDX_FUTURE_PENDING}" in out, out
+    assert f"AFTER {ndx.NDX_FUTURE_READY}" in out, out
+    assert "SUM 999000.0" in out, out
+
+
+OOM = textwrap.dedent(
+    """\
+    import numpy as np
+    import ndx_ctypes as ndx
+    ctx = ndx.Context(mode=ndx.NDX_EVAL_SYNC_CPU)
+    small = ctx.invoke("to_device", [np.ones(1000, np.float32)]).tensor()
+    try:
+        ctx.invoke("to_device", [np.ones(1 << 20, np.float32)]).wait()  # 4 MiB
+    except ndx.NdxError as e:
+        print("KIND", e.kind)
+        print("MESSAGE", e.message)
+    print("STILL", float(ctx.invoke("to_host", [small]).result().sum()))
+    """
+)
+
+
+def test_device_exhaustion_is_a_memory_error_with_the_sizes(tmp_path):
+    out = run_script(tmp_path, "oom.py", OOM, NDX_EMU_MEM_BYTES=str(2 << 20))
+    assert f"KIND {ndx.NDX_ERROR_MEMORY}" in out, out
+    assert "CUDA out of memory on kDLCUDA:0: asked for 4.00 MiB (4194304 bytes)" in out, out
+    assert "free of 2.00 MiB" in out, out
+    assert "STILL 1000.0" in out, out

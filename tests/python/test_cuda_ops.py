@@ -274,3 +274,26 @@ def test_a_chain_stays_on_the_device_and_exports_with_a_stream(ctx, cpu):
 def test_a_sticky_fault_is_attributed_to_the_invocation_that_faulted():
     # Run last in its own process by test_cuda_emulated.py: the context stays faulted.
     pytest.skip("run by test_cuda_emulated.py in a process of its own")
+
+
+def test_fail_fast_checks_fail_the_invocation_with_the_device_flag(ctx):
+    ctx.set_checks(ndx.NDX_CHECKS_FAIL_FAST, ndx.NDX_CHECK_USER)
+    t = to_dev(ctx, np.array([1, 2, 300, 4, 500], np.int32))
+    f = ctx.invoke("check_range", [t], args={"lo": 0.0, "hi": 255.0})
+    with pytest.raises(ndx.NdxError) as err:
+        f.wait()
+    assert err.value.kind == ndx.NDX_ERROR_CHECK
+    assert "2 of 5 elements outside [0, 255]" in err.value.message
+    assert "first at flat index 2" in err.value.message
+
+
+def test_nan_from_finite_inputs_is_flagged_by_the_kernel(ctx):
+    ctx.set_checks(ndx.NDX_CHECKS_COLLECT, ndx.NDX_CHECK_NAN)
+    big = np.array([3e38, 1.0, 3e38], np.float32)
+    ctx.invoke("mul", [to_dev(ctx, big), to_dev(ctx, big)]).wait()  # overflows: inf
+    ctx.invoke("add", [to_dev(ctx, np.array([np.nan], np.float32)), to_dev(ctx, big)]).wait()  # NaN in: no flag
+    err = ctx.take_check_errors()
+    assert err is not None
+    messages = [r.message for r in err.related]
+    assert len(messages) == 1, messages
+    assert "2 NaN or infinite elements from finite inputs" in messages[0], messages
