@@ -1675,8 +1675,9 @@ ndx_error_t *ndx_tensor_to_dlpack_versioned_stream(const ndx_tensor_t *tensor,
 /**
  * Exports the tensor as a legacy DLPack tensor, without copying. Fails with
  * NDX_ERROR_VALUE for a read-only tensor (the legacy form cannot say so; use
- * `ndx_tensor_to_dlpack_versioned`). The consumer calls the deleter exactly once.
- * Thread-safe.
+ * `ndx_tensor_to_dlpack_versioned`). For CUDA memory the legacy default stream is made
+ * to wait for the work that produces the tensor. The consumer calls the deleter
+ * exactly once. Thread-safe.
  */
 ndx_error_t *ndx_tensor_to_dlpack(const ndx_tensor_t *tensor, DLManagedTensor **out);
 

@@ -412,7 +412,8 @@ pub extern "C" fn ndx_tensor_to_dlpack_versioned_stream(
     )
 }
 
-fn export_for(tensor: *const ndx_tensor_t, stream: usize) -> Result<*mut DLManagedTensorVersioned> {
+/// The tensor's data, with `stream` (a `CUstream`) ordered after its pending CUDA work.
+fn resolve_for(tensor: *const ndx_tensor_t, stream: usize) -> Result<Arc<crate::tensor::Tensor>> {
     let t = borrow(tensor, "tensor")?.resolve_as(Flush::Export)?.clone();
     crate::cuda::order_consumer(t.storage().ready_event().as_ref(), stream).map_err(|e| {
         Error::new(
@@ -420,20 +421,25 @@ fn export_for(tensor: *const ndx_tensor_t, stream: usize) -> Result<*mut DLManag
             format!("argument 'consumer_stream': {}", e.message()),
         )
     })?;
-    Ok(dlpack::export_versioned(t))
+    Ok(t)
+}
+
+fn export_for(tensor: *const ndx_tensor_t, stream: usize) -> Result<*mut DLManagedTensorVersioned> {
+    Ok(dlpack::export_versioned(resolve_for(tensor, stream)?))
 }
 
 /// Exports the tensor as a legacy DLPack tensor, without copying. Fails with
 /// NDX_ERROR_VALUE for a read-only tensor (the legacy form cannot say so; use
-/// `ndx_tensor_to_dlpack_versioned`). The consumer calls the deleter exactly once.
-/// Thread-safe.
+/// `ndx_tensor_to_dlpack_versioned`). For CUDA memory the legacy default stream is made
+/// to wait for the work that produces the tensor. The consumer calls the deleter
+/// exactly once. Thread-safe.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_tensor_to_dlpack(
     tensor: *const ndx_tensor_t,
     out: *mut *mut DLManagedTensor,
 ) -> *mut ndx_error_t {
     boundary_out("ndx_tensor_to_dlpack", out, std::ptr::null_mut(), || {
-        dlpack::export_legacy(borrow(tensor, "tensor")?.resolve_as(Flush::Export)?.clone())
+        dlpack::export_legacy(resolve_for(tensor, 0)?)
     })
 }
 

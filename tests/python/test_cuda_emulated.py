@@ -214,3 +214,44 @@ def test_device_exhaustion_is_a_memory_error_with_the_sizes(tmp_path):
     assert "CUDA out of memory on kDLCUDA:0: asked for 4.00 MiB (4194304 bytes)" in out, out
     assert "free of 2.00 MiB" in out, out
     assert "STILL 1000.0" in out, out
+
+
+EXPORT = textwrap.dedent(
+    """\
+    import ctypes
+    import numpy as np
+    import cuda_driver as cd
+    import ndx_ctypes as ndx
+
+    cu = cd.Context()
+    ctx = ndx.Context(mode=ndx.NDX_EVAL_SYNC_CPU)  # returns with the kernel still queued
+    ndx.lib.ndx_tensor_to_dlpack.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)]
+    ndx.lib.ndx_tensor_to_dlpack.restype = ctypes.c_void_p
+
+    def read(ptr):
+        return cu.download(ptr, (256,), np.float32)  # cuMemcpyDtoH: the legacy stream
+
+    for form in ("legacy", "no_sync"):
+        x = ctx.invoke("to_device", [np.arange(256, dtype=np.float32) + len(form)]).tensor()
+        y = ctx.invoke("add", [x, x]).tensor()  # its kernel runs 300 ms late
+        out = ctypes.c_void_p()
+        if form == "legacy":
+            ndx.check(ndx.lib.ndx_tensor_to_dlpack(y.ptr, ctypes.byref(out)))
+            m = ndx.DLManagedTensor.from_address(out.value)
+        else:
+            ndx.check(ndx.lib.ndx_tensor_to_dlpack_versioned_stream(y.ptr, ndx.STREAM_NO_SYNC, ctypes.byref(out)))
+            m = ndx.DLManagedTensorVersioned.from_address(out.value)
+        got = read(m.dl_tensor.data)
+        print(form.upper(), bool(np.array_equal(got, 2 * (np.arange(256, dtype=np.float32) + len(form)))))
+        ctx.invoke("to_host", [y]).result()  # let the kernel finish before the export goes
+        m.deleter(ctypes.cast(out.value, ctypes.POINTER(type(m))))
+    """
+)
+
+
+def test_exports_order_the_consumers_stream_after_pending_work(tmp_path):
+    out = run_script(tmp_path, "export.py", EXPORT, NDX_EMU_KERNEL_DELAY_MS="300")
+    # The legacy export orders the legacy default stream: the read sees the sum.
+    assert "LEGACY True" in out, out
+    # NDX_STREAM_NO_SYNC orders nothing: the same read comes before the kernel ran.
+    assert "NO_SYNC False" in out, out
