@@ -290,22 +290,18 @@ struct Job {
 }
 
 impl Job {
-    fn function(&self, module: &'static str, name: &str) -> Result<module::Function> {
-        module::function(self.device, module, name)
-    }
-
     fn launch(&self, module: &'static str, name: &str, work: u64, args: &[Arg]) -> Result<()> {
-        let f = self.function(module, name)?;
+        let f = module::function(self.device, module, name)?;
         launch::launch(self.device, f, work, args)
     }
 
-    fn flag(&self, w: &Watch) -> u64 {
-        let i = self
-            .watches
+    /// The device address of the record of the first watch `which` selects (0, the
+    /// kernels' "not watched", when none does).
+    fn flag(&self, which: impl Fn(&Watch) -> bool) -> u64 {
+        self.watches
             .iter()
-            .position(|x| std::ptr::eq(x, w))
-            .unwrap_or(usize::MAX);
-        if i == usize::MAX { 0 } else { self.flags.at(i) }
+            .position(which)
+            .map_or(0, |i| self.flags.at(i))
     }
 }
 
@@ -498,19 +494,16 @@ fn plan_watches(op: &str, inputs: &[&Tensor], args: &Args, metas: &[TMeta]) -> V
 /// The NAN pass of kernels that do not watch NaN themselves: the output's non-finite
 /// elements count only when every float input is finite.
 fn nan_pass(job: &Job, inputs: &[&Tensor], outs: &[Tensor]) -> Result<()> {
-    let Some(out_watch) = job.watches.iter().find(|w| matches!(w, Watch::NanOut(_))) else {
+    let out_flag = job.flag(|w| matches!(w, Watch::NanOut(_)));
+    if out_flag == 0 {
         return Ok(());
-    };
-    let in_watch = job
-        .watches
-        .iter()
-        .find(|w| matches!(w, Watch::NanIn))
-        .ok_or_else(|| Error::internal("NAN pass without its input record"))?;
+    }
+    let in_flag = job.flag(|w| matches!(w, Watch::NanIn));
     for out in outs {
-        finite_into(job, out, job.flag(out_watch))?;
+        finite_into(job, out, out_flag)?;
     }
     for t in inputs {
-        finite_into(job, t, job.flag(in_watch))?;
+        finite_into(job, t, in_flag)?;
     }
     Ok(())
 }
@@ -708,16 +701,8 @@ fn binary(job: &Job, op: &str, a: &Tensor, b: &Tensor, meta: &TMeta) -> Result<T
     };
     let out = empty(job.device, common, &meta.shape, &meta.layout)?;
     let n = out.numel() as u64;
-    let nan = job
-        .watches
-        .iter()
-        .find(|w| matches!(w, Watch::Nan))
-        .map_or(0, |w| job.flag(w));
-    let div = job
-        .watches
-        .iter()
-        .find(|w| matches!(w, Watch::Div { .. } | Watch::DivFloat))
-        .map_or(0, |w| job.flag(w));
+    let nan = job.flag(|w| matches!(w, Watch::Nan));
+    let div = job.flag(|w| matches!(w, Watch::Div { .. } | Watch::DivFloat));
     let same = a.shape() == meta.shape.as_slice()
         && b.shape() == meta.shape.as_slice()
         && a.is_compact()
@@ -928,10 +913,10 @@ fn check(job: &Job, op: &str, t: &Tensor, args: &Args) -> Result<Tensor> {
         }
         return Ok(out);
     }
-    let Some(w) = job.watches.iter().find(|w| matches!(w, Watch::User(_))) else {
+    let flag = job.flag(|w| matches!(w, Watch::User(_)));
+    if flag == 0 {
         return Ok(out);
-    };
-    let flag = job.flag(w);
+    }
     let n = out.numel() as u64;
     let x = Arg::Ptr(addr(&out));
     match op {
