@@ -670,6 +670,12 @@ typedef struct {
    * negative: none, metadata only); see `ndx_error_repro`.
    */
   int64_t repro_max_bytes;
+  /**
+   * The CUDA device `to_device` copies to when its `device` argument is not given
+   * (0: device 0). Not checked here: contexts are made on machines without a GPU
+   * too; `to_device` refuses a device that does not exist at `ndx_invoke`.
+   */
+  int32_t cuda_device;
 } ndx_context_options_t;
 
 /**

@@ -521,3 +521,39 @@ fn a_repeated_invocation_allocates_no_device_memory_in_steady_state() {
     drop(ctx);
     assert_eq!(calls(&count), 1);
 }
+
+#[test]
+fn the_context_default_device_is_where_to_device_copies() {
+    let mut opts = ndx_context_options_t {
+        cuda_device: -2,
+        ..Default::default()
+    };
+    let mut ctx = std::ptr::null_mut();
+    expect_err(
+        ndx_context_new(&opts, &mut ctx),
+        NDX_ERROR_VALUE,
+        "opts->cuda_device is -2, not a CUDA device id (0 or more)",
+    );
+    assert!(ctx.is_null());
+    let n = ndx_cuda_device_count();
+    opts.cuda_device = n + 1;
+    ok(ndx_context_new(&opts, &mut ctx));
+    let ctx = Ctx(ctx);
+    let (m, count) = Spec::f32s(&[1.0], &[1]).versioned();
+    let mut t = std::ptr::null_mut();
+    ok(ndx_tensor_from_dlpack_versioned(
+        m,
+        std::ptr::null(),
+        &mut t,
+    ));
+    let (kind, msg) = invoke1(&ctx, c"to_device", t, &[]).unwrap_err();
+    assert_eq!(kind, NDX_ERROR_CUDA as i32, "{msg}");
+    let want = match driver_reason() {
+        Some(why) => format!("operator 'to_device': {why}"),
+        None => format!("operator 'to_device': device {} does not exist", n + 1),
+    };
+    assert!(msg.starts_with(&want), "{msg}\nexpected: {want}");
+    ndx_tensor_release(t);
+    drop(ctx);
+    assert_eq!(calls(&count), 1);
+}

@@ -151,6 +151,8 @@ pub struct Settings {
     pub checks: crate::checks::Settings,
     /// Most input bytes a failing invocation's repro document carries (0: none).
     pub repro_max_bytes: u64,
+    /// The device `to_device` copies to when not told.
+    pub cuda_device: i32,
 }
 
 impl Default for Settings {
@@ -164,6 +166,7 @@ impl Default for Settings {
             provider: None,
             checks: crate::checks::Settings::default(),
             repro_max_bytes: crate::debug::repro::DEFAULT_MAX_BYTES,
+            cuda_device: 0,
         }
     }
 }
@@ -357,6 +360,15 @@ impl ContextInner {
             Error::value(format!("unknown operator '{op}'")).with_site(site.clone())
         })?;
         let fail = |e: Error| e.with_op_name(&def.name).with_site(site.clone());
+        // The context's default device for `to_device`.
+        let args = if def.name == "to_device" && args.get("device").is_none() {
+            args.with(
+                "device",
+                crate::exec::args::ArgValue::Int(settings.cuda_device.into()),
+            )
+        } else {
+            args
+        };
         if let crate::exec::Backend::InjectCompile(target) = &settings.backend
             && *target == def.name
         {

@@ -137,6 +137,10 @@ pub struct ndx_context_options_t {
     /// Most input bytes a failing invocation's repro document carries (0: 1 MiB;
     /// negative: none, metadata only); see `ndx_error_repro`.
     pub repro_max_bytes: i64,
+    /// The CUDA device `to_device` copies to when its `device` argument is not given
+    /// (0: device 0). Not checked here: contexts are made on machines without a GPU
+    /// too; `to_device` refuses a device that does not exist at `ndx_invoke`.
+    pub cuda_device: i32,
 }
 
 impl Default for ndx_context_options_t {
@@ -154,6 +158,7 @@ impl Default for ndx_context_options_t {
             check_categories: 0,
             check_capacity: 0,
             repro_max_bytes: 0,
+            cuda_device: 0,
         }
     }
 }
@@ -396,6 +401,13 @@ pub extern "C" fn ndx_context_new(
             if o.repro_max_bytes != 0 {
                 settings.repro_max_bytes = u64::try_from(o.repro_max_bytes).unwrap_or(0);
             }
+            if o.cuda_device < 0 {
+                return Err(Error::value(format!(
+                    "opts->cuda_device is {}, not a CUDA device id (0 or more)",
+                    o.cuda_device
+                )));
+            }
+            settings.cuda_device = o.cuda_device;
             if o.check_policy != 0 || o.check_categories != 0 || o.check_capacity != 0 {
                 let policy = if o.check_policy == 0 {
                     crate::checks::Policy::Off as i32

@@ -163,8 +163,42 @@ static void test_to_device(void) {
   ndx_tensor_release(t);
 }
 
+/* The context's default device for to_device: a negative id refused at
+ * ndx_context_new, a missing one at the to_device invocation. */
+static void test_context_device(void) {
+  ndx_context_options_t o;
+  memset(&o, 0, sizeof o);
+  o.struct_size = sizeof o;
+  o.cuda_device = -1;
+  ndx_context_t* ctx = NULL;
+  expect_error(ndx_context_new(&o, &ctx), NDX_ERROR_VALUE,
+               "opts->cuda_device is -1, not a CUDA device id (0 or more)");
+  CHECK(ctx == NULL, "no context");
+  int32_t n = ndx_cuda_device_count();
+  o.cuda_device = n + 4;
+  o.eval_mode = NDX_EVAL_SYNC_CPU;
+  CHECK_OK(ndx_context_new(&o, &ctx));
+  const float v[2] = {1, 2};
+  const int64_t shape[1] = {2};
+  ndx_tensor_t* t = NULL;
+  CHECK_OK(ndx_tensor_from_host(v, NDX_DTYPE_FLOAT32, 1, shape, NULL, NULL, &t));
+  ndx_input_t in[1] = {ndx_test_in(t)};
+  ndx_future_t* f = NULL;
+  char want[96];
+  if (n > 0) {
+    snprintf(want, sizeof want, "operator 'to_device': device %d does not exist", n + 4);
+  } else {
+    snprintf(want, sizeof want, "operator 'to_device': ");
+  }
+  expect_error(ndx_invoke(ctx, "to_device", in, 1, NULL, NULL, &f), NDX_ERROR_CUDA, want);
+  CHECK(f == NULL, "no future");
+  ndx_tensor_release(t);
+  ndx_context_release(ctx);
+}
+
 int main(void) {
   test_discovery();
+  test_context_device();
   test_to_device();
   test_streams();
   test_invoke_on_a_missing_device();

@@ -196,6 +196,7 @@ class ndx_context_options_t(Structure):
         ("check_categories", c_uint32),
         ("check_capacity", c_uint32),
         ("repro_max_bytes", ctypes.c_int64),
+        ("cuda_device", c_int32),
     ]
 
 
@@ -1187,6 +1188,7 @@ class Context:
         check_categories: int = 0,
         check_capacity: int = 0,
         repro_max_bytes: int = 0,
+        cuda_device: int = 0,
     ):
         opts = ndx_context_options_t()
         opts.struct_size = ctypes.sizeof(ndx_context_options_t)
@@ -1199,6 +1201,7 @@ class Context:
         opts.check_categories = check_categories
         opts.check_capacity = check_capacity
         opts.repro_max_bytes = repro_max_bytes
+        opts.cuda_device = cuda_device
         out = c_void_p()
         check(lib.ndx_context_new(byref(opts), byref(out)))
         self.ptr = out.value

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -90,3 +91,22 @@ def test_exporting_null_raises_a_value_error():
     assert e.value.kind == ndx.NDX_ERROR_VALUE
     assert "argument 'tensor' is NULL" in e.value.message
     assert out.value is None
+
+
+def test_the_context_default_device_of_to_device():
+    # A negative id is refused when the context is made; any other is checked by
+    # to_device at invoke (contexts are made on machines without a GPU too).
+    with pytest.raises(ndx.NdxError) as err:
+        ndx.Context(cuda_device=-1)
+    assert err.value.kind == ndx.NDX_ERROR_VALUE
+    assert "opts->cuda_device is -1, not a CUDA device id (0 or more)" in err.value.message
+    n = ndx.lib.ndx_cuda_device_count()
+    ctx = ndx.Context(mode=ndx.NDX_EVAL_SYNC_CPU, cuda_device=n + 4)
+    try:
+        with pytest.raises(ndx.NdxError) as err:
+            ctx.invoke("to_device", [ndx.tensor_from_numpy(np.ones(3, np.float32))])
+        assert err.value.kind == ndx.NDX_ERROR_CUDA
+        if n > 0:
+            assert f"operator 'to_device': device {n + 4} does not exist" in err.value.message
+    finally:
+        ctx.release()
