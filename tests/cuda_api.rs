@@ -74,23 +74,8 @@ fn computing_on_a_cuda_tensor_of_a_missing_device_fails_at_invoke() {
     }
     ok(e);
     let ctx = Ctx::new(0);
-    let inputs: [ndx_input_t; 2] = std::array::from_fn(|_| ndx_input_t {
-        tensor: t,
-        batch: std::ptr::null(),
-    });
-    let mut f = std::ptr::null_mut();
-    let e = ndx_invoke(
-        ctx.0,
-        c"add".as_ptr(),
-        inputs.as_ptr(),
-        2,
-        std::ptr::null(),
-        std::ptr::null(),
-        &mut f,
-    );
-    let (kind, msg) = take_error(e).expect("refused at invoke");
+    let (kind, msg) = invoke(&ctx, c"add", &[t, t], &[]).expect_err("refused at invoke");
     assert_eq!(kind, NDX_ERROR_CUDA as i32, "{msg}");
-    assert!(f.is_null());
     let why = driver_reason().unwrap_or_default();
     let want = format!("operator 'add': input 0 lives in CUDA memory (kDLCUDA:9), but {why}");
     assert!(msg.starts_with(&want), "{msg}\nexpected: {want}");
@@ -372,11 +357,11 @@ fn a_kernel_runs_end_to_end_on_device_0() {
     }
 }
 
-/// `op` on one input with integer arguments `args` (a future, or the error).
-fn invoke1(
+/// `op` on `inputs` with integer arguments `args` (a future, or the error).
+fn invoke(
     ctx: &Ctx,
     op: &std::ffi::CStr,
-    t: *const ndx_tensor_t,
+    inputs: &[*const ndx_tensor_t],
     args: &[(&std::ffi::CStr, i64)],
 ) -> Result<*mut ndx_future_t, (i32, String)> {
     let mut a = std::ptr::null_mut();
@@ -384,12 +369,23 @@ fn invoke1(
     for (name, v) in args {
         ok(ndx_args_set_int(a, name.as_ptr(), *v));
     }
-    let input = ndx_input_t {
-        tensor: t,
-        batch: std::ptr::null(),
-    };
+    let inputs: Vec<ndx_input_t> = inputs
+        .iter()
+        .map(|&tensor| ndx_input_t {
+            tensor,
+            batch: std::ptr::null(),
+        })
+        .collect();
     let mut f = std::ptr::null_mut();
-    let e = ndx_invoke(ctx.0, op.as_ptr(), &input, 1, a, std::ptr::null(), &mut f);
+    let e = ndx_invoke(
+        ctx.0,
+        op.as_ptr(),
+        inputs.as_ptr(),
+        inputs.len(),
+        a,
+        std::ptr::null(),
+        &mut f,
+    );
     ndx_args_free(a);
     match take_error(e) {
         Some(err) => Err(err),
@@ -409,14 +405,14 @@ fn to_device_refuses_a_missing_device_at_invoke_and_round_trips_on_a_present_one
     let ctx = Ctx::new(0);
     let n = i64::from(ndx_cuda_device_count());
     // A device past the count is refused at invoke, naming why.
-    let (kind, msg) = invoke1(&ctx, c"to_device", t, &[(c"device", n)]).unwrap_err();
+    let (kind, msg) = invoke(&ctx, c"to_device", &[t], &[(c"device", n)]).unwrap_err();
     assert_eq!(kind, NDX_ERROR_CUDA as i32, "{msg}");
     let want = match driver_reason() {
         Some(why) => format!("operator 'to_device': {why}"),
         None => format!("operator 'to_device': device {n} does not exist, {n} device"),
     };
     assert!(msg.starts_with(&want), "{msg}\nexpected: {want}");
-    let (kind, msg) = invoke1(&ctx, c"to_device", t, &[(c"device", -1)]).unwrap_err();
+    let (kind, msg) = invoke(&ctx, c"to_device", &[t], &[(c"device", -1)]).unwrap_err();
     assert_eq!(kind, NDX_ERROR_VALUE as i32, "{msg}");
     assert!(
         msg.contains("'device' must be a CUDA device id (0 or more), got -1"),
@@ -426,29 +422,16 @@ fn to_device_refuses_a_missing_device_at_invoke_and_round_trips_on_a_present_one
         eprintln!("skipped the round trip: {why}");
     } else {
         // Host -> device -> add on the device -> host, through the C ABI.
-        let up = invoke1(&ctx, c"to_device", t, &[]).expect("to_device");
+        let up = invoke(&ctx, c"to_device", &[t], &[]).expect("to_device");
         let mut d = std::ptr::null_mut();
         ok(ndx_future_tensor(up, 0, &mut d));
         let mut dev = cpu();
         ok(ndx_tensor_device(d, &mut dev));
         assert_eq!((dev.device_type, dev.device_id), (DLDeviceType::CUDA, 0));
-        let inputs = [d, d].map(|tensor| ndx_input_t {
-            tensor,
-            batch: std::ptr::null(),
-        });
-        let mut sum = std::ptr::null_mut();
-        ok(ndx_invoke(
-            ctx.0,
-            c"add".as_ptr(),
-            inputs.as_ptr(),
-            2,
-            std::ptr::null(),
-            std::ptr::null(),
-            &mut sum,
-        ));
+        let sum = invoke(&ctx, c"add", &[d, d], &[]).expect("add");
         let mut s = std::ptr::null_mut();
         ok(ndx_future_tensor(sum, 0, &mut s));
-        let down = invoke1(&ctx, c"to_host", s, &[]).expect("to_host");
+        let down = invoke(&ctx, c"to_host", &[s], &[]).expect("to_host");
         let mut h = std::ptr::null_mut();
         ok(ndx_future_tensor(down, 0, &mut h));
         assert_eq!(values_f32(h), [3.0, -4.0, 6.5]);
@@ -480,7 +463,7 @@ fn a_repeated_invocation_allocates_no_device_memory_in_steady_state() {
         &mut t,
     ));
     let ctx = Ctx::new(ndx_eval_mode_t::NDX_EVAL_SYNC_FULL as i32);
-    let up = invoke1(&ctx, c"to_device", t, &[]).expect("to_device");
+    let up = invoke(&ctx, c"to_device", &[t], &[]).expect("to_device");
     let mut d = std::ptr::null_mut();
     ok(ndx_future_tensor(up, 0, &mut d));
     let dev = ndx::cuda::device(0).expect("device 0");
@@ -488,23 +471,10 @@ fn a_repeated_invocation_allocates_no_device_memory_in_steady_state() {
     let mut seen = Vec::new();
     for _ in 0..6 {
         // A reduction (output and a partial-sums temporary), then its square.
-        let f = invoke1(&ctx, c"sum", d, &[]).expect("sum");
+        let f = invoke(&ctx, c"sum", &[d], &[]).expect("sum");
         let mut s = std::ptr::null_mut();
         ok(ndx_future_tensor(f, 0, &mut s));
-        let inputs = [s, s].map(|tensor| ndx_input_t {
-            tensor,
-            batch: std::ptr::null(),
-        });
-        let mut g = std::ptr::null_mut();
-        ok(ndx_invoke(
-            ctx.0,
-            c"mul".as_ptr(),
-            inputs.as_ptr(),
-            2,
-            std::ptr::null(),
-            std::ptr::null(),
-            &mut g,
-        ));
+        let g = invoke(&ctx, c"mul", &[s, s], &[]).expect("mul");
         ok(ndx_future_wait(g, -1));
         ndx_tensor_release(s);
         ndx_future_release(f);
@@ -546,7 +516,7 @@ fn the_context_default_device_is_where_to_device_copies() {
         std::ptr::null(),
         &mut t,
     ));
-    let (kind, msg) = invoke1(&ctx, c"to_device", t, &[]).unwrap_err();
+    let (kind, msg) = invoke(&ctx, c"to_device", &[t], &[]).unwrap_err();
     assert_eq!(kind, NDX_ERROR_CUDA as i32, "{msg}");
     let want = match driver_reason() {
         Some(why) => format!("operator 'to_device': {why}"),
