@@ -34,6 +34,8 @@ pub struct Progress {
     inflight: Mutex<VecDeque<InFlight>>,
     /// The op and sequence number of the last invocation seen completed.
     last_done: Mutex<Option<(String, u64)>>,
+    /// Set when the driver refused a tag write: the word no longer tells progress.
+    refused: std::sync::atomic::AtomicBool,
 }
 
 struct Word {
@@ -64,6 +66,7 @@ pub fn progress(device: &'static DeviceState) -> &'static Progress {
         next: AtomicU64::new(1),
         inflight: Mutex::new(VecDeque::new()),
         last_done: Mutex::new(None),
+        refused: Default::default(),
     })
 }
 
@@ -146,8 +149,14 @@ impl Progress {
         let r = unsafe {
             sys::cuStreamWriteValue64_v2(device.stream() as sys::CUstream, word.dptr, tag, 0)
         };
-        // A refused write only costs the attribution; the fault itself still surfaces.
-        let _ = r;
+        // A write refused for another reason than a fault (stream memory operations
+        // unsupported, say) leaves the word stale for good: attribution stops, rather
+        // than blaming whatever comes first. The fault itself still surfaces.
+        if r != sys::CUresult::CUDA_SUCCESS
+            && !is_sticky(&Error::new(ErrorKind::Cuda, super::describe(r)))
+        {
+            self.refused.store(true, Ordering::Relaxed);
+        }
         tag
     }
 
@@ -185,7 +194,7 @@ impl Progress {
                 device.id()
             ),
         );
-        if self.word.is_none() {
+        if self.word.is_none() || self.refused.load(Ordering::Relaxed) {
             return e;
         }
         let done = self.completed();

@@ -26,7 +26,9 @@
 //     reaches it. From then on no stream operation executes and every call on the
 //     context, its streams, events, modules or memory returns 700 (destroy and free
 //     calls still release, then return 700), until cuDevicePrimaryCtxReset_v2, the
-//     last release of the primary context, or ndx_emu_reset().
+//     last release of the primary context, or ndx_emu_reset();
+//   - NDX_EMU_NO_STREAM_MEMOPS=1: cuStreamWriteValue* return CUDA_ERROR_NOT_SUPPORTED,
+//     as on a device without stream memory operations.
 //
 // What it does not emulate: more than one device or context, multi-dimensional
 // launches, shared memory, cooperative launches, `extra` launch parameters, cubin or
@@ -121,6 +123,7 @@ enum : int {
     CUDA_ERROR_NOT_FOUND = 500,
     CUDA_ERROR_NOT_READY = 600,
     CUDA_ERROR_ILLEGAL_ADDRESS = 700,
+    CUDA_ERROR_NOT_SUPPORTED = 801,
 };
 
 struct ErrorText {
@@ -142,6 +145,7 @@ const ErrorText kErrors[] = {
     {500, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
     {600, "CUDA_ERROR_NOT_READY", "device not ready"},
     {700, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"},
+    {801, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
 };
 
 // ----------------------------------------------------------------------------------
@@ -1051,6 +1055,9 @@ CUresult fill(CUdeviceptr d, unsigned value, size_t count, unsigned width, CUstr
 template <class T>
 CUresult write_value(CUstream hstream, CUdeviceptr addr, T value, unsigned flags) {
     if (CUresult r = check_live()) return r;
+    // NDX_EMU_NO_STREAM_MEMOPS=1: a device without stream memory operations.
+    const char* no_memops = std::getenv("NDX_EMU_NO_STREAM_MEMOPS");
+    if (no_memops != nullptr && std::strcmp(no_memops, "1") == 0) return CUDA_ERROR_NOT_SUPPORTED;
     if (flags > 1 || addr % sizeof(T) != 0 || !range_ok(addr, sizeof(T))) return CUDA_ERROR_INVALID_VALUE;
     std::shared_ptr<Stream> s;
     {

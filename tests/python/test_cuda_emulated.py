@@ -75,9 +75,10 @@ FAULT = textwrap.dedent(
         print("KIND", e.kind)
         print("MESSAGE", e.message)
         cause = e.cause
-        print("CAUSE", cause.message)
-        print("CAUSE_OP", cause.op, cause.sequence)
-        print("CAUSE_FRAME", [(f.file, f.line) for f in cause.frames if f.file.endswith("fault.py")])
+        if cause is not None:
+            print("CAUSE", cause.message)
+            print("CAUSE_OP", cause.op, cause.sequence)
+            print("CAUSE_FRAME", [(f.file, f.line) for f in cause.frames if f.file.endswith("fault.py")])
         print("FRAME", [(f.file, f.line) for f in e.frames if f.file.endswith("fault.py")])
     try:
         ctx.invoke("to_device", [np.ones(3, np.float32)]).result()
@@ -97,6 +98,14 @@ def test_a_sticky_fault_is_attributed_to_the_invocation_whose_kernel_faulted(tmp
     assert re.search(r"CAUSE_FRAME \[\('[^']*fault\.py', 7\)\]", out), out
     assert re.search(r"FRAME \[\('[^']*fault\.py', 10\)\]", out), out
     assert re.search(rf"AFTER {ndx.NDX_ERROR_CUDA} .*CUDA_ERROR_ILLEGAL_ADDRESS", out), out
+
+
+def test_without_stream_memory_operations_a_fault_is_reported_but_not_attributed(tmp_path):
+    # A stale progress word must not blame the wrong invocation: no cause then.
+    out = run_script(tmp_path, "fault.py", FAULT, NDX_EMU_FAULT_KERNEL="ndx_mul_f32",
+                     NDX_EMU_NO_STREAM_MEMOPS="1")
+    assert "CUDA_ERROR_ILLEGAL_ADDRESS" in out and "unusable from now on" in out, out
+    assert "attributed" not in out, out
 
 
 ORDERING = textwrap.dedent(
