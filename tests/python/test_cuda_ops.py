@@ -24,9 +24,6 @@ try:
 except ImportError:  # pragma: no cover - ml_dtypes is in the test requirements
     BF16 = None
 
-EMULATED = os.environ.get("NDX_EMU") == "1"
-
-
 @pytest.fixture(scope="module", autouse=True)
 def need_device():
     if ndx.lib.ndx_cuda_device_count() > 0:
@@ -268,12 +265,6 @@ def test_a_chain_stays_on_the_device_and_exports_with_a_stream(ctx, cpu):
     m = ndx.DLManagedTensorVersioned.from_address(out.value)
     assert (m.dl_tensor.device.device_type, m.dl_tensor.device.device_id) == (2, 0)
     m.deleter(ndx.ctypes.cast(out.value, ndx.POINTER(ndx.DLManagedTensorVersioned)))
-
-
-@pytest.mark.skipif(not EMULATED, reason="injects a fault through the emulated driver (NDX_EMU_FAULT_KERNEL)")
-def test_a_sticky_fault_is_attributed_to_the_invocation_that_faulted():
-    # Run last in its own process by test_cuda_emulated.py: the context stays faulted.
-    pytest.skip("run by test_cuda_emulated.py in a process of its own")
 
 
 def test_fail_fast_checks_fail_the_invocation_with_the_device_flag(ctx):
