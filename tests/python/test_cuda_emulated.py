@@ -20,7 +20,7 @@ LIB = os.path.abspath(ndx.library_path())
 
 
 def env(**extra):
-    return cuda_emu.emu_env(NDX_LIBRARY=LIB, NDX_EMU="1", NDX_REQUIRE_CUDA="1", **extra)
+    return cuda_emu.emu_env(NDX_LIBRARY=LIB, NDX_REQUIRE_CUDA="1", **extra)
 
 
 def run_script(tmp_path, name, text, **extra):
