@@ -264,3 +264,76 @@ def test_exports_order_the_consumers_stream_after_pending_work(tmp_path):
     assert "LEGACY True" in out, out
     # NDX_STREAM_NO_SYNC orders nothing: the same read comes before the kernel ran.
     assert "NO_SYNC False" in out, out
+
+
+BATCH = textwrap.dedent(
+    """\
+    import ctypes
+    import numpy as np
+    import cuda_driver as cd
+    import ndx_ctypes as ndx
+
+    cu = cd.Context()
+    lib = ndx.lib
+    P = ctypes.c_void_p
+    for name, args in {
+        "ndx_batch_from_dlpack_versioned": [P, ctypes.c_size_t, P, ctypes.POINTER(P)],
+        "ndx_future_batch": [P, ctypes.c_size_t, ctypes.POINTER(P)],
+        "ndx_batch_sample": [P, ctypes.c_size_t, ctypes.POINTER(P)],
+        "ndx_batch_device": [P, ctypes.POINTER(ndx.DLDevice)],
+    }.items():
+        getattr(lib, name).argtypes, getattr(lib, name).restype = args, P
+    lib.ndx_batch_release.argtypes, lib.ndx_batch_release.restype = [P], None
+
+    # Three samples of different lengths in device memory, imported as one batch.
+    sizes = [5, 17, 300]
+    bufs = [cu.upload(np.arange(n, dtype=np.float32) + 100 * i) for i, n in enumerate(sizes)]
+    deleted = []
+    deleter = ndx.DLManagedTensorVersionedDeleter(lambda p: deleted.append(1))
+    keep, arr = [], (P * 3)()
+    for i, (b, n) in enumerate(zip(bufs, sizes)):
+        m = ndx.DLManagedTensorVersioned()
+        shape = (ctypes.c_int64 * 1)(n)
+        m.version.major, m.deleter = 1, deleter
+        m.dl_tensor.data = b.ptr
+        m.dl_tensor.device.device_type = 2
+        m.dl_tensor.ndim, m.dl_tensor.shape = 1, shape
+        m.dl_tensor.dtype.code, m.dl_tensor.dtype.bits, m.dl_tensor.dtype.lanes = 2, 32, 1
+        keep.append((m, shape))
+        arr[i] = ctypes.addressof(m)
+    batch = P()
+    ndx.check(lib.ndx_batch_from_dlpack_versioned(arr, 3, None, ctypes.byref(batch)))
+
+    ctx = ndx.Context(mode=ndx.NDX_EVAL_EAGER)
+    two = ctx.invoke("to_device", [np.array(2.0, dtype=np.float32)]).tensor()
+    ins = (ndx.ndx_input_t * 2)()
+    ins[0].batch, ins[1].tensor = batch, two.ptr
+    fut = P()
+    ndx.check(lib.ndx_invoke(ctx.ptr, b"mul", ins, 2, None, None, ctypes.byref(fut)))
+    f = ndx.Future(fut.value)
+    out = P()
+    ndx.check(lib.ndx_future_batch(f.ptr, 0, ctypes.byref(out)))
+    dev = ndx.DLDevice()
+    ndx.check(lib.ndx_batch_device(out, ctypes.byref(dev)))
+    print("DEVICE", dev.device_type, dev.device_id)
+    for i, n in enumerate(sizes):
+        s = P()
+        ndx.check(lib.ndx_batch_sample(out, i, ctypes.byref(s)))
+        got = ctx.invoke("to_host", [ndx.Tensor(s.value)]).result()
+        print("SAMPLE", i, bool(np.array_equal(got, 2 * (np.arange(n, dtype=np.float32) + 100 * i))))
+    lib.ndx_batch_release(out)
+    lib.ndx_batch_release(batch)
+    f.release()
+    two.release()
+    ctx.release()
+    print("DELETED", len(deleted))
+    """
+)
+
+
+def test_a_batch_of_cuda_samples_runs_per_sample_on_the_device(tmp_path):
+    out = run_script(tmp_path, "batch.py", BATCH, NDX_EMU_KERNEL_DELAY_MS="5")
+    assert "DEVICE 2 0" in out, out
+    for i in range(3):
+        assert f"SAMPLE {i} True" in out, out
+    assert "DELETED 3" in out, out
