@@ -376,21 +376,9 @@ fn invoke(
             batch: std::ptr::null(),
         })
         .collect();
-    let mut f = std::ptr::null_mut();
-    let e = ndx_invoke(
-        ctx.0,
-        op.as_ptr(),
-        inputs.as_ptr(),
-        inputs.len(),
-        a,
-        std::ptr::null(),
-        &mut f,
-    );
+    let r = invoke_with(ctx, op, &inputs, a, &ndx_invoke_options_t::default());
     ndx_args_free(a);
-    match take_error(e) {
-        Some(err) => Err(err),
-        None => Ok(f),
-    }
+    r.map_err(|e| take_error(e).expect("an error"))
 }
 
 #[test]

@@ -113,17 +113,7 @@ fn invoke(
         n_outputs: outputs.len(),
         ..Default::default()
     };
-    let mut f = std::ptr::null_mut();
-    let e = ndx_invoke(
-        ctx.0,
-        op.as_ptr(),
-        inputs.as_ptr(),
-        inputs.len(),
-        args,
-        &opts,
-        &mut f,
-    );
-    if e.is_null() { Ok(f) } else { Err(e) }
+    invoke_with(ctx, op, inputs, args, &opts)
 }
 
 /// Waits for `f` (which must succeed) and returns its output 0.

@@ -272,6 +272,28 @@ pub fn strides_of(t: *const ndx_tensor_t) -> Vec<i64> {
     unsafe { std::slice::from_raw_parts(p, nd as usize) }.to_vec()
 }
 
+/// `ndx_invoke` of `op` on `inputs` with `args` (may be NULL) and `opts`: the future,
+/// or the call-time error.
+pub fn invoke_with(
+    ctx: &Ctx,
+    op: &std::ffi::CStr,
+    inputs: &[ndx_input_t],
+    args: *const ndx_args_t,
+    opts: &ndx_invoke_options_t,
+) -> Result<*mut ndx_future_t, *mut ndx_error_t> {
+    let mut f = std::ptr::null_mut();
+    let e = ndx_invoke(
+        ctx.0,
+        op.as_ptr(),
+        inputs.as_ptr(),
+        inputs.len(),
+        args,
+        opts,
+        &mut f,
+    );
+    if e.is_null() { Ok(f) } else { Err(e) }
+}
+
 /// Owns a context handle: `eval_mode` (0: the default) and 2 worker threads.
 pub struct Ctx(pub *mut ndx_context_t);
 
