@@ -67,6 +67,27 @@ NDX_DEV void taps_exact(u64 d, u64 n_in, u64 n_out, u64& lo, u64& hi, double& fr
     hi = (u64)clamp_i64(s + 1, 0, last);
 }
 
+// The OpenCV taps of output element `idx`: the source indices of its top-left,
+// top-right, bottom-left and bottom-right neighbours, and the column and row fractions.
+struct CvTaps {
+    u64 at[4];
+    float fx, fy;
+};
+
+NDX_DEV CvTaps cv_taps(u64 idx, const ndx_resize_geom& g) {
+    u64 p, oy, ox, k;
+    out_coords(idx, g, p, oy, ox, k);
+    u64 x0, x1, y0, y1;
+    CvTaps t;
+    taps_cv(ox, g.in_w, g.out_w, false, x0, x1, t.fx);
+    taps_cv(oy, g.in_h, g.out_h, true, y0, y1, t.fy);
+    t.at[0] = src_index(g, p, y0, x0, k);
+    t.at[1] = src_index(g, p, y0, x1, k);
+    t.at[2] = src_index(g, p, y1, x0, k);
+    t.at[3] = src_index(g, p, y1, x1, k);
+    return t;
+}
+
 // ---------------------------------------------------------------------------
 // Linear, float32 arithmetic (f32; f16 and bf16 widened to f32 and rounded back
 // once, as resize.rs casts them): columns blended first, then rows.
@@ -75,18 +96,13 @@ template <class D>
 NDX_DEV void linear_float(typename D::T* out, const typename D::T* src, const ndx_resize_geom& g) {
     const u64 n = g.planes * g.out_h * g.out_w * g.c;
     for (u64 idx = ndx_tid(); idx < n; idx += ndx_nthreads()) {
-        u64 p, oy, ox, k;
-        out_coords(idx, g, p, oy, ox, k);
-        u64 x0, x1, y0, y1;
-        float fx, fy;
-        taps_cv(ox, g.in_w, g.out_w, false, x0, x1, fx);
-        taps_cv(oy, g.in_h, g.out_h, true, y0, y1, fy);
-        const float cw0 = 1.0f - fx, cw1 = fx;
-        const float rw0 = 1.0f - fy, rw1 = fy;
-        const float a0 = D::to_f32(src[src_index(g, p, y0, x0, k)]);
-        const float b0 = D::to_f32(src[src_index(g, p, y0, x1, k)]);
-        const float a1 = D::to_f32(src[src_index(g, p, y1, x0, k)]);
-        const float b1 = D::to_f32(src[src_index(g, p, y1, x1, k)]);
+        const CvTaps t = cv_taps(idx, g);
+        const float cw0 = 1.0f - t.fx, cw1 = t.fx;
+        const float rw0 = 1.0f - t.fy, rw1 = t.fy;
+        const float a0 = D::to_f32(src[t.at[0]]);
+        const float b0 = D::to_f32(src[t.at[1]]);
+        const float a1 = D::to_f32(src[t.at[2]]);
+        const float b1 = D::to_f32(src[t.at[3]]);
         const float h0 = a0 * cw0 + b0 * cw1;
         const float h1 = a1 * cw0 + b1 * cw1;
         out[idx] = D::from_f32(h0 * rw0 + h1 * rw1);
@@ -101,18 +117,11 @@ NDX_DEV i32 q11(float v) { return (i32)rintf(v * 2048.0f); }
 NDX_DEV void linear_u8(u8* out, const u8* src, const ndx_resize_geom& g) {
     const u64 n = g.planes * g.out_h * g.out_w * g.c;
     for (u64 idx = ndx_tid(); idx < n; idx += ndx_nthreads()) {
-        u64 p, oy, ox, k;
-        out_coords(idx, g, p, oy, ox, k);
-        u64 x0, x1, y0, y1;
-        float fx, fy;
-        taps_cv(ox, g.in_w, g.out_w, false, x0, x1, fx);
-        taps_cv(oy, g.in_h, g.out_h, true, y0, y1, fy);
-        const i32 cw0 = q11(1.0f - fx), cw1 = q11(fx);
-        const i32 rw0 = q11(1.0f - fy), rw1 = q11(fy);
-        const i32 h0 = (i32)src[src_index(g, p, y0, x0, k)] * cw0 +
-                       (i32)src[src_index(g, p, y0, x1, k)] * cw1;
-        const i32 h1 = (i32)src[src_index(g, p, y1, x0, k)] * cw0 +
-                       (i32)src[src_index(g, p, y1, x1, k)] * cw1;
+        const CvTaps t = cv_taps(idx, g);
+        const i32 cw0 = q11(1.0f - t.fx), cw1 = q11(t.fx);
+        const i32 rw0 = q11(1.0f - t.fy), rw1 = q11(t.fy);
+        const i32 h0 = (i32)src[t.at[0]] * cw0 + (i32)src[t.at[1]] * cw1;
+        const i32 h1 = (i32)src[t.at[2]] * cw0 + (i32)src[t.at[3]] * cw1;
         i32 v = ((((h0 >> 4) * rw0) >> 16) + (((h1 >> 4) * rw1) >> 16) + 2) >> 2;
         v = v < 0 ? 0 : (v > 255 ? 255 : v);
         out[idx] = (u8)v;
