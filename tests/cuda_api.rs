@@ -13,8 +13,22 @@ fn driver_reason() -> Option<&'static str> {
     ndx::cuda::driver_absent_reason()
 }
 
+/// The tests of this file run on threads of one process and share device 0's pool.
+/// Each holds this lock shared; the test that counts the pool's allocations holds it
+/// alone, so no other test's allocations land between its rounds.
+static DEVICE: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+fn shared_device() -> std::sync::RwLockReadGuard<'static, ()> {
+    DEVICE.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn exclusive_device() -> std::sync::RwLockWriteGuard<'static, ()> {
+    DEVICE.write().unwrap_or_else(|e| e.into_inner())
+}
+
 #[test]
 fn device_count_and_check_agree() {
+    let _device = shared_device();
     let n = ndx_cuda_device_count();
     assert!(n >= 0);
     match driver_reason() {
@@ -38,6 +52,7 @@ fn device_count_and_check_agree() {
 
 #[test]
 fn without_a_driver_the_reason_is_the_missing_library() {
+    let _device = shared_device();
     // CI has no libcuda: the message names it. (Elsewhere the other test covers it.)
     if let Some(why) = driver_reason()
         && std::env::var("NDX_CUDA_DISABLE").is_err()
@@ -52,6 +67,7 @@ fn without_a_driver_the_reason_is_the_missing_library() {
 
 #[test]
 fn computing_on_a_cuda_tensor_of_a_missing_device_fails_at_invoke() {
+    let _device = shared_device();
     let mut spec = Spec::f32s(&[1.0, 2.0], &[2]);
     spec.device.device_type = DLDeviceType::CUDA;
     spec.device.device_id = 9;
@@ -96,6 +112,7 @@ const NO_SYNC: usize = usize::MAX;
 
 #[test]
 fn the_stream_is_ignored_for_host_memory() {
+    let _device = shared_device();
     // A garbage stream value: host memory is never ordered, so it is never touched.
     let (m, count) = Spec::f32s(&[1.0, 2.0, 3.0], &[3]).versioned();
     let mut t = std::ptr::null_mut();
@@ -124,6 +141,7 @@ fn the_stream_is_ignored_for_host_memory() {
 
 #[test]
 fn callers_of_the_shorter_options_struct_get_the_default_stream() {
+    let _device = shared_device();
     let mut o = import_opts(0xdead_beef);
     o.struct_size = std::mem::offset_of!(ndx_import_options_t, stream);
     o.read_only = true;
@@ -148,6 +166,7 @@ fn callers_of_the_shorter_options_struct_get_the_default_stream() {
 
 #[test]
 fn cuda_imports_and_exports_with_streams() {
+    let _device = shared_device();
     // Device 0 with the legacy default stream: without a driver nothing can be
     // pending, so the tensor is metadata; with one, an event is recorded on stream 0.
     // The data pointer is never dereferenced either way.
@@ -196,6 +215,7 @@ fn cuda_imports_and_exports_with_streams() {
 
 #[test]
 fn a_sample_on_another_device_is_named_and_nothing_is_taken() {
+    let _device = shared_device();
     let specs: Vec<_> = (0..3)
         .map(|i| {
             let mut s = Spec::f32s(&[i as f32], &[1]);
@@ -220,6 +240,7 @@ fn a_sample_on_another_device_is_named_and_nothing_is_taken() {
 
 #[test]
 fn exporting_null_names_the_argument() {
+    let _device = shared_device();
     let mut out = std::ptr::null_mut();
     expect_err(
         ndx_tensor_to_dlpack_versioned_stream(std::ptr::null(), std::ptr::null_mut(), &mut out),
@@ -231,6 +252,7 @@ fn exporting_null_names_the_argument() {
 
 #[test]
 fn every_kernel_loads_on_device_0() {
+    let _device = shared_device();
     // Needs a GPU: the driver JIT-compiles the embedded PTX for it.
     if let Some(why) = driver_reason() {
         eprintln!("skipped: {why}");
@@ -255,6 +277,7 @@ fn every_kernel_loads_on_device_0() {
 
 #[test]
 fn the_device_pool_reuses_blocks_and_names_sizes_on_exhaustion() {
+    let _device = shared_device();
     // Needs a GPU.
     if let Some(why) = driver_reason() {
         eprintln!("skipped: {why}");
@@ -282,6 +305,7 @@ fn the_device_pool_reuses_blocks_and_names_sizes_on_exhaustion() {
 
 #[test]
 fn a_kernel_runs_end_to_end_on_device_0() {
+    let _device = shared_device();
     // Needs a GPU: pool memory, copies and a launch of ndx_add_f32 and its broadcast
     // form on ndx's stream, checked against the CPU, at two grid sizes.
     use ndx::cuda::launch::{Arg, Bcast2, copy_to_device, copy_to_host, launch, launch_grid};
@@ -383,6 +407,7 @@ fn invoke(
 
 #[test]
 fn to_device_refuses_a_missing_device_at_invoke_and_round_trips_on_a_present_one() {
+    let _device = shared_device();
     let (m, count) = Spec::f32s(&[1.5, -2.0, 3.25], &[3]).versioned();
     let mut t = std::ptr::null_mut();
     ok(ndx_tensor_from_dlpack_versioned(
@@ -437,6 +462,7 @@ fn to_device_refuses_a_missing_device_at_invoke_and_round_trips_on_a_present_one
 
 #[test]
 fn a_repeated_invocation_allocates_no_device_memory_in_steady_state() {
+    let _device = exclusive_device();
     // Needs a device: outputs and temporaries come back to the pool and are reused.
     if let Some(why) = driver_reason() {
         eprintln!("skipped: {why}");
@@ -482,6 +508,7 @@ fn a_repeated_invocation_allocates_no_device_memory_in_steady_state() {
 
 #[test]
 fn the_context_default_device_is_where_to_device_copies() {
+    let _device = shared_device();
     let mut opts = ndx_context_options_t {
         cuda_device: -2,
         ..Default::default()
