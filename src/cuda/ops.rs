@@ -96,10 +96,14 @@ pub fn supported(op: &str, inputs: &[&TMeta], args: &Args, device: Device) -> Re
                 return refuse(dtype, "");
             }
             let (axes, _) = crate::ops::reduce::axes_arg(&inputs[0].shape, args)?;
-            if axes.windows(2).any(|w| w[1] != w[0] + 1) {
+            let ndim = inputs[0].shape.len();
+            if axes.windows(2).any(|w| w[1] != w[0] + 1) && ndim > 8 {
+                // Non-adjacent axes are gathered by a strided copy of at most 8 dims.
                 return refuse(
                     dtype,
-                    &format!(" over axes {axes:?}, which are not adjacent"),
+                    &format!(
+                        " over the non-adjacent axes {axes:?} of {ndim} dimensions (at most 8)"
+                    ),
                 );
             }
             Ok(())
@@ -761,10 +765,23 @@ fn cast(job: &Job, t: &Tensor, to: DType) -> Result<Tensor> {
 }
 
 fn reduce(job: &Job, op: &str, t: &Tensor, args: &Args, meta: &TMeta) -> Result<Tensor> {
-    let t = compacted(job, t)?;
+    let (mut axes, _) = crate::ops::reduce::axes_arg(t.shape(), args)?;
+    let t = if axes.windows(2).any(|w| w[1] != w[0] + 1) {
+        // Gather: a view with the kept axes first (in order) and the reduced ones
+        // last, made compact. Its elements are in the output's order, each followed by
+        // the run it reduces, so the kernels see [outer, r, 1].
+        let kept = (0..t.ndim()).filter(|a| !axes.contains(a));
+        let order: Vec<usize> = kept.chain(axes.iter().copied()).collect();
+        let shape = order.iter().map(|&a| t.shape()[a]).collect();
+        let strides = order.iter().map(|&a| t.strides()[a]).collect();
+        let first = t.ndim() - axes.len();
+        axes = (first..t.ndim()).collect();
+        compacted(job, &t.restride(shape, strides, 0))?
+    } else {
+        compacted(job, t)?
+    };
     let sfx =
         suffix_or_bool(t.dtype()).ok_or_else(|| not_implemented(t.dtype(), t.device(), ""))?;
-    let (axes, _) = crate::ops::reduce::axes_arg(t.shape(), args)?;
     let shape = t.shape();
     let (lo, hi) = match (axes.first(), axes.last()) {
         (Some(&f), Some(&l)) => (f, l + 1),

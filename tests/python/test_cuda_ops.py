@@ -162,6 +162,23 @@ def test_reductions_match_the_cpu(ctx, cpu, op, dt):
     assert got.shape == want.shape == (3, 1, 5)
 
 
+@pytest.mark.parametrize("op", ["sum", "mean", "max"])
+@pytest.mark.parametrize("dt", DTYPES + [np.bool_], ids=lambda d: np.dtype(d).name)
+def test_reductions_over_axes_that_are_not_adjacent_match_the_cpu(ctx, cpu, op, dt):
+    a = sample(dt, (3, 4, 5, 6), 9)
+    # a strided view too: every other row of a transposed array
+    b = sample(dt, (6, 8, 5), 10).transpose(1, 2, 0)[::2]
+    for x, axes, keep in [(a, [0, 2], False), (a, [1, 3], True), (a, [0, 1, 3], False),
+                          (a, [-1, 0], False), (b, [0, 2], False), (b, [0, 2], True)]:
+        got, want = run_both(ctx, cpu, op, [x], axes=axes, keepdims=keep)
+        assert got.shape == want.shape and got.dtype == want.dtype, (axes, keep)
+        if np.dtype(got.dtype).kind == "f" and op != "max":
+            np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64),
+                                       rtol=2e-3 if dt != np.float32 else 1e-6)
+        else:
+            same(got, want)
+
+
 def test_sum_and_mean_of_nothing_and_max_of_nothing_fails(ctx, cpu):
     e = np.zeros((2, 0), np.float32)
     same(*run_both(ctx, cpu, "sum", [e], axes=[1]))
