@@ -282,7 +282,7 @@ def test_async_mode_orders_streams_through_events(emu):
         t0 = time.monotonic()
         ok(launch(add, 16, 256, [res, a, b, n, 0, 0], s1))
         ok(cu.cuEventRecord(ev, s1))
-        assert time.monotonic() - t0 < 0.1, "a launch must return at once"
+        assert time.monotonic() - t0 < 0.5, "a launch must return at once"
         assert cu.cuEventQuery(ev) == 600  # CUDA_ERROR_NOT_READY
         assert cu.cuStreamQuery(s1) == 600
         # The consumer on s2 waits for the event, then reads the producer's output.
@@ -290,7 +290,7 @@ def test_async_mode_orders_streams_through_events(emu):
         ok(launch(mul, 16, 256, [res2, res, two, n, 0, 0], s2))
         assert cu.cuStreamQuery(s2) == 600
         ok(cu.cuEventSynchronize(ev))
-        assert time.monotonic() - t0 >= 0.19, "the kernel delay was not applied"
+        assert time.monotonic() - t0 >= 0.99, "the kernel delay was not applied"
         assert cu.cuEventQuery(ev) == 0
         ok(cu.cuStreamSynchronize(s2))
         assert (download(res2, n, np.float32) == (x + 1) * 2).all()
@@ -304,7 +304,7 @@ def test_async_mode_orders_streams_through_events(emu):
         assert cu.cuEventElapsedTime(ctypes.byref(ms), e0, e1) == 600
         ok(cu.cuEventSynchronize(e1))
         ok(cu.cuEventElapsedTime(ctypes.byref(ms), e0, e1))
-        assert ms.value >= 190, ms.value
+        assert ms.value >= 990, ms.value
         nt = event(2)  # CU_EVENT_DISABLE_TIMING
         ok(cu.cuEventRecord(nt, s1))
         ok(cu.cuEventSynchronize(nt))
@@ -344,7 +344,7 @@ def test_async_mode_orders_streams_through_events(emu):
         for e in (ev, e0, e1, nt):
             ok(cu.cuEventDestroy_v2(e))
         """,
-        NDX_EMU_ASYNC="1", NDX_EMU_KERNEL_DELAY_MS="200", NDX_EMU_FAULT_KERNEL=None,
+        NDX_EMU_ASYNC="1", NDX_EMU_KERNEL_DELAY_MS="1000", NDX_EMU_FAULT_KERNEL=None,
     )
 
 

@@ -158,7 +158,7 @@ ORDERING = textwrap.dedent(
 
 
 def test_an_import_is_ordered_after_the_producers_stream_with_a_negative_control(tmp_path):
-    out = run_script(tmp_path, "ordering.py", ORDERING, NDX_EMU_KERNEL_DELAY_MS="300")
+    out = run_script(tmp_path, "ordering.py", ORDERING, NDX_EMU_KERNEL_DELAY_MS="1000")
     # With the producer's stream, ndx's read waits for the late kernel: every 1 + 2.
     assert "ORDERED 3.0 3.0" in out, out
     # Told not to order (NDX_STREAM_NO_SYNC), it reads before the kernel ran: the
@@ -184,7 +184,7 @@ POLL = textwrap.dedent(
     import ndx_ctypes as ndx
     ctx = ndx.Context(mode=ndx.NDX_EVAL_EAGER)
     x = ctx.invoke("to_device", [np.arange(1000, dtype=np.float32)]).tensor()
-    f = ctx.invoke("add", [x, x])  # its kernel runs 300 ms late (NDX_EMU_KERNEL_DELAY_MS)
+    f = ctx.invoke("add", [x, x])  # its kernel runs 1 s late (NDX_EMU_KERNEL_DELAY_MS)
     print("POLL", f.poll())
     f.wait()
     print("AFTER", f.poll())
@@ -194,7 +194,7 @@ POLL = textwrap.dedent(
 
 
 def test_an_eager_future_is_pending_until_its_gpu_work_is_done(tmp_path):
-    out = run_script(tmp_path, "poll.py", POLL, NDX_EMU_KERNEL_DELAY_MS="300")
+    out = run_script(tmp_path, "poll.py", POLL, NDX_EMU_KERNEL_DELAY_MS="1000")
     # poll never blocks: it answered PENDING while the kernel was still queued.
     assert f"POLL {ndx.NDX_FUTURE_PENDING}" in out, out
     assert f"AFTER {ndx.NDX_FUTURE_READY}" in out, out
@@ -242,7 +242,7 @@ EXPORT = textwrap.dedent(
 
     for form in ("legacy", "no_sync"):
         x = ctx.invoke("to_device", [np.arange(256, dtype=np.float32) + len(form)]).tensor()
-        y = ctx.invoke("add", [x, x]).tensor()  # its kernel runs 300 ms late
+        y = ctx.invoke("add", [x, x]).tensor()  # its kernel runs 1 s late
         out = ctypes.c_void_p()
         if form == "legacy":
             ndx.check(ndx.lib.ndx_tensor_to_dlpack(y.ptr, ctypes.byref(out)))
@@ -259,7 +259,7 @@ EXPORT = textwrap.dedent(
 
 
 def test_exports_order_the_consumers_stream_after_pending_work(tmp_path):
-    out = run_script(tmp_path, "export.py", EXPORT, NDX_EMU_KERNEL_DELAY_MS="300")
+    out = run_script(tmp_path, "export.py", EXPORT, NDX_EMU_KERNEL_DELAY_MS="1000")
     # The legacy export orders the legacy default stream: the read sees the sum.
     assert "LEGACY True" in out, out
     # NDX_STREAM_NO_SYNC orders nothing: the same read comes before the kernel ran.
