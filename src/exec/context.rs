@@ -430,9 +430,6 @@ impl ContextInner {
     }
 
     pub(crate) fn node_done(&self, node: &Arc<Node>, failed: bool) {
-        if let Some(id) = node.graph() {
-            self.graph_done(id);
-        }
         let mut t = self.tracker.lock();
         t.pending.remove(&node.seq());
         if failed {

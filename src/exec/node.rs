@@ -213,6 +213,8 @@ pub struct Node {
     state: Mutex<State>,
     cond: Condvar,
     result: OnceLock<Result<Vec<Data>>>,
+    /// Set by the first completion (the run or a cancellation), before the result.
+    completing: AtomicBool,
     /// Set once the callbacks run at completion have returned.
     finished: AtomicBool,
     observed: AtomicBool,
@@ -267,6 +269,7 @@ impl Node {
             }),
             cond: Condvar::new(),
             result: OnceLock::new(),
+            completing: AtomicBool::new(false),
             finished: AtomicBool::new(false),
             observed: AtomicBool::new(false),
             failed_inputs: Mutex::new(Vec::new()),
@@ -1017,9 +1020,16 @@ impl Node {
     /// Sets the result, wakes waiters, releases dependents and runs callbacks.
     pub(crate) fn complete(self: &Arc<Self>, outcome: Result<Vec<Data>>) {
         let failed = outcome.is_err();
-        if self.result.set(outcome).is_err() {
+        if self.completing.swap(true, Ordering::AcqRel) {
             return; // completed already (cancelled)
         }
+        let ctx = self.ctx.upgrade();
+        // The explain graph's time, before the result: whoever sees this invocation
+        // READY sees its graph's time too, when it was the graph's last.
+        if let (Some(ctx), Some(id)) = (&ctx, self.graph()) {
+            ctx.graph_done(id);
+        }
+        let _ = self.result.set(outcome);
         let (dependents, callbacks) = {
             let mut s = self.state.lock();
             s.phase = Phase::Done;
@@ -1032,7 +1042,6 @@ impl Node {
         for d in dependents {
             d.dependency_done();
         }
-        let ctx = self.ctx.upgrade();
         for cb in callbacks {
             self.fire(cb, ctx.as_ref());
         }
