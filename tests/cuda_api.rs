@@ -542,3 +542,50 @@ fn the_context_default_device_is_where_to_device_copies() {
     drop(ctx);
     assert_eq!(calls(&count), 1);
 }
+
+#[test]
+fn uploads_are_staged_through_a_bounded_set_of_pinned_blocks() {
+    // Needs a device: host-to-device copies go through pinned blocks, in pieces, with
+    // at most `staging::CAP` bytes pinned, and repeat uploads reuse the blocks.
+    use ndx::cuda::launch::{copy_to_device, copy_to_host};
+    use ndx::cuda::staging::{CAP, PIECE, staging};
+    let _device = exclusive_device();
+    if let Some(why) = driver_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let dev = ndx::cuda::device(0).expect("device 0");
+    // 2.5 pieces, and a small one that shares no block with them.
+    let big: Vec<u8> = (0..PIECE * 5 / 2)
+        .map(|i| (i * 7 + i / 4096) as u8)
+        .collect();
+    let small: Vec<u8> = (0..1000).map(|i| i as u8 ^ 0x5a).collect();
+    let bytes = 10 * big.len() + small.len();
+    let dst = ndx::cuda::alloc::take(dev, bytes).expect("device memory");
+    let mut rounds = Vec::new();
+    for round in 0..3 {
+        // Ten big uploads back to back pin more than CAP if nothing were reused.
+        for k in 0..10 {
+            copy_to_device(dev, dst + (k * big.len()) as u64, &big).unwrap();
+        }
+        copy_to_device(dev, dst + (10 * big.len()) as u64, &small).unwrap();
+        let mut got = vec![0u8; bytes];
+        copy_to_host(dev, &mut got, dst).unwrap();
+        for k in 0..10 {
+            assert!(
+                got[k * big.len()..(k + 1) * big.len()] == big[..],
+                "upload {k} of round {round}"
+            );
+        }
+        assert_eq!(got[10 * big.len()..], small[..], "round {round}");
+        let s = staging(dev).stats();
+        assert!(s.pinned <= CAP, "{s:?}");
+        rounds.push(s);
+    }
+    // Every piece went through a pinned block; the later rounds allocated none.
+    let last = rounds[2];
+    assert_eq!(last.pageable, 0, "{last:?}");
+    assert!(last.staged >= 3 * 31, "{last:?}");
+    assert_eq!(rounds[1].allocated, last.allocated, "{rounds:?}");
+    ndx::cuda::alloc::give_back(dev, dst, bytes);
+}

@@ -136,20 +136,11 @@ pub fn launch_grid(
     })
 }
 
-/// Copies `src` to device memory at `dst` on ndx's stream. Pageable host memory is
-/// staged by the driver before the call returns, so `src` may be reused at once.
-pub fn copy_to_device(device: &DeviceState, dst: u64, src: &[u8]) -> Result<()> {
-    device.bind()?;
-    // SAFETY: `dst` holds at least `src.len()` bytes (the caller's block); `src` is a
-    // live slice for the duration of the call.
-    check("cuMemcpyHtoDAsync", unsafe {
-        sys::cuMemcpyHtoDAsync_v2(
-            dst,
-            src.as_ptr().cast(),
-            src.len(),
-            device.stream() as sys::CUstream,
-        )
-    })
+/// Copies `src` to device memory at `dst` on ndx's stream, staged through pinned
+/// memory (`staging`): `src` may be reused at once, and the call does not wait for the
+/// work queued before it.
+pub fn copy_to_device(device: &'static DeviceState, dst: u64, src: &[u8]) -> Result<()> {
+    super::staging::upload(device, dst, src)
 }
 
 /// Copies device memory at `src` into `dst` after the work enqueued before it on ndx's

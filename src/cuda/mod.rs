@@ -9,6 +9,7 @@ pub mod launch;
 pub mod module;
 pub mod ops;
 pub mod progress;
+pub mod staging;
 
 use std::ffi::CStr;
 use std::sync::{Arc, OnceLock};

@@ -50,9 +50,10 @@
 //   - synchronous copies and memsets are legacy-stream operations the call waits for;
 //     cuMemFree_v2 waits for every stream, cuMemFreeAsync frees when its stream
 //     reaches it;
-//   - cuMemcpyHtoDAsync copies a pageable source into a staging buffer at the call
-//     (the caller may reuse it at once); a source in cuMemHostAlloc memory is read
-//     when the stream reaches the copy, as DMA would. cuMemcpyDtoHAsync always writes
+//   - cuMemcpyHtoDAsync from a pageable source first waits for the stream's queued
+//     work, then copies the source into a staging buffer at the call (the caller may
+//     reuse it at once); a source in cuMemHostAlloc memory is read when the stream
+//     reaches the copy, as DMA would, and the call returns at once. cuMemcpyDtoHAsync always writes
 //     when the stream reaches it, pageable destination included (stricter than a real
 //     driver, which completes pageable device-to-host copies before returning).
 //
@@ -1014,7 +1015,9 @@ CUresult copy_bytes(CopyKind kind, void* dst, const void* src, size_t n, CUstrea
     }
     if (!s) return CUDA_ERROR_INVALID_HANDLE;
     if (S().async && kind == HTOD && !in_pinned_host(src, n)) {
-        // A pageable source is staged at the call, as real drivers do.
+        // A pageable source: the stream is synchronised first and the source staged
+        // at the call, as the driver API documents ("API synchronization behavior").
+        wait_stream(s);
         auto staged = std::make_shared<std::vector<unsigned char>>(
             static_cast<const unsigned char*>(src), static_cast<const unsigned char*>(src) + n);
         submit(s, [=] {

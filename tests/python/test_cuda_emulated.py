@@ -258,6 +258,48 @@ EXPORT = textwrap.dedent(
 )
 
 
+UPLOAD = textwrap.dedent(
+    """\
+    import ctypes
+    import numpy as np
+    import cuda_driver as cd
+    import ndx_ctypes as ndx
+
+    cu = cd.Context()
+    ctx = ndx.Context(mode=ndx.NDX_EVAL_SYNC_CPU)  # returns with the kernel still queued
+    x = ctx.invoke("to_device", [np.full(256, 3, np.float32)]).tensor()
+    y = ctx.invoke("add", [x, x]).tensor()  # its kernel runs 1 s late
+    src = np.arange(1 << 20, dtype=np.float32)
+    z = ctx.invoke("to_device", [src]).tensor()
+    # Did the upload wait for the add? Read y's memory now, unordered (the legacy stream).
+    out = ctypes.c_void_p()
+    ndx.check(ndx.lib.ndx_tensor_to_dlpack_versioned_stream(y.ptr, ndx.STREAM_NO_SYNC, ctypes.byref(out)))
+    m = ndx.DLManagedTensorVersioned.from_address(out.value)
+    early = cu.download(m.dl_tensor.data, (256,), np.float32)
+    print("ADD_DONE_AT_UPLOAD", bool((early == 6).all()))
+    src[:] = -1  # the upload was staged: the caller may reuse its memory at once
+    print("UPLOAD", bool(np.array_equal(ctx.invoke("to_host", [z]).result(), np.arange(1 << 20, dtype=np.float32))))
+    print("ADD", bool((ctx.invoke("to_host", [y]).result() == 6).all()))
+    m.deleter(ctypes.cast(out.value, ctypes.POINTER(type(m))))
+    # Larger than the pinned cap (64 MiB) in one upload, and many in a row: pieces
+    # cycle through the blocks, each waiting for its block's previous copy.
+    big = np.random.default_rng(0).integers(0, 1 << 30, size=(24 << 20,), dtype=np.int32)
+    ups = [ctx.invoke("to_device", [big + k]).tensor() for k in range(3)]
+    print("BIG", all(np.array_equal(ctx.invoke("to_host", [u]).result(), big + k) for k, u in enumerate(ups)))
+    """
+)
+
+
+def test_uploads_are_staged_and_do_not_wait_for_queued_kernels(tmp_path):
+    # The emulated driver, like a real one, synchronises the stream before a copy from
+    # pageable memory: an upload that went straight from the caller's array would have
+    # waited for the late add. Staged through pinned memory it does not.
+    out = run_script(tmp_path, "upload.py", UPLOAD, NDX_EMU_KERNEL_DELAY_MS="1000")
+    assert "ADD_DONE_AT_UPLOAD False" in out, out
+    assert "UPLOAD True" in out and "ADD True" in out, out
+    assert "BIG True" in out, out
+
+
 def test_exports_order_the_consumers_stream_after_pending_work(tmp_path):
     out = run_script(tmp_path, "export.py", EXPORT, NDX_EMU_KERNEL_DELAY_MS="1000")
     # The legacy export orders the legacy default stream: the read sees the sum.
