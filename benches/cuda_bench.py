@@ -5,7 +5,10 @@
    (bytes moved: 3N*4 for the add, 2N*4 for the copy); goal >= 0.8;
 2. bulk import of 1024 CUDA DLPack tensors as one batch (one event for the batch);
 3. per-invocation overhead in EAGER mode with GPU work (a 1024-element add, waited
-   for), next to the same add on host tensors in the same run.
+   for), next to the same add on host tensors in the same run;
+4. `to_device` of a 64 MiB host array in SYNC_FULL mode (staged through pinned
+   blocks), next to the driver's own copies in the same run: `cuMemcpyHtoD` from the
+   same pageable array and from page-locked memory.
 
 Prints one JSON object. Needs numpy and tests/python/{ndx_ctypes,cuda_driver}.py.
 
@@ -172,12 +175,45 @@ def bench_eager_overhead(cu, iters: int) -> dict:
             "cpu_us_per_invocation": round(cpu * 1e6, 2), "gpu_over_cpu": round(gpu / cpu, 2)}
 
 
+def bench_upload(cu, n: int, repeat: int) -> dict:
+    nbytes = 4 * n
+    src = np.random.default_rng(1).standard_normal(n, dtype=np.float32)
+    dst = cu.alloc(nbytes)
+    ctx = ndx.Context(mode=ndx.NDX_EVAL_SYNC_FULL)
+
+    def ndx_upload():
+        ctx.invoke("to_device", [src]).release()
+
+    def pageable():
+        cu.htod(dst, src)
+
+    pinned_ptr = ctypes.c_void_p()
+    cd._call("cuMemHostAlloc", ctypes.byref(pinned_ptr), ctypes.c_size_t(nbytes), ctypes.c_uint(0))
+    ctypes.memmove(pinned_ptr.value, src.ctypes.data, nbytes)
+
+    def pinned():
+        cd._call("cuMemcpyHtoD_v2", cd._U64(dst.ptr), ctypes.c_void_p(pinned_ptr.value), ctypes.c_size_t(nbytes))
+
+    out = {"bytes": nbytes}
+    for name, fn in (("ndx_to_device", ndx_upload), ("driver_pageable", pageable), ("driver_pinned", pinned)):
+        fn()  # warm-up
+        out[name + "_GBps"] = round(nbytes / min(timed(fn, repeat)) / 1e9, 2)
+    got = ctx.invoke("to_host", [ctx.invoke("to_device", [src]).tensor()]).result()
+    assert np.array_equal(got, src), "to_device gave wrong values"
+    cd._call("cuMemFreeHost", ctypes.c_void_p(pinned_ptr.value))
+    dst.free()
+    ctx.release()
+    out["ndx_over_pageable"] = round(out["ndx_to_device_GBps"] / out["driver_pageable_GBps"], 2)
+    return out
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--elements", type=int, default=256 << 20)
     p.add_argument("--repeat", type=int, default=10)
     p.add_argument("--tensors", type=int, default=1024)
     p.add_argument("--iters", type=int, default=2000)
+    p.add_argument("--upload-elements", type=int, default=16 << 20)
     a = p.parse_args(argv)
     if ndx.lib.ndx_cuda_device_count() == 0:
         sys.exit("no CUDA device: " + ndx.NdxError.from_ptr(ndx.lib.ndx_cuda_device_check(0)).message)
@@ -187,6 +223,7 @@ def main(argv=None) -> dict:
         "add_vs_copy": bench_add_vs_copy(cu, a.elements, a.repeat),
         "bulk_import": bench_bulk_import(cu, a.tensors, a.repeat),
         "eager_overhead": bench_eager_overhead(cu, a.iters),
+        "upload": bench_upload(cu, a.upload_elements, a.repeat),
     }
     print(json.dumps(result, indent=2))
     return result

@@ -170,11 +170,12 @@ def test_an_import_is_ordered_after_the_producers_stream_with_a_negative_control
 def test_the_gpu_benchmark_runs_end_to_end_on_tiny_sizes():
     # Keeps benches/cuda_bench.py working where no GPU is; its figures mean nothing here.
     r = cuda_emu.run_under_emu(
-        ["benches/cuda_bench.py", "--elements", "5000", "--repeat", "2", "--tensors", "16", "--iters", "5"],
+        ["benches/cuda_bench.py", "--elements", "5000", "--repeat", "2", "--tensors", "16", "--iters", "5",
+         "--upload-elements", "300000"],
         env=env(), timeout=300,
     )
     assert r.returncode == 0, r.stdout + r.stderr
-    for key in ('"add_fraction_of_copy"', '"per_tensor_us"', '"gpu_us_per_invocation"'):
+    for key in ('"add_fraction_of_copy"', '"per_tensor_us"', '"gpu_us_per_invocation"', '"ndx_over_pageable"'):
         assert key in r.stdout, r.stdout
 
 
