@@ -231,12 +231,9 @@ pub type DevicePool = Mutex<Pool<DriverBackend, Arc<Event>>>;
 /// The pool of `device` (created on first use, kept for the process).
 pub fn pool(device: &'static DeviceState) -> &'static DevicePool {
     static POOLS: OnceLock<Vec<OnceLock<DevicePool>>> = OnceLock::new();
-    let all = POOLS.get_or_init(|| {
-        (0..super::device_count())
-            .map(|_| OnceLock::new())
-            .collect()
-    });
-    all[device.id() as usize].get_or_init(|| Mutex::new(Pool::new(DriverBackend { device })))
+    super::per_device(&POOLS, device, || {
+        Mutex::new(Pool::new(DriverBackend { device }))
+    })
 }
 
 /// A block of at least `bytes` on `device` for work on ndx's stream: a reused block

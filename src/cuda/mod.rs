@@ -119,6 +119,17 @@ pub(crate) fn describe(code: sys::CUresult) -> String {
     }
 }
 
+/// One `T` per device in `all` (a caller's static), made by `make` on first use and
+/// kept for the process.
+pub(crate) fn per_device<T>(
+    all: &'static OnceLock<Vec<OnceLock<T>>>,
+    device: &DeviceState,
+    make: impl FnOnce() -> T,
+) -> &'static T {
+    let all = all.get_or_init(|| (0..device_count()).map(|_| OnceLock::new()).collect());
+    all[device.id() as usize].get_or_init(make)
+}
+
 /// The number of CUDA devices: 0 where there is no usable driver.
 pub fn device_count() -> usize {
     match driver() {

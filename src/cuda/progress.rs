@@ -56,12 +56,7 @@ const MAX_INFLIGHT: usize = 4096;
 /// The progress tracker of `device` (pinned memory allocated on first use).
 pub fn progress(device: &'static DeviceState) -> &'static Progress {
     static ALL: OnceLock<Vec<OnceLock<Progress>>> = OnceLock::new();
-    let all = ALL.get_or_init(|| {
-        (0..super::device_count())
-            .map(|_| OnceLock::new())
-            .collect()
-    });
-    all[device.id() as usize].get_or_init(|| Progress {
+    super::per_device(&ALL, device, || Progress {
         word: pinned_word(device).ok(),
         next: AtomicU64::new(1),
         inflight: Mutex::new(VecDeque::new()),

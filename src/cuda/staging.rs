@@ -69,12 +69,7 @@ pub struct Stats {
 /// The staging of `device`.
 pub fn staging(device: &'static DeviceState) -> &'static Staging {
     static ALL: OnceLock<Vec<OnceLock<Staging>>> = OnceLock::new();
-    let all = ALL.get_or_init(|| {
-        (0..super::device_count())
-            .map(|_| OnceLock::new())
-            .collect()
-    });
-    all[device.id() as usize].get_or_init(|| Staging {
+    super::per_device(&ALL, device, || Staging {
         blocks: Mutex::new(Vec::new()),
         stats: Mutex::new(Stats::default()),
     })
