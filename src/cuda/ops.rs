@@ -536,13 +536,23 @@ fn settle(job: &Job, outs: &[Tensor]) -> Result<()> {
     let raised = |i: usize| (records[i].count > 0).then_some(records[i]);
     for (i, w) in job.watches.iter().enumerate() {
         let Some(f) = raised(i) else { continue };
+        // The record as a host tally of the flag's category.
+        let raise = |category: u32, message: &dyn Fn(u64) -> String| {
+            let tally = checks::Tally::new();
+            tally.add(f.first_index, f.count);
+            checks::raise_tally(category, &tally, message);
+        };
+        let nan = |k: usize| {
+            move |n: u64| {
+                format!(
+                    "output {k} has {n} NaN or infinite element{} from finite inputs",
+                    plural(n)
+                )
+            }
+        };
         match w {
             Watch::User(message) => {
-                let tally = checks::Tally::new();
-                tally.add(f.first_index, f.count);
-                checks::raise_tally(checks::USER, &tally, |n| {
-                    message.replace("{n}", &n.to_string())
-                });
+                raise(checks::USER, &|n| message.replace("{n}", &n.to_string()));
             }
             Watch::Div { checked: false } => {
                 return Err(Error::value(format!(
@@ -551,22 +561,11 @@ fn settle(job: &Job, outs: &[Tensor]) -> Result<()> {
                 )));
             }
             Watch::Div { checked: true } | Watch::DivFloat => {
-                let tally = checks::Tally::new();
-                tally.add(f.first_index, f.count);
-                checks::raise_tally(checks::DIV, &tally, |n| {
+                raise(checks::DIV, &|n| {
                     format!("{n} division{} by zero", plural(n))
                 });
             }
-            Watch::Nan => {
-                let tally = checks::Tally::new();
-                tally.add(f.first_index, f.count);
-                checks::raise_tally(checks::NAN, &tally, |n| {
-                    format!(
-                        "output 0 has {n} NaN or infinite element{} from finite inputs",
-                        plural(n)
-                    )
-                });
-            }
+            Watch::Nan => raise(checks::NAN, &nan(0)),
             Watch::NanOut(k) => {
                 let inputs_clear = job
                     .watches
@@ -574,14 +573,7 @@ fn settle(job: &Job, outs: &[Tensor]) -> Result<()> {
                     .position(|x| matches!(x, Watch::NanIn))
                     .is_some_and(|j| records[j].count == 0);
                 if inputs_clear && *k < outs.len() {
-                    let tally = checks::Tally::new();
-                    tally.add(f.first_index, f.count);
-                    checks::raise_tally(checks::NAN, &tally, |n| {
-                        format!(
-                            "output {k} has {n} NaN or infinite element{} from finite inputs",
-                            plural(n)
-                        )
-                    });
+                    raise(checks::NAN, &nan(*k));
                 }
             }
             Watch::NanIn => {}
