@@ -4,6 +4,7 @@
 //! called (its loader panics when the library is missing).
 
 pub mod alloc;
+pub mod completion;
 pub mod device;
 pub mod launch;
 pub mod module;

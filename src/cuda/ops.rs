@@ -33,6 +33,48 @@ pub struct Invocation<'a> {
     pub wait: bool,
     /// Whether to wait for everything on ndx's stream (SYNC_FULL), not only this work.
     pub whole_stream: bool,
+    /// Whether the caller takes the wait as a [`Pending`] to finish elsewhere (EAGER
+    /// and DEFERRED: ndx's completion thread does), instead of waiting here.
+    pub defer: bool,
+}
+
+/// The outputs of a launch, and the wait still to do when the caller deferred it.
+pub struct Launched {
+    /// The outputs (their memory is written once the work completes).
+    pub outs: Vec<Arc<Tensor>>,
+    /// The wait and the flags still to read (`None`: nothing left).
+    pub pending: Option<Pending>,
+}
+
+/// Launched work not yet waited for: its event, and the flag records to read after.
+pub struct Pending {
+    job: Job,
+    event: Arc<Event>,
+    n_outs: usize,
+}
+
+impl Pending {
+    /// The device the work runs on.
+    pub fn device(&self) -> &'static DeviceState {
+        self.job.device
+    }
+
+    /// Waits for the work (a blocking wait on its event, so only ndx's completion
+    /// thread calls it), then raises its flags in the check scope of the calling
+    /// thread. A sticky fault is attributed to the invocation whose work faulted.
+    pub fn finish(self) -> Result<()> {
+        let device = self.job.device;
+        let progress = super::progress::progress(device);
+        self.event.synchronize().map_err(|e| {
+            if super::progress::is_sticky(&e) {
+                progress.attribute(device, e)
+            } else {
+                e
+            }
+        })?;
+        progress.retire();
+        settle(&self.job, self.n_outs)
+    }
 }
 
 /// The dtypes the kernels are compiled for, by their suffix in kernel names.
@@ -316,7 +358,7 @@ pub fn run(
     inputs: &[Arc<Tensor>],
     args: &Args,
     metas: &[TMeta],
-) -> Result<Vec<Arc<Tensor>>> {
+) -> Result<Launched> {
     let prefixed =
         |e: Error| Error::new(e.kind(), format!("operator '{}': {}", inv.op, e.message()));
     let refs: Vec<&Tensor> = inputs.iter().map(|t| t.as_ref()).collect();
@@ -373,7 +415,7 @@ fn enqueue(
     refs: &[&Tensor],
     args: &Args,
     metas: &[TMeta],
-) -> Result<Vec<Arc<Tensor>>> {
+) -> Result<Launched> {
     device.bind()?;
     for t in inputs {
         if t.device().kind == DeviceKind::Cuda
@@ -394,7 +436,10 @@ fn enqueue(
         "to_device" => vec![to_device(device, refs[0], &metas[0])?],
         "to_host" => {
             // Reading into host memory waits for the stream: nothing is left pending.
-            return Ok(vec![Arc::new(to_host(device, refs[0])?)]);
+            return Ok(Launched {
+                outs: vec![Arc::new(to_host(device, refs[0])?)],
+                pending: None,
+            });
         }
         "add" | "sub" | "mul" | "div" => vec![binary(&job, inv.op, refs[0], refs[1], &metas[0])?],
         "cast" => vec![cast(&job, refs[0], metas[0].dtype)?.with_layout(layout(&metas[0]))],
@@ -420,16 +465,32 @@ fn enqueue(
             t.storage().set_last_use(event.clone());
         }
     }
-    if inv.wait || job.flags.n > 0 {
-        if inv.whole_stream {
-            launch::synchronize(device)
-        } else {
-            event.synchronize()
-        }?;
-        progress.retire();
-        settle(&job, &outs)?;
+    let n_outs = outs.len();
+    let outs = outs.into_iter().map(Arc::new).collect();
+    if !inv.wait && job.flags.n == 0 {
+        return Ok(Launched {
+            outs,
+            pending: None,
+        });
     }
-    Ok(outs.into_iter().map(Arc::new).collect())
+    if inv.defer && !inv.whole_stream {
+        let pending = Pending { job, event, n_outs };
+        return Ok(Launched {
+            outs,
+            pending: Some(pending),
+        });
+    }
+    if inv.whole_stream {
+        launch::synchronize(device)
+    } else {
+        event.synchronize()
+    }?;
+    progress.retire();
+    settle(&job, n_outs)?;
+    Ok(Launched {
+        outs,
+        pending: None,
+    })
 }
 
 fn layout(m: &TMeta) -> CString {
@@ -528,7 +589,7 @@ fn finite_into(job: &Job, t: &Tensor, flag: u64) -> Result<()> {
 }
 
 /// Reads the flag records after the work completed and raises or fails.
-fn settle(job: &Job, outs: &[Tensor]) -> Result<()> {
+fn settle(job: &Job, n_outs: usize) -> Result<()> {
     if job.flags.n == 0 {
         return Ok(());
     }
@@ -572,7 +633,7 @@ fn settle(job: &Job, outs: &[Tensor]) -> Result<()> {
                     .iter()
                     .position(|x| matches!(x, Watch::NanIn))
                     .is_some_and(|j| records[j].count == 0);
-                if inputs_clear && *k < outs.len() {
+                if inputs_clear && *k < n_outs {
                     raise(checks::NAN, &nan(*k));
                 }
             }

@@ -219,6 +219,16 @@ pub struct Node {
     finished: AtomicBool,
     observed: AtomicBool,
     failed_inputs: Mutex<Vec<Arc<Node>>>,
+    /// GPU work this run launched and left for the device's completion thread.
+    device_work: Mutex<Vec<DeviceWork>>,
+}
+
+/// Launched GPU work of one (per-sample) run, waited for off the worker.
+struct DeviceWork {
+    pending: crate::cuda::ops::Pending,
+    /// Its inputs, for the repro document of a failure found at the wait.
+    tensors: Vec<Arc<Tensor>>,
+    sample: Option<usize>,
 }
 
 /// What a node needs at creation.
@@ -273,6 +283,7 @@ impl Node {
             finished: AtomicBool::new(false),
             observed: AtomicBool::new(false),
             failed_inputs: Mutex::new(Vec::new()),
+            device_work: Mutex::new(Vec::new()),
         });
         for input in &spec.inputs {
             if let Some(up) = input.producer() {
@@ -584,7 +595,9 @@ impl Node {
         }
     }
 
-    /// Runs a queued node (on a worker, inline, or in process-events) and completes it.
+    /// Runs a queued node (on a worker, inline, or in process-events) and completes it,
+    /// or, when it left GPU work to wait for, hands the completion to the device's
+    /// completion thread.
     pub(crate) fn execute(self: &Arc<Self>) {
         {
             let mut s = self.state.lock();
@@ -596,23 +609,76 @@ impl Node {
         let inputs = std::mem::take(&mut *self.inputs.lock());
         let outcome =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.compute(&inputs)))
-                .unwrap_or_else(|p| {
-                    let msg = p
-                        .downcast_ref::<&str>()
-                        .map(|s| s.to_string())
-                        .or_else(|| p.downcast_ref::<String>().cloned())
-                        .unwrap_or_default();
-                    Err(Error::internal(format!(
-                        "panic while running '{}': {msg}",
-                        self.op.name
-                    )))
-                });
+                .unwrap_or_else(|p| Err(self.panic_error("running", p)));
+        let work = std::mem::take(&mut *self.device_work.lock());
+        match outcome {
+            Ok((data, raised)) if !work.is_empty() => {
+                let device = work[0].pending.device();
+                let node = self.clone();
+                crate::cuda::completion::submit(
+                    device,
+                    Box::new(move || node.finish_device(inputs, data, raised, work)),
+                );
+            }
+            outcome => {
+                // Work launched before a failure is left to finish on its own.
+                drop(work);
+                let outcome = outcome
+                    .and_then(|(data, raised)| self.settle_flags(&inputs, raised).map(|()| data));
+                drop(inputs);
+                self.complete(self.enrich(outcome));
+            }
+        }
+    }
+
+    /// Waits for the GPU work a run launched (on the device's completion thread),
+    /// raises its flags and completes the node.
+    fn finish_device(
+        self: &Arc<Self>,
+        inputs: Vec<Input>,
+        data: Vec<Data>,
+        mut raised: Vec<checks::Raised>,
+        work: Vec<DeviceWork>,
+    ) {
+        let active = self.checks.active();
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            for w in work {
+                let DeviceWork {
+                    pending,
+                    tensors,
+                    sample,
+                } = w;
+                let (r, scoped) = checks::run_scoped(active, || pending.finish());
+                r.map_err(|e| self.backend_wrap(self.with_repro(e, &tensors, sample)))?;
+                raised.extend(scoped.raised.into_iter().map(|mut f| {
+                    f.sample = sample;
+                    f
+                }));
+            }
+            self.settle_flags(&inputs, raised)?;
+            Ok(data)
+        }))
+        .unwrap_or_else(|p| Err(self.panic_error("finishing", p)));
         drop(inputs);
-        let outcome = outcome.map_err(|e| {
+        self.complete(self.enrich(outcome));
+    }
+
+    /// A panic caught while `doing` this node's work, as an INTERNAL error.
+    fn panic_error(&self, doing: &str, p: Box<dyn std::any::Any + Send>) -> Error {
+        let msg = p
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        Error::internal(format!("panic while {doing} '{}': {msg}", self.op.name))
+    }
+
+    /// A failure of this node, with its op, sequence number and enqueue site.
+    fn enrich(&self, outcome: Result<Vec<Data>>) -> Result<Vec<Data>> {
+        outcome.map_err(|e| {
             e.with_op(&self.op.name, self.seq)
                 .with_site(self.site.clone())
-        });
-        self.complete(outcome);
+        })
     }
 
     /// The upstream failure of input `i`, as this node's own error.
@@ -631,7 +697,8 @@ impl Node {
         .with_cause(upstream.clone())
     }
 
-    fn compute(&self, inputs: &[Input]) -> Result<Vec<Data>> {
+    /// Runs the kernel(s): the outputs and the flags raised on the host.
+    fn compute(&self, inputs: &[Input]) -> Result<(Vec<Data>, Vec<checks::Raised>)> {
         // Inputs: every producer is complete now.
         enum In<'a> {
             T(&'a Arc<Tensor>),
@@ -679,12 +746,13 @@ impl Node {
                 .collect();
             let outs = crate::tensor::dest::with_lent(lent, || {
                 if active == 0 {
-                    self.run_kernel(&tensors)
+                    self.run_kernel(&tensors, sample)
                 } else {
                     if let Some(ctx) = self.ctx.upgrade() {
                         ctx.count_checked_run();
                     }
-                    let (outs, outcome) = checks::run_scoped(active, || self.run_kernel(&tensors));
+                    let (outs, outcome) =
+                        checks::run_scoped(active, || self.run_kernel(&tensors, sample));
                     raised.extend(outcome.raised.into_iter().map(|mut r| {
                         r.sample = sample;
                         r
@@ -731,8 +799,7 @@ impl Node {
             }
         };
         let result = result.map_err(|e| self.backend_wrap(e))?;
-        self.settle_flags(inputs, raised)?;
-        Ok(result)
+        Ok((result, raised))
     }
 
     /// The caller's out tensor for tensor output `index`, if it gave one.
@@ -779,13 +846,17 @@ impl Node {
     /// Runs the kernel once (per sample for batches), with the `debug` backend's
     /// checks, the accuracy fault and, when NAN is checked and the kernel did not fuse
     /// it, a pass over the outputs for non-finite values made from finite inputs.
-    fn run_kernel(&self, tensors: &[Arc<Tensor>]) -> Result<Vec<Arc<Tensor>>> {
+    fn run_kernel(
+        &self,
+        tensors: &[Arc<Tensor>],
+        sample: Option<usize>,
+    ) -> Result<Vec<Arc<Tensor>>> {
         if self.op.name == "to_device"
             || tensors
                 .iter()
                 .any(|t| t.device().kind == crate::tensor::DeviceKind::Cuda)
         {
-            return self.run_cuda(tensors);
+            return self.run_cuda(tensors, sample);
         }
         let debug = self.backend == Backend::Debug;
         let before = if debug {
@@ -822,8 +893,10 @@ impl Node {
 
     /// Runs the operator on CUDA inputs through the launchers of `src/cuda/ops.rs`.
     /// SYNC_CPU returns once the work is enqueued (unless its flags must be read);
-    /// the other modes return when it has completed, SYNC_FULL after the whole stream.
-    fn run_cuda(&self, tensors: &[Arc<Tensor>]) -> Result<Vec<Arc<Tensor>>> {
+    /// SYNC_FULL when the whole stream has completed. EAGER and DEFERRED return once
+    /// the work is enqueued too, leaving the wait for it to the device's completion
+    /// thread, which completes the node (see [`Node::execute`]).
+    fn run_cuda(&self, tensors: &[Arc<Tensor>], sample: Option<usize>) -> Result<Vec<Arc<Tensor>>> {
         let metas: Vec<TMeta> = tensors.iter().map(|t| TMeta::of(t)).collect();
         let refs: Vec<&TMeta> = metas.iter().collect();
         let outs = match &self.op.infer {
@@ -844,8 +917,17 @@ impl Node {
             site: &self.site,
             wait: self.mode != EvalMode::SyncCpu,
             whole_stream: self.mode == EvalMode::SyncFull,
+            defer: matches!(self.mode, EvalMode::Eager | EvalMode::Deferred),
         };
-        crate::cuda::ops::run(&inv, tensors, &self.args, &outs)
+        let launched = crate::cuda::ops::run(&inv, tensors, &self.args, &outs)?;
+        if let Some(pending) = launched.pending {
+            self.device_work.lock().push(DeviceWork {
+                pending,
+                tensors: tensors.to_vec(),
+                sample,
+            });
+        }
+        Ok(launched.outs)
     }
 
     /// Ties the flags the kernel raised to this invocation: FAIL_FAST fails it with
@@ -1042,15 +1124,25 @@ impl Node {
         for d in dependents {
             d.dependency_done();
         }
-        for cb in callbacks {
-            self.fire(cb, ctx.as_ref());
+        let node = self.clone();
+        let rest = move || {
+            for cb in callbacks {
+                node.fire(cb, ctx.as_ref());
+            }
+            if let Some(ctx) = ctx {
+                ctx.node_done(&node, failed);
+            }
+            let _state = node.state.lock();
+            node.finished.store(true, Ordering::Release);
+            node.cond.notify_all();
+        };
+        // A device's completion thread runs no user code: the callbacks run on a
+        // worker, and teardown waits for them as for any other (`wait_finished`).
+        if crate::cuda::completion::on_completion_thread() {
+            pool::submit(rest);
+        } else {
+            rest();
         }
-        if let Some(ctx) = ctx {
-            ctx.node_done(self, failed);
-        }
-        let _state = self.state.lock();
-        self.finished.store(true, Ordering::Release);
-        self.cond.notify_all();
     }
 
     /// Waits until the node is complete and the callbacks run at its completion have

@@ -202,6 +202,39 @@ def test_an_eager_future_is_pending_until_its_gpu_work_is_done(tmp_path):
     assert "SUM 999000.0" in out, out
 
 
+WORKER = textwrap.dedent(
+    """\
+    import time
+    import numpy as np
+    import ndx_ctypes as ndx
+    ctx = ndx.Context(mode=ndx.NDX_EVAL_EAGER, num_threads=1)  # the pool's only worker
+    up = ctx.invoke("to_device", [np.arange(1000, dtype=np.float32)])
+    up.wait()  # a copy: no kernel delay
+    x = up.tensor()
+    t0 = time.monotonic()
+    g = ctx.invoke("add", [x, x])  # its kernel runs 1 s late (NDX_EMU_KERNEL_DELAY_MS)
+    c = ctx.invoke("add", [np.ones(4, np.float32), np.ones(4, np.float32)])
+    c.wait()
+    cpu_done = time.monotonic() - t0
+    g.wait()
+    gpu_done = time.monotonic() - t0
+    print("CPU_DONE_BEFORE_GPU", cpu_done < 0.5 and gpu_done > 0.9, round(cpu_done, 3), round(gpu_done, 3))
+    print("CPU", c.result().tolist())
+    print("SUM", float(ctx.invoke("to_host", [g.tensor()]).result().sum()))
+    """
+)
+
+
+def test_gpu_work_in_flight_does_not_hold_a_worker(tmp_path):
+    # With one worker, an EAGER CPU invocation queued behind a slow GPU one runs at
+    # once: the wait for the GPU work is the device's completion thread's, not the
+    # worker's. (A worker blocking on the event would finish the CPU add after 1 s.)
+    out = run_script(tmp_path, "worker.py", WORKER, NDX_EMU_KERNEL_DELAY_MS="1000")
+    assert "CPU_DONE_BEFORE_GPU True" in out, out
+    assert "CPU [2.0, 2.0, 2.0, 2.0]" in out, out
+    assert "SUM 999000.0" in out, out
+
+
 OOM = textwrap.dedent(
     """\
     import numpy as np
