@@ -5,7 +5,9 @@
    (bytes moved: 3N*4 for the add, 2N*4 for the copy); goal >= 0.8;
 2. bulk import of 1024 CUDA DLPack tensors as one batch (one event for the batch);
 3. per-invocation overhead in EAGER mode with GPU work (a 1024-element add, waited
-   for), next to the same add on host tensors in the same run;
+   for), next to the same add on host tensors in the same run; and per invocation of
+   a chain of such adds, each reading the last one's output, waited for once at the
+   end (GPU invocations are launched while their producers still run);
 4. `to_device` of a 64 MiB host array in SYNC_FULL mode (staged through pinned
    blocks), next to the driver's own copies in the same run: `cuMemcpyHtoD` from the
    same pageable array and from page-locked memory.
@@ -166,13 +168,26 @@ def bench_eager_overhead(cu, iters: int) -> dict:
             ctx.invoke("add", [t, t]).wait()
         return (time.perf_counter() - t0) / iters
 
+    def chain(t):
+        t0 = time.perf_counter()
+        f = ctx.invoke("add", [t, t])
+        for _ in range(iters - 1):
+            f = ctx.invoke("add", [f.tensor(), t])
+        f.wait()
+        return (time.perf_counter() - t0) / iters
+
     gpu = statistics.median([loop(dev) for _ in range(3)])
     cpu = statistics.median([loop(host) for _ in range(3)])
+    gpu_chain = statistics.median([chain(dev) for _ in range(3)])
+    cpu_chain = statistics.median([chain(host) for _ in range(3)])
     dev.release()
     host.release()
     ctx.release()
     return {"elements": n, "gpu_us_per_invocation": round(gpu * 1e6, 2),
-            "cpu_us_per_invocation": round(cpu * 1e6, 2), "gpu_over_cpu": round(gpu / cpu, 2)}
+            "cpu_us_per_invocation": round(cpu * 1e6, 2), "gpu_over_cpu": round(gpu / cpu, 2),
+            "gpu_chain_us_per_invocation": round(gpu_chain * 1e6, 2),
+            "cpu_chain_us_per_invocation": round(cpu_chain * 1e6, 2),
+            "gpu_chain_over_cpu_chain": round(gpu_chain / cpu_chain, 2)}
 
 
 def bench_upload(cu, n: int, repeat: int) -> dict:

@@ -88,6 +88,8 @@ pub enum Phase {
 
 struct State {
     phase: Phase,
+    /// Whether the GPU work is enqueued and its outputs readable by stream consumers.
+    launched: bool,
     deps_left: usize,
     dependents: Vec<Arc<Node>>,
     callbacks: Vec<Callback>,
@@ -120,9 +122,12 @@ pub(crate) fn as_callback<R>(f: impl FnOnce() -> R) -> R {
 }
 
 /// Whether a blocking wait here could deadlock the pool (a worker, a callback, a host
-/// operator).
+/// operator) or a device's completion thread (which must not wait for the jobs queued
+/// behind the one it runs, say when the last handle to a context drops there).
 pub(crate) fn must_not_block() -> bool {
-    pool::on_worker() || IN_CALLBACK.with(Cell::get)
+    pool::on_worker()
+        || IN_CALLBACK.with(Cell::get)
+        || crate::cuda::completion::on_completion_thread()
 }
 
 fn no_blocking_error(what: &str) -> Error {
@@ -221,6 +226,36 @@ pub struct Node {
     failed_inputs: Mutex<Vec<Arc<Node>>>,
     /// GPU work this run launched and left for the device's completion thread.
     device_work: Mutex<Vec<DeviceWork>>,
+    /// The outputs once the GPU work making them is enqueued (before it completes).
+    launched: OnceLock<Vec<Data>>,
+    /// Whether this invocation may run as soon as its producers' GPU work is enqueued
+    /// rather than complete: it runs on the same device's stream, which orders it
+    /// after that work ([`is_stream_consumer`]).
+    stream_consumer: bool,
+}
+
+/// Whether an invocation of `spec` is a stream consumer: EAGER or DEFERRED, a
+/// built-in operator launched on a CUDA device, its inputs all tensors on that device
+/// (as known at enqueue), no out tensors, not `to_host` (which reads into host memory
+/// at once). Its producers' failures are then found when it completes, on the same
+/// completion thread, after theirs.
+fn is_stream_consumer(spec: &NodeSpec) -> bool {
+    let Some(device) = spec
+        .out_device
+        .filter(|d| d.kind == crate::tensor::DeviceKind::Cuda)
+    else {
+        return false;
+    };
+    matches!(spec.mode, EvalMode::Eager | EvalMode::Deferred)
+        && matches!(spec.op.kernel, Kernel::Builtin(_))
+        && spec.op.name != "to_host"
+        && spec.batch_len.is_none()
+        && spec.outputs.is_empty()
+        && !spec.inputs.is_empty()
+        && spec
+            .inputs
+            .iter()
+            .all(|i| matches!(i, Input::Tensor(_)) && i.device() == Some(device))
 }
 
 /// Launched GPU work of one (per-sample) run, waited for off the worker.
@@ -253,6 +288,7 @@ pub(crate) struct NodeSpec {
 impl Node {
     /// A recorded node, registered as a dependent of its pending inputs.
     pub(crate) fn new(spec: NodeSpec) -> Arc<Node> {
+        let stream_consumer = is_stream_consumer(&spec);
         let node = Arc::new(Node {
             seq: spec.seq,
             op: spec.op,
@@ -273,6 +309,7 @@ impl Node {
             inputs: Mutex::new(Vec::new()),
             state: Mutex::new(State {
                 phase: Phase::Recorded,
+                launched: false,
                 deps_left: 0,
                 dependents: Vec::new(),
                 callbacks: Vec::new(),
@@ -284,11 +321,13 @@ impl Node {
             observed: AtomicBool::new(false),
             failed_inputs: Mutex::new(Vec::new()),
             device_work: Mutex::new(Vec::new()),
+            launched: OnceLock::new(),
+            stream_consumer,
         });
         for input in &spec.inputs {
             if let Some(up) = input.producer() {
                 let mut s = up.state.lock();
-                if s.phase != Phase::Done {
+                if s.phase != Phase::Done && !(s.launched && node.stream_consumer) {
                     // Count the dependency before the upstream can see it: it may
                     // complete (and decrement) as soon as its lock is released.
                     node.state.lock().deps_left += 1;
@@ -323,6 +362,11 @@ impl Node {
     /// Where the outputs will live, when known at enqueue (`None`: ask the data).
     pub fn out_device(&self) -> Option<Device> {
         self.out_device
+    }
+
+    /// Output `i` once the GPU work making it is enqueued, for stream consumers.
+    pub(crate) fn launched_output(&self, i: usize) -> Option<&Data> {
+        self.launched.get()?.get(i)
     }
 
     /// Whether the invocation has completed.
@@ -611,23 +655,56 @@ impl Node {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.compute(&inputs)))
                 .unwrap_or_else(|p| Err(self.panic_error("running", p)));
         let work = std::mem::take(&mut *self.device_work.lock());
-        match outcome {
-            Ok((data, raised)) if !work.is_empty() => {
-                let device = work[0].pending.device();
-                let node = self.clone();
-                crate::cuda::completion::submit(
-                    device,
-                    Box::new(move || node.finish_device(inputs, data, raised, work)),
-                );
+        // A stream consumer that read outputs of work still running learns whether
+        // that work failed only once it completes, on the completion thread.
+        let finisher = match work.first() {
+            Some(w) => Some(w.pending.device()),
+            None if self.stream_consumer => inputs
+                .iter()
+                .filter(|i| i.producer().is_some_and(|p| !p.is_done()))
+                .find_map(|i| crate::cuda::device(i.device()?.id).ok()),
+            None => None,
+        };
+        let Some(device) = finisher else {
+            let outcome = outcome
+                .and_then(|(data, raised)| self.settle_flags(&inputs, raised).map(|()| data));
+            drop(inputs);
+            self.complete(self.enrich(outcome));
+            return;
+        };
+        let launched = match &outcome {
+            Ok((data, _)) if !work.is_empty() => Some(data.clone()),
+            _ => None,
+        };
+        let node = self.clone();
+        crate::cuda::completion::submit(
+            device,
+            Box::new(move || node.finish_device(inputs, outcome, work)),
+        );
+        if let Some(data) = launched {
+            self.release_stream_consumers(data);
+        }
+    }
+
+    /// Makes the outputs of enqueued GPU work readable by stream consumers and lets
+    /// the waiting ones run: they enqueue after this work on the same stream. Called
+    /// after the completion job is queued, so theirs comes after it.
+    fn release_stream_consumers(self: &Arc<Self>, data: Vec<Data>) {
+        let _ = self.launched.set(data);
+        let early: Vec<Arc<Node>> = {
+            let mut s = self.state.lock();
+            if s.phase == Phase::Done {
+                return; // completed meanwhile: every dependent was released
             }
-            outcome => {
-                // Work launched before a failure is left to finish on its own.
-                drop(work);
-                let outcome = outcome
-                    .and_then(|(data, raised)| self.settle_flags(&inputs, raised).map(|()| data));
-                drop(inputs);
-                self.complete(self.enrich(outcome));
-            }
+            s.launched = true;
+            let (early, rest) = std::mem::take(&mut s.dependents)
+                .into_iter()
+                .partition(|d| d.stream_consumer);
+            s.dependents = rest;
+            early
+        };
+        for d in early {
+            d.dependency_done();
         }
     }
 
@@ -636,12 +713,13 @@ impl Node {
     fn finish_device(
         self: &Arc<Self>,
         inputs: Vec<Input>,
-        data: Vec<Data>,
-        mut raised: Vec<checks::Raised>,
+        outcome: Result<(Vec<Data>, Vec<checks::Raised>)>,
         work: Vec<DeviceWork>,
     ) {
         let active = self.checks.active();
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.upstream_failure(&inputs)?;
+            let (data, mut raised) = outcome?;
             for w in work {
                 let DeviceWork {
                     pending,
@@ -661,6 +739,26 @@ impl Node {
         .unwrap_or_else(|p| Err(self.panic_error("finishing", p)));
         drop(inputs);
         self.complete(self.enrich(outcome));
+    }
+
+    /// The failure of a producer this node read before it completed (a stream
+    /// consumer's), as this node's own error. Producers on the device complete first:
+    /// their completion jobs were queued before this node ran.
+    fn upstream_failure(&self, inputs: &[Input]) -> Result<()> {
+        for (i, input) in inputs.iter().enumerate() {
+            let Some(up) = input.producer() else { continue };
+            match up.result() {
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return Err(self.dependency_error(i, up, e)),
+                None => {
+                    return Err(Error::internal(format!(
+                        "input {i} of '{}' (#{}) was not complete when it finished",
+                        self.op.name, self.seq
+                    )));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// A panic caught while `doing` this node's work, as an INTERNAL error.
@@ -699,7 +797,8 @@ impl Node {
 
     /// Runs the kernel(s): the outputs and the flags raised on the host.
     fn compute(&self, inputs: &[Input]) -> Result<(Vec<Data>, Vec<checks::Raised>)> {
-        // Inputs: every producer is complete now.
+        // Inputs: every producer is complete now (or, for a stream consumer, its GPU
+        // work is enqueued on the stream this node runs on).
         enum In<'a> {
             T(&'a Arc<Tensor>),
             B(&'a Arc<Batch>),
@@ -707,7 +806,10 @@ impl Node {
         let mut ready = Vec::with_capacity(inputs.len());
         for (i, input) in inputs.iter().enumerate() {
             let data = match input {
-                Input::Tensor(t) => t.ready_data().map(|r| r.map(In::T)),
+                Input::Tensor(t) => t
+                    .ready_data()
+                    .or_else(|| self.stream_consumer.then(|| t.launched_data().map(Ok))?)
+                    .map(|r| r.map(In::T)),
                 Input::Batch(b) => b.ready_data().map(|r| r.map(In::B)),
             };
             match data {

@@ -109,6 +109,18 @@ impl TensorRef {
         }
     }
 
+    /// The output of a producer whose GPU work is enqueued but may still be running
+    /// (see [`Node::launched_output`]); `None` before that, or for ready data.
+    pub(crate) fn launched_data(&self) -> Option<&Arc<Tensor>> {
+        match &self.source {
+            Source::Ready(_) => None,
+            Source::Pending(node, i) => match node.launched_output(*i)? {
+                Data::Tensor(t) => Some(t),
+                Data::Batch(_) => None,
+            },
+        }
+    }
+
     /// Metadata when known without running anything.
     pub(crate) fn known_meta(&self) -> Option<&TMeta> {
         self.summary.get()

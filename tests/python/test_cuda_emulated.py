@@ -175,7 +175,7 @@ def test_the_gpu_benchmark_runs_end_to_end_on_tiny_sizes():
         env=env(), timeout=300,
     )
     assert r.returncode == 0, r.stdout + r.stderr
-    for key in ('"add_fraction_of_copy"', '"per_tensor_us"', '"gpu_us_per_invocation"', '"ndx_over_pageable"'):
+    for key in ('"add_fraction_of_copy"', '"per_tensor_us"', '"gpu_us_per_invocation"', '"gpu_chain_us_per_invocation"', '"ndx_over_pageable"'):
         assert key in r.stdout, r.stdout
 
 
@@ -233,6 +233,66 @@ def test_gpu_work_in_flight_does_not_hold_a_worker(tmp_path):
     assert "CPU_DONE_BEFORE_GPU True" in out, out
     assert "CPU [2.0, 2.0, 2.0, 2.0]" in out, out
     assert "SUM 999000.0" in out, out
+
+
+PIPELINE = textwrap.dedent(
+    """\
+    import ctypes
+    import time
+    import numpy as np
+    import ndx_ctypes as ndx
+    cu = ctypes.CDLL("libcuda.so.1")  # the emulated driver ndx loaded
+    cu.ndx_emu_launch_count.restype, cu.ndx_emu_launch_count.argtypes = ctypes.c_uint64, []
+
+    def uploaded(ctx, array):
+        up = ctx.invoke("to_device", [array])
+        up.wait()  # a copy: no kernel delay
+        return up.tensor()
+
+    ctx = ndx.Context(mode=ndx.NDX_EVAL_EAGER)
+    x = uploaded(ctx, np.arange(1000, dtype=np.float32))
+    before = cu.ndx_emu_launch_count()
+    a = ctx.invoke("add", [x, x])  # every kernel runs 1 s late (NDX_EMU_KERNEL_DELAY_MS)
+    b = ctx.invoke("add", [a.tensor(), a.tensor()])
+    c = ctx.invoke("mul", [b.tensor(), x])
+    time.sleep(0.3)
+    print("CHAIN_LAUNCHED", cu.ndx_emu_launch_count() - before, a.poll() == ndx.NDX_FUTURE_PENDING)
+    got = ctx.invoke("to_host", [c.tensor()]).result().astype(np.float64)
+    print("CHAIN", bool(np.array_equal(got, 4.0 * np.arange(1000.0) ** 2)))
+
+    # A consumer enqueued behind a check that fails (FAIL_FAST) fails with it as cause.
+    strict = ndx.Context(mode=ndx.NDX_EVAL_EAGER, check_policy=ndx.NDX_CHECKS_FAIL_FAST,
+                         check_categories=ndx.NDX_CHECK_USER)
+    bad = uploaded(strict, np.array([1, np.nan, 3], np.float32))
+    before = cu.ndx_emu_launch_count()
+    k = strict.invoke("check_finite", [bad])  # flag reset + check kernel
+    y = strict.invoke("add", [k.tensor(), k.tensor()])
+    time.sleep(0.3)
+    print("CHECKED_LAUNCHED", cu.ndx_emu_launch_count() - before, k.poll() == ndx.NDX_FUTURE_PENDING)
+    try:
+        y.wait()
+        print("no error")
+    except ndx.NdxError as e:
+        print("KIND", e.kind)
+        print("MESSAGE", e.message)
+        print("CAUSE", e.cause.kind, e.cause.message)
+    """
+)
+
+
+def test_eager_gpu_work_is_enqueued_behind_running_work_without_waiting_for_it(tmp_path):
+    # Each invocation of the chain is launched while the first one's kernel is still
+    # queued: it runs on the same stream, so the stream orders it. Waiting for each
+    # producer to complete first would have launched only the first kernel by now.
+    out = run_script(tmp_path, "pipeline.py", PIPELINE, NDX_EMU_KERNEL_DELAY_MS="1000")
+    assert "CHAIN_LAUNCHED 3 True" in out, out
+    assert "CHAIN True" in out, out
+    # Its producer's failure is found when the consumer completes, after the producer.
+    assert "CHECKED_LAUNCHED 3 True" in out, out
+    assert f"KIND {ndx.NDX_ERROR_CHECK}" in out, out
+    assert re.search(r"MESSAGE input 0 of 'add' \(#\d+\) failed: it is the output of "
+                     r"'check_finite' \(#\d+\), which failed", out), out
+    assert re.search(rf"CAUSE {ndx.NDX_ERROR_CHECK} .*not finite", out), out
 
 
 OOM = textwrap.dedent(
