@@ -240,7 +240,15 @@ pub fn pool(device: &'static DeviceState) -> &'static DevicePool {
 /// last used on another stream makes ndx's stream wait for that use first.
 pub fn take(device: &'static DeviceState, bytes: usize) -> Result<u64> {
     let name = format!("kDLCUDA:{}", device.id());
-    let block = pool(device).lock().alloc(bytes, &name)?;
+    let first = pool(device).lock().alloc(bytes, &name);
+    let block = match first {
+        // Invocations in flight hold their inputs until they complete: once they
+        // have, what they released may be enough.
+        Err(e) if e.kind() == ErrorKind::Memory && super::completion::drain(device) => {
+            pool(device).lock().alloc(bytes, &name)?
+        }
+        r => r?,
+    };
     if let Some(after) = &block.after
         && let Err(e) = after.wait_on(device.stream())
     {

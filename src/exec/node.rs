@@ -1226,6 +1226,7 @@ impl Node {
         for d in dependents {
             d.dependency_done();
         }
+        let callbacks_empty = callbacks.is_empty();
         let node = self.clone();
         let rest = move || {
             for cb in callbacks {
@@ -1238,9 +1239,11 @@ impl Node {
             node.finished.store(true, Ordering::Release);
             node.cond.notify_all();
         };
-        // A device's completion thread runs no user code: the callbacks run on a
-        // worker, and teardown waits for them as for any other (`wait_finished`).
-        if crate::cuda::completion::on_completion_thread() {
+        // A device's completion thread runs no user code: callbacks run on a worker,
+        // and teardown waits for them as for any other (`wait_finished`). Without
+        // callbacks the rest runs here, so the node lets go of what it holds at once
+        // (an allocation waiting in `completion::drain` counts on that).
+        if !callbacks_empty && crate::cuda::completion::on_completion_thread() {
             pool::submit(rest);
         } else {
             rest();

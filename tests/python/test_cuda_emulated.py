@@ -295,6 +295,36 @@ def test_eager_gpu_work_is_enqueued_behind_running_work_without_waiting_for_it(t
     assert re.search(rf"CAUSE {ndx.NDX_ERROR_CHECK} .*not finite", out), out
 
 
+RUN_AHEAD = textwrap.dedent(
+    """\
+    import numpy as np
+    import ndx_ctypes as ndx
+    ctx = ndx.Context(mode=ndx.NDX_EVAL_EAGER)
+    up = ctx.invoke("to_device", [np.ones(1 << 18, np.float32)])  # 1 MiB
+    up.wait()
+    x = up.tensor()
+    f = ctx.invoke("add", [x, x])
+    for _ in range(11):  # 12 MiB of outputs on a 6 MiB device, launched far ahead
+        f = ctx.invoke("add", [f.tensor(), x])
+    try:
+        got = ctx.invoke("to_host", [f.tensor()]).result()
+        print("CHAIN", float(got.min()), float(got.max()))
+    except ndx.NdxError as e:
+        print("FAILED", e.kind, e.message)
+    """
+)
+
+
+def test_a_chain_running_ahead_of_the_gpu_waits_for_memory_instead_of_failing(tmp_path):
+    # Launched ahead of the GPU, each add holds its input until it completes; an
+    # allocation that finds the device full waits for the invocations in flight to
+    # complete (and let go of their inputs) and tries again, so only a working set
+    # that does not fit at all fails.
+    out = run_script(tmp_path, "ahead.py", RUN_AHEAD, NDX_EMU_KERNEL_DELAY_MS="100",
+                     NDX_EMU_MEM_BYTES=str(6 << 20))
+    assert "CHAIN 13.0 13.0" in out, out
+
+
 OOM = textwrap.dedent(
     """\
     import numpy as np
