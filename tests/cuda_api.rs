@@ -589,3 +589,90 @@ fn uploads_are_staged_through_a_bounded_set_of_pinned_blocks() {
     assert_eq!(rounds[1].allocated, last.allocated, "{rounds:?}");
     ndx::cuda::alloc::give_back(dev, dst, bytes);
 }
+
+/// The tensor of output 0 of `f` (a handle, pending or not).
+fn out0(f: *mut ndx_future_t) -> *mut ndx_tensor_t {
+    let mut t = std::ptr::null_mut();
+    ok(ndx_future_tensor(f, 0, &mut t));
+    t
+}
+
+#[test]
+fn chains_of_gpu_invocations_are_pipelined_and_fail_with_their_producers() {
+    let _device = shared_device();
+    // Needs a device: EAGER and DEFERRED consumers run as soon as their producers'
+    // work is enqueued; the values must still be those of the chain, in order.
+    if let Some(why) = driver_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let (m, count) = Spec::f32s(&[1.5, -2.0, 3.25], &[3]).versioned();
+    let mut t = std::ptr::null_mut();
+    ok(ndx_tensor_from_dlpack_versioned(
+        m,
+        std::ptr::null(),
+        &mut t,
+    ));
+    let (bad_m, bad_count) = Spec::f32s(&[1.0, f32::NAN, 2.0], &[3]).versioned();
+    let mut bad = std::ptr::null_mut();
+    ok(ndx_tensor_from_dlpack_versioned(
+        bad_m,
+        std::ptr::null(),
+        &mut bad,
+    ));
+    for mode in [4, 3] {
+        let ctx = Ctx::new(mode);
+        let up = invoke(&ctx, c"to_device", &[t], &[]).expect("to_device");
+        let d = out0(up);
+        // x + x, then + x twenty times: 22 x.
+        let mut futures = vec![up, invoke(&ctx, c"add", &[d, d], &[]).expect("add")];
+        let mut tensors = vec![d];
+        for _ in 0..20 {
+            let prev = out0(*futures.last().unwrap());
+            tensors.push(prev);
+            futures.push(invoke(&ctx, c"add", &[prev, d], &[]).expect("add"));
+        }
+        let last = out0(*futures.last().unwrap());
+        let down = invoke(&ctx, c"to_host", &[last], &[]).expect("to_host");
+        let h = out0(down);
+        assert_eq!(values_f32(h), [33.0, -44.0, 71.5], "mode {mode}");
+        tensors.extend([last, h]);
+        futures.push(down);
+
+        // A failing FAIL_FAST check fails the consumer enqueued behind it, as its cause.
+        ok(ndx_context_set_checks(
+            ctx.0,
+            ndx_check_policy_t::NDX_CHECKS_FAIL_FAST as i32,
+            ndx_check_category_t::NDX_CHECK_USER as u32,
+            0,
+        ));
+        let bad_up = invoke(&ctx, c"to_device", &[bad], &[]).expect("to_device");
+        let b = out0(bad_up);
+        let checked = invoke(&ctx, c"check_finite", &[b], &[]).expect("check_finite");
+        let k = out0(checked);
+        let sum = invoke(&ctx, c"add", &[k, k], &[]).expect("add");
+        let (kind, msg) = take_error(ndx_future_wait(sum, -1)).expect("the add fails");
+        assert_eq!(kind, NDX_ERROR_CHECK as i32, "{msg}");
+        assert!(
+            msg.contains("failed: it is the output of 'check_finite'"),
+            "mode {mode}: {msg}"
+        );
+        expect_err(
+            ndx_future_wait(checked, -1),
+            NDX_ERROR_CHECK,
+            "1 of 3 elements not finite",
+        );
+        tensors.extend([b, k]);
+        futures.extend([bad_up, checked, sum]);
+        for x in tensors {
+            ndx_tensor_release(x);
+        }
+        for f in futures {
+            ndx_future_release(f);
+        }
+    }
+    ndx_tensor_release(t);
+    ndx_tensor_release(bad);
+    assert_eq!(calls(&count), 1);
+    assert_eq!(calls(&bad_count), 1);
+}
