@@ -88,8 +88,6 @@ pub enum Phase {
 
 struct State {
     phase: Phase,
-    /// Whether the GPU work is enqueued and its outputs readable by stream consumers.
-    launched: bool,
     deps_left: usize,
     dependents: Vec<Arc<Node>>,
     callbacks: Vec<Callback>,
@@ -309,7 +307,6 @@ impl Node {
             inputs: Mutex::new(Vec::new()),
             state: Mutex::new(State {
                 phase: Phase::Recorded,
-                launched: false,
                 deps_left: 0,
                 dependents: Vec::new(),
                 callbacks: Vec::new(),
@@ -327,7 +324,9 @@ impl Node {
         for input in &spec.inputs {
             if let Some(up) = input.producer() {
                 let mut s = up.state.lock();
-                if s.phase != Phase::Done && !(s.launched && node.stream_consumer) {
+                // A stream consumer reads outputs already launched without waiting.
+                let launched = node.stream_consumer && up.launched.get().is_some();
+                if s.phase != Phase::Done && !launched {
                     // Count the dependency before the upstream can see it: it may
                     // complete (and decrement) as soon as its lock is released.
                     node.state.lock().deps_left += 1;
@@ -696,7 +695,6 @@ impl Node {
             if s.phase == Phase::Done {
                 return; // completed meanwhile: every dependent was released
             }
-            s.launched = true;
             let (early, rest) = std::mem::take(&mut s.dependents)
                 .into_iter()
                 .partition(|d| d.stream_consumer);
