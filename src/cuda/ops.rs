@@ -417,6 +417,8 @@ fn enqueue(
     metas: &[TMeta],
 ) -> Result<Launched> {
     device.bind()?;
+    let progress = super::progress::progress(device);
+    let turn = progress.turn();
     for t in inputs {
         if t.device().kind == DeviceKind::Cuda
             && let Some(ev) = t.storage().ready_event()
@@ -454,7 +456,6 @@ fn enqueue(
         }
     };
     nan_pass(&job, refs, &outs)?;
-    let progress = super::progress::progress(device);
     progress.mark(device, inv.op, inv.seq, inv.site);
     let event = Event::record(device, device.stream())?;
     for t in &outs {
@@ -465,6 +466,7 @@ fn enqueue(
             t.storage().set_last_use(event.clone());
         }
     }
+    drop(turn);
     let n_outs = outs.len();
     let outs = outs.into_iter().map(Arc::new).collect();
     if !inv.wait && job.flags.n == 0 {

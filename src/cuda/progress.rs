@@ -5,13 +5,18 @@
 //! fault surfaces, the tag there names the last invocation whose work completed, and
 //! the fault belongs to the first one enqueued after it — what `CUDA_LAUNCH_BLOCKING=1`
 //! tells, without synchronising every launch.
+//!
+//! That holds only if an invocation's work and its tag are contiguous on the stream.
+//! Workers enqueue concurrently (EAGER), so an invocation enqueues holding its
+//! device's turn ([`Progress::turn`]): otherwise a kernel of another invocation could
+//! land between its work and its tag, and a fault there would be blamed on it.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::sys;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 
 use super::device::{DeviceState, check};
 use crate::error::Site;
@@ -36,6 +41,8 @@ pub struct Progress {
     last_done: Mutex<Option<(String, u64)>>,
     /// Set when the driver refused a tag write: the word no longer tells progress.
     refused: std::sync::atomic::AtomicBool,
+    /// Held while one invocation enqueues its work and its tag.
+    turn: Mutex<()>,
 }
 
 struct Word {
@@ -62,6 +69,7 @@ pub fn progress(device: &'static DeviceState) -> &'static Progress {
         inflight: Mutex::new(VecDeque::new()),
         last_done: Mutex::new(None),
         refused: Default::default(),
+        turn: Mutex::new(()),
     })
 }
 
@@ -120,6 +128,14 @@ pub fn is_sticky(e: &Error) -> bool {
 }
 
 impl Progress {
+    /// The device's stream to one invocation until the guard drops: hold it from the
+    /// invocation's first stream operation through its [`mark`](Self::mark), so no
+    /// other invocation's work lands in between and tags are written in stream order.
+    /// Only enqueuing happens under it (no wait for the device's completion thread).
+    pub fn turn(&self) -> MutexGuard<'_, ()> {
+        self.turn.lock()
+    }
+
     /// Enqueues, after the work just enqueued for invocation `seq` of `op`, the write
     /// of its tag; returns the tag.
     pub fn mark(&self, device: &DeviceState, op: &str, seq: u64, site: &Arc<Site>) -> u64 {

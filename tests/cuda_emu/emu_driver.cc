@@ -39,6 +39,9 @@
 // fiber switch does not maintain a CET shadow stack: processes running with one
 // enforced are not supported.
 //
+// NDX_EMU_LAUNCH_CALL_DELAY_MS: cuLaunchKernel sleeps after queueing its launch,
+// before it returns, so that launches of other threads interleave with the caller's.
+//
 // Execution model with NDX_EMU_ASYNC=1 (also NDX_EMU_KERNEL_DELAY_MS: a sleep before
 // each kernel executes, to prove that consumers wait):
 //   - an operation runs on its stream's worker, after the operations before it;
@@ -59,10 +62,11 @@
 //
 // Test hooks (C linkage): ndx_emu_launch_count() counts the launches cuLaunchKernel
 // accepted; ndx_emu_reset() waits for the streams, clears the sticky error and the
-// counters and re-reads NDX_EMU_MEM_BYTES, NDX_EMU_FAULT_KERNEL and
-// NDX_EMU_KERNEL_DELAY_MS. NDX_EMU_WORKERS sets how many warps run at once (default:
-// the number of CPUs, at most 16); NDX_EMU_KERNELS_DIR where the kernel libraries are
-// (default: this library's directory).
+// counters and re-reads NDX_EMU_MEM_BYTES, NDX_EMU_FAULT_KERNEL,
+// NDX_EMU_KERNEL_DELAY_MS and NDX_EMU_LAUNCH_CALL_DELAY_MS. NDX_EMU_WORKERS sets how
+// many warps run at once (default: the number of CPUs, at most 16);
+// NDX_EMU_KERNELS_DIR where the kernel libraries are (default: this library's
+// directory).
 
 #include <dirent.h>
 #include <dlfcn.h>
@@ -186,12 +190,14 @@ unsigned long long env_u64(const char* name, unsigned long long dflt) {
 struct Config {
     unsigned long long mem_total = 1ull << 30;
     unsigned delay_ms = 0;
+    unsigned call_delay_ms = 0;
     std::string fault_kernel;  // empty: no fault injection
     unsigned long long fault_nth = 1;
 
     void read() {
         mem_total = env_u64("NDX_EMU_MEM_BYTES", 1ull << 30);
         delay_ms = (unsigned)env_u64("NDX_EMU_KERNEL_DELAY_MS", 0);
+        call_delay_ms = (unsigned)env_u64("NDX_EMU_LAUNCH_CALL_DELAY_MS", 0);
         fault_kernel.clear();
         fault_nth = 1;
         if (const char* f = std::getenv("NDX_EMU_FAULT_KERNEL")) {
@@ -1678,6 +1684,7 @@ NDX_EMU_API CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigne
     const EmuModule* lib;
     bool fault = false;
     unsigned delay_ms = 0;
+    unsigned call_delay_ms = 0;
     {
         Lock lock(st.mu);
         if (st.functions.count(f) == 0) return CUDA_ERROR_INVALID_HANDLE;
@@ -1692,6 +1699,7 @@ NDX_EMU_API CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigne
         const unsigned long long nth = ++st.launches_by_name[fn->name];
         fault = fn->name == st.cfg.fault_kernel && nth == st.cfg.fault_nth;
         if (st.async) delay_ms = st.cfg.delay_ms;
+        call_delay_ms = st.cfg.call_delay_ms;
     }
     // The arguments are copied at the call, as the real driver does.
     struct Args {
@@ -1728,6 +1736,9 @@ NDX_EMU_API CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigne
         job.params = args->ptrs.data();
         run_kernel(job);
     });
+    // NDX_EMU_LAUNCH_CALL_DELAY_MS: the call returns late, its launch already queued,
+    // so that other threads' stream operations land between it and the caller's next.
+    if (call_delay_ms) std::this_thread::sleep_for(std::chrono::milliseconds(call_delay_ms));
     return CUDA_SUCCESS;
 }
 

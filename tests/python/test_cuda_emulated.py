@@ -108,6 +108,41 @@ def test_without_stream_memory_operations_a_fault_is_reported_but_not_attributed
     assert "attributed" not in out, out
 
 
+CONCURRENT_FAULT = textwrap.dedent(
+    """\
+    import threading
+    import numpy as np
+    import ndx_ctypes as ndx
+    ctx = ndx.Context(mode=ndx.NDX_EVAL_EAGER, num_threads=2)
+    up = ctx.invoke("to_device", [np.arange(64, dtype=np.float32)])
+    up.wait()  # a copy, not a launch
+    x = up.tensor()
+    # Two workers enqueue at once: the add's launch call returns 0.5 s late, and the
+    # mul (whose kernel faults) is enqueued meanwhile by the other worker.
+    a = ctx.invoke("add", [x, x])
+    m = ctx.invoke("mul", [x, x])
+    for name, f in (("ADD", a), ("MUL", m)):
+        try:
+            f.wait()
+            print(name, "ok")
+        except ndx.NdxError as e:
+            c = e.cause
+            print(name, "failed", e.kind, c.op if c else None, c.sequence if c else None, e.message)
+    """
+)
+
+
+def test_a_fault_is_attributed_to_its_invocation_when_workers_enqueue_concurrently(tmp_path):
+    # Each invocation's work and its progress tag are enqueued with no other
+    # invocation's work between them, so a fault enqueued by another worker while the
+    # add was being launched is blamed on that worker's mul, never on the add.
+    out = run_script(tmp_path, "concurrent.py", CONCURRENT_FAULT,
+                     NDX_EMU_FAULT_KERNEL="ndx_mul_f32", NDX_EMU_LAUNCH_CALL_DELAY_MS="500")
+    assert re.search(rf"MUL failed {ndx.NDX_ERROR_CUDA} mul 3 .*CUDA_ERROR_ILLEGAL_ADDRESS", out), out
+    # The add completed before the fault, or failed with the fault blamed on the mul.
+    assert re.search(rf"ADD (ok|failed {ndx.NDX_ERROR_CUDA} mul 3 )", out), out
+
+
 ORDERING = textwrap.dedent(
     """\
     import ctypes
