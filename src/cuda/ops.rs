@@ -64,15 +64,10 @@ impl Pending {
     /// thread. A sticky fault is attributed to the invocation whose work faulted.
     pub fn finish(self) -> Result<()> {
         let device = self.job.device;
-        let progress = super::progress::progress(device);
-        self.event.synchronize().map_err(|e| {
-            if super::progress::is_sticky(&e) {
-                progress.attribute(device, e)
-            } else {
-                e
-            }
-        })?;
-        progress.retire();
+        self.event
+            .synchronize()
+            .map_err(|e| attributed(device, e))?;
+        super::progress::progress(device).retire();
         settle(&self.job, self.n_outs)
     }
 }
@@ -398,13 +393,17 @@ pub fn run(
         let in_refs: Vec<&TMeta> = in_metas.iter().collect();
         supported(inv.op, &in_refs, args, dev).map_err(prefixed)?;
     }
-    enqueue(inv, device, inputs, &refs, args, metas).map_err(|e| {
-        if super::progress::is_sticky(&e) {
-            super::progress::progress(device).attribute(device, e)
-        } else {
-            e
-        }
-    })
+    enqueue(inv, device, inputs, &refs, args, metas).map_err(|e| attributed(device, e))
+}
+
+/// `e`, when it is a sticky fault of `device`, with the invocation whose work faulted
+/// as its cause.
+fn attributed(device: &'static DeviceState, e: Error) -> Error {
+    if super::progress::is_sticky(&e) {
+        super::progress::progress(device).attribute(device, e)
+    } else {
+        e
+    }
 }
 
 /// [`run`] once the device is known: the launches, the wait and the flags.
