@@ -89,7 +89,10 @@ FAULT = textwrap.dedent(
 
 
 def test_a_sticky_fault_is_attributed_to_the_invocation_whose_kernel_faulted(tmp_path):
-    out = run_script(tmp_path, "fault.py", FAULT, NDX_EMU_FAULT_KERNEL="ndx_mul_f32")
+    # Kernels run 100 ms late, so the fault surfaces where the script notices it (line
+    # 10), not at a later launch that happens to come after the faulting kernel ran.
+    out = run_script(tmp_path, "fault.py", FAULT, NDX_EMU_FAULT_KERNEL="ndx_mul_f32",
+                     NDX_EMU_KERNEL_DELAY_MS="100")
     assert f"KIND {ndx.NDX_ERROR_CUDA}" in out, out
     assert "CUDA_ERROR_ILLEGAL_ADDRESS" in out and "unusable from now on" in out, out
     assert "the fault is attributed to 'mul' (#3)" in out, out
