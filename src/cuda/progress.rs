@@ -36,9 +36,7 @@ pub struct Progress {
     /// stream memory operations, so faults cannot be attributed).
     word: Option<Word>,
     next: AtomicU64,
-    inflight: Mutex<VecDeque<InFlight>>,
-    /// The op and sequence number of the last invocation seen completed.
-    last_done: Mutex<Option<(String, u64)>>,
+    ledger: Mutex<Ledger>,
     /// Set when the driver refused a tag write: the word no longer tells progress.
     refused: std::sync::atomic::AtomicBool,
     /// Held while one invocation enqueues its work and its tag.
@@ -60,14 +58,71 @@ unsafe impl Sync for Word {}
 /// long completed in any pipeline this deep).
 const MAX_INFLIGHT: usize = 4096;
 
+/// The invocations enqueued and not yet seen completed, in tag (= stream) order.
+#[derive(Default)]
+struct Ledger {
+    inflight: VecDeque<InFlight>,
+    /// The op and sequence number of the last invocation seen completed.
+    last_done: Option<(String, u64)>,
+    /// The highest tag forgotten before its work was seen completed (0: none): a fault
+    /// before it has no invocation left to be blamed on.
+    forgotten: u64,
+}
+
+impl Ledger {
+    /// Remembers `f`, enqueued after every invocation remembered; `done` is the tag
+    /// of the last completed work. Beyond [`MAX_INFLIGHT`] the oldest is forgotten.
+    fn push(&mut self, f: InFlight, done: u64) {
+        if self.inflight.len() == MAX_INFLIGHT
+            && let Some(old) = self.inflight.pop_front()
+            && old.tag > done
+        {
+            self.forgotten = self.forgotten.max(old.tag);
+        }
+        self.inflight.push_back(f);
+    }
+
+    /// Forgets the invocations whose work completed (tags up to `done`).
+    fn retire(&mut self, done: u64) {
+        let mut last = None;
+        while self.inflight.front().is_some_and(|f| f.tag <= done) {
+            last = self.inflight.pop_front();
+        }
+        if let Some(f) = last {
+            self.last_done = Some((f.op, f.seq));
+        }
+    }
+
+    /// The invocation a fault belongs to when the work up to tag `done` completed:
+    /// the first after it, and the last completed one ("none yet" when none was).
+    /// `None` when it cannot be told: none is in flight, or it was forgotten.
+    fn blame(&self, done: u64) -> Option<(&InFlight, String)> {
+        if done < self.forgotten {
+            return None;
+        }
+        let culprit = self.inflight.iter().find(|f| f.tag > done)?;
+        let last = self
+            .inflight
+            .iter()
+            .rev()
+            .find(|f| f.tag <= done)
+            .map(|f| (f.op.as_str(), f.seq))
+            .or_else(|| self.last_done.as_ref().map(|(op, seq)| (op.as_str(), *seq)))
+            .map_or_else(
+                || "none yet".to_string(),
+                |(op, seq)| format!("'{op}' (#{seq})"),
+            );
+        Some((culprit, last))
+    }
+}
+
 /// The progress tracker of `device` (pinned memory allocated on first use).
 pub fn progress(device: &'static DeviceState) -> &'static Progress {
     static ALL: OnceLock<Vec<OnceLock<Progress>>> = OnceLock::new();
     super::per_device(&ALL, device, || Progress {
         word: pinned_word(device).ok(),
         next: AtomicU64::new(1),
-        inflight: Mutex::new(VecDeque::new()),
-        last_done: Mutex::new(None),
+        ledger: Mutex::new(Ledger::default()),
         refused: Default::default(),
         turn: Mutex::new(()),
     })
@@ -143,18 +198,13 @@ impl Progress {
         let Some(word) = &self.word else {
             return tag;
         };
-        {
-            let mut inflight = self.inflight.lock();
-            if inflight.len() == MAX_INFLIGHT {
-                inflight.pop_front();
-            }
-            inflight.push_back(InFlight {
-                tag,
-                op: op.to_string(),
-                seq,
-                site: site.clone(),
-            });
-        }
+        let f = InFlight {
+            tag,
+            op: op.to_string(),
+            seq,
+            site: site.clone(),
+        };
+        self.ledger.lock().push(f, self.completed());
         // SAFETY: ndx's live stream and the mapped address of the pinned word; flags 0
         // is a plain write once the preceding work on the stream has completed.
         let r = unsafe {
@@ -184,14 +234,7 @@ impl Progress {
     /// Forgets the invocations whose work has completed.
     pub fn retire(&self) {
         let done = self.completed();
-        let mut inflight = self.inflight.lock();
-        let mut last = None;
-        while inflight.front().is_some_and(|f| f.tag <= done) {
-            last = inflight.pop_front();
-        }
-        if let Some(f) = last {
-            *self.last_done.lock() = Some((f.op, f.seq));
-        }
+        self.ledger.lock().retire(done);
     }
 
     /// `e`, a CUDA error that surfaced while waiting, with the invocation whose work
@@ -209,20 +252,10 @@ impl Progress {
             return e;
         }
         let done = self.completed();
-        let inflight = self.inflight.lock();
-        let Some(culprit) = inflight.iter().find(|f| f.tag > done) else {
+        let ledger = self.ledger.lock();
+        let Some((culprit, last)) = ledger.blame(done) else {
             return e;
         };
-        let last = inflight
-            .iter()
-            .rev()
-            .find(|f| f.tag <= done)
-            .map(|f| (f.op.clone(), f.seq))
-            .or_else(|| self.last_done.lock().clone())
-            .map_or_else(
-                || "none yet".to_string(),
-                |(op, seq)| format!("'{op}' (#{seq})"),
-            );
         e.with_cause(
             Error::new(
                 ErrorKind::Cuda,
@@ -234,5 +267,75 @@ impl Progress {
             .with_op(&culprit.op, culprit.seq)
             .with_site(culprit.site.clone()),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f(tag: u64, op: &str) -> InFlight {
+        InFlight {
+            tag,
+            op: op.to_string(),
+            seq: tag + 10,
+            site: Arc::new(Site::from_ips(Vec::new())),
+        }
+    }
+
+    fn blamed(l: &Ledger, done: u64) -> Option<(String, u64, String)> {
+        l.blame(done).map(|(c, last)| (c.op.clone(), c.seq, last))
+    }
+
+    #[test]
+    fn a_fault_is_blamed_on_the_first_invocation_after_the_last_completed() {
+        let mut l = Ledger::default();
+        assert_eq!(blamed(&l, 0), None, "nothing in flight: no one to blame");
+        l.push(f(1, "add"), 0);
+        l.push(f(2, "mul"), 0);
+        l.push(f(3, "sub"), 0);
+        assert_eq!(blamed(&l, 0), Some(("add".into(), 11, "none yet".into())));
+        assert_eq!(
+            blamed(&l, 1),
+            Some(("mul".into(), 12, "'add' (#11)".into()))
+        );
+        // Retired invocations are still named as the last completed.
+        l.retire(2);
+        assert_eq!(l.inflight.len(), 1);
+        assert_eq!(
+            blamed(&l, 2),
+            Some(("sub".into(), 13, "'mul' (#12)".into()))
+        );
+        assert_eq!(blamed(&l, 3), None, "all completed: no culprit");
+    }
+
+    #[test]
+    fn work_forgotten_before_it_completed_is_never_blamed_on_a_later_invocation() {
+        let mut l = Ledger::default();
+        let n = MAX_INFLIGHT as u64;
+        for tag in 1..=n {
+            l.push(f(tag, "add"), 0);
+        }
+        // Tag 1 is forgotten while its work is still running (done = 0).
+        l.push(f(n + 1, "mul"), 0);
+        assert_eq!(l.inflight.len(), MAX_INFLIGHT);
+        assert_eq!(l.forgotten, 1);
+        assert_eq!(
+            blamed(&l, 0),
+            None,
+            "the fault may be tag 1's: blame no one"
+        );
+        assert_eq!(
+            blamed(&l, 1).map(|b| b.1),
+            Some(12),
+            "tag 1 completed: tag 2"
+        );
+        // Forgetting work known complete loses nothing.
+        l.push(f(n + 2, "sub"), n);
+        assert_eq!(l.forgotten, 1);
+        assert_eq!(
+            blamed(&l, n).map(|b| (b.0, b.1)),
+            Some(("mul".into(), n + 11))
+        );
     }
 }
