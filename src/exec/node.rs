@@ -233,10 +233,10 @@ pub struct Node {
 }
 
 /// Whether an invocation of `spec` is a stream consumer: EAGER or DEFERRED, a
-/// built-in operator launched on a CUDA device, its inputs all tensors on that device
-/// (as known at enqueue), no out tensors, not `to_host` (which reads into host memory
-/// at once). Its producers' failures are then found when it completes, on the same
-/// completion thread, after theirs.
+/// built-in operator launched on a CUDA device, its inputs all tensors or batches on
+/// that device (as known at enqueue), no out tensors, not `to_host` (which reads into
+/// host memory at once). Its producers' failures are then found when it completes, on
+/// the same completion thread, after theirs.
 fn is_stream_consumer(spec: &NodeSpec) -> bool {
     let Some(device) = spec
         .out_device
@@ -247,13 +247,9 @@ fn is_stream_consumer(spec: &NodeSpec) -> bool {
     matches!(spec.mode, EvalMode::Eager | EvalMode::Deferred)
         && matches!(spec.op.kernel, Kernel::Builtin(_))
         && spec.op.name != "to_host"
-        && spec.batch_len.is_none()
         && spec.outputs.is_empty()
         && !spec.inputs.is_empty()
-        && spec
-            .inputs
-            .iter()
-            .all(|i| matches!(i, Input::Tensor(_)) && i.device() == Some(device))
+        && spec.inputs.iter().all(|i| i.device() == Some(device))
 }
 
 /// Launched GPU work of one (per-sample) run, waited for off the worker.
@@ -808,7 +804,10 @@ impl Node {
                     .ready_data()
                     .or_else(|| self.stream_consumer.then(|| t.launched_data().map(Ok))?)
                     .map(|r| r.map(In::T)),
-                Input::Batch(b) => b.ready_data().map(|r| r.map(In::B)),
+                Input::Batch(b) => b
+                    .ready_data()
+                    .or_else(|| self.stream_consumer.then(|| b.launched_data().map(Ok))?)
+                    .map(|r| r.map(In::B)),
             };
             match data {
                 Some(Ok(d)) => ready.push(d),

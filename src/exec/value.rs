@@ -262,6 +262,18 @@ impl BatchRef {
         }
     }
 
+    /// [`TensorRef::launched_data`] for a batch output: its samples' GPU work is
+    /// enqueued but may still be running.
+    pub(crate) fn launched_data(&self) -> Option<&Arc<Batch>> {
+        match &self.source {
+            Source::Ready(_) => None,
+            Source::Pending(node, i) => match node.launched_output(*i)? {
+                Data::Batch(b) => Some(b),
+                Data::Tensor(_) => None,
+            },
+        }
+    }
+
     /// Per-sample metadata; forces evaluation only when it could not be inferred.
     pub fn sample_meta(&self) -> Result<Vec<TMeta>> {
         match &self.meta {

@@ -470,9 +470,10 @@ def test_exports_order_the_consumers_stream_after_pending_work(tmp_path):
     assert "NO_SYNC False" in out, out
 
 
-BATCH = textwrap.dedent(
+BATCH_IMPORT = textwrap.dedent(
     """\
     import ctypes
+    import time
     import numpy as np
     import cuda_driver as cd
     import ndx_ctypes as ndx
@@ -507,7 +508,11 @@ BATCH = textwrap.dedent(
         arr[i] = ctypes.addressof(m)
     batch = P()
     ndx.check(lib.ndx_batch_from_dlpack_versioned(arr, 3, None, ctypes.byref(batch)))
+    """
+)
 
+BATCH = BATCH_IMPORT + textwrap.dedent(
+    """\
     ctx = ndx.Context(mode=ndx.NDX_EVAL_EAGER)
     two = ctx.invoke("to_device", [np.array(2.0, dtype=np.float32)]).tensor()
     ins = (ndx.ndx_input_t * 2)()
@@ -541,3 +546,50 @@ def test_a_batch_of_cuda_samples_runs_per_sample_on_the_device(tmp_path):
     for i in range(3):
         assert f"SAMPLE {i} True" in out, out
     assert "DELETED 3" in out, out
+
+
+BATCH_PIPELINE = BATCH_IMPORT + textwrap.dedent(
+    """\
+    emu = ctypes.CDLL("libcuda.so.1")  # the emulated driver ndx loaded
+    emu.ndx_emu_launch_count.restype, emu.ndx_emu_launch_count.argtypes = ctypes.c_uint64, []
+    ctx = ndx.Context(mode=ndx.NDX_EVAL_EAGER)
+    up = ctx.invoke("to_device", [np.array(2.0, dtype=np.float32)])
+    up.wait()  # a copy: no kernel delay
+    two = up.tensor()
+
+    def batch_op(op, b):
+        ins = (ndx.ndx_input_t * 2)()
+        ins[0].batch, ins[1].tensor = b, two.ptr
+        fut = P()
+        ndx.check(lib.ndx_invoke(ctx.ptr, op.encode(), ins, 2, None, None, ctypes.byref(fut)))
+        f = ndx.Future(fut.value)
+        out = P()
+        ndx.check(lib.ndx_future_batch(f.ptr, 0, ctypes.byref(out)))
+        return f, out
+
+    before = emu.ndx_emu_launch_count()
+    f1, b1 = batch_op("mul", batch)  # a kernel per sample, each 300 ms late
+    f2, b2 = batch_op("add", b1)     # reads the mul's samples before they exist
+    time.sleep(0.15)
+    print("LAUNCHED", emu.ndx_emu_launch_count() - before, f1.poll() == ndx.NDX_FUTURE_PENDING)
+    for i, n in enumerate(sizes):
+        s = P()
+        ndx.check(lib.ndx_batch_sample(b2, i, ctypes.byref(s)))
+        got = ctx.invoke("to_host", [ndx.Tensor(s.value)]).result()
+        want = 2 * (np.arange(n, dtype=np.float32) + 100 * i) + 2
+        print("SAMPLE", i, bool(np.array_equal(got, want)))
+    for b in (b1, b2, batch):
+        lib.ndx_batch_release(b)
+    """
+)
+
+
+def test_eager_batch_invocations_on_the_gpu_are_pipelined(tmp_path):
+    # The add's per-sample kernels are launched while the mul's are still queued: a
+    # batch consumer reads its producer's launched samples, as a tensor consumer does.
+    # Waiting for the mul to complete would have launched only its 3 kernels by now.
+    out = run_script(tmp_path, "batch_pipeline.py", BATCH_PIPELINE,
+                     NDX_EMU_KERNEL_DELAY_MS="300")
+    assert "LAUNCHED 6 True" in out, out
+    for i in range(3):
+        assert f"SAMPLE {i} True" in out, out
