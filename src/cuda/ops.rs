@@ -417,7 +417,10 @@ fn enqueue(
 ) -> Result<Launched> {
     device.bind()?;
     let progress = super::progress::progress(device);
-    let turn = progress.turn();
+    // `to_host` takes no turn: it enqueues no tag, and its copy into pageable memory
+    // blocks until the stream reaches it, which must not stop other invocations from
+    // enqueueing meanwhile.
+    let turn = (inv.op != "to_host").then(|| progress.turn());
     for t in inputs {
         if t.device().kind == DeviceKind::Cuda
             && let Some(ev) = t.storage().ready_event()

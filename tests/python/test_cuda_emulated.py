@@ -333,6 +333,45 @@ def test_eager_gpu_work_is_enqueued_behind_running_work_without_waiting_for_it(t
     assert re.search(rf"CAUSE {ndx.NDX_ERROR_CHECK} .*not finite", out), out
 
 
+TO_HOST_BLOCKING = textwrap.dedent(
+    """\
+    import ctypes
+    import time
+    import numpy as np
+    import ndx_ctypes as ndx
+    emu = ctypes.CDLL("libcuda.so.1")  # the emulated driver ndx loaded
+    emu.ndx_emu_launch_count.restype, emu.ndx_emu_launch_count.argtypes = ctypes.c_uint64, []
+    ctx = ndx.Context(mode=ndx.NDX_EVAL_EAGER, num_threads=2)
+    up = ctx.invoke("to_device", [np.arange(1000, dtype=np.float32)])
+    up.wait()  # a copy: no kernel delay
+    x = up.tensor()
+    before = emu.ndx_emu_launch_count()
+    t0 = time.monotonic()
+    a = ctx.invoke("add", [x, x])  # every kernel runs 1 s late: done at 1 s
+    b = ctx.invoke("mul", [x, x])  # done at 2 s
+    h = ctx.invoke("to_host", [a.tensor()])  # runs at 1 s; its copy waits for b
+    a.wait()
+    time.sleep(0.3)
+    c = ctx.invoke("sub", [x, x])  # the other worker enqueues it while h is copying
+    while emu.ndx_emu_launch_count() - before < 3 and time.monotonic() - t0 < 10:
+        time.sleep(0.005)
+    print("C_LAUNCHED_AT", round(time.monotonic() - t0, 2))
+    print("HOST", bool(np.array_equal(h.result(), 2 * np.arange(1000, dtype=np.float32))))
+    print("SUB", float(ctx.invoke("to_host", [c.tensor()]).result().sum()))
+    """
+)
+
+
+def test_a_to_host_waiting_for_the_stream_does_not_stop_other_workers_enqueueing(tmp_path):
+    # A to_host's copy into pageable memory blocks until the stream reaches it; it
+    # holds no turn meanwhile, so another worker's kernel is launched at once (1.3 s),
+    # not once the copy returns (2 s).
+    out = run_script(tmp_path, "to_host.py", TO_HOST_BLOCKING, NDX_EMU_KERNEL_DELAY_MS="1000")
+    launched = float(re.search(r"C_LAUNCHED_AT ([0-9.]+)", out).group(1))
+    assert launched < 1.8, out
+    assert "HOST True" in out and "SUB 0.0" in out, out
+
+
 RUN_AHEAD = textwrap.dedent(
     """\
     import numpy as np
