@@ -19,6 +19,17 @@ enum Source<T> {
     Pending(Arc<Node>, usize),
 }
 
+impl<T> Source<T> {
+    /// The output of a producer whose GPU work is enqueued but may still be running
+    /// (see [`Node::launched_output`]); `None` before that, or for ready data.
+    fn launched(&self) -> Option<&Data> {
+        match self {
+            Source::Ready(_) => None,
+            Source::Pending(node, i) => node.launched_output(*i),
+        }
+    }
+}
+
 /// Metadata of a pending output, kept in the handle so accessors can lend it.
 struct PendingMeta {
     meta: TMeta,
@@ -112,12 +123,9 @@ impl TensorRef {
     /// The output of a producer whose GPU work is enqueued but may still be running
     /// (see [`Node::launched_output`]); `None` before that, or for ready data.
     pub(crate) fn launched_data(&self) -> Option<&Arc<Tensor>> {
-        match &self.source {
-            Source::Ready(_) => None,
-            Source::Pending(node, i) => match node.launched_output(*i)? {
-                Data::Tensor(t) => Some(t),
-                Data::Batch(_) => None,
-            },
+        match self.source.launched()? {
+            Data::Tensor(t) => Some(t),
+            Data::Batch(_) => None,
         }
     }
 
@@ -265,12 +273,9 @@ impl BatchRef {
     /// [`TensorRef::launched_data`] for a batch output: its samples' GPU work is
     /// enqueued but may still be running.
     pub(crate) fn launched_data(&self) -> Option<&Arc<Batch>> {
-        match &self.source {
-            Source::Ready(_) => None,
-            Source::Pending(node, i) => match node.launched_output(*i)? {
-                Data::Batch(b) => Some(b),
-                Data::Tensor(_) => None,
-            },
+        match self.source.launched()? {
+            Data::Batch(b) => Some(b),
+            Data::Tensor(_) => None,
         }
     }
 
