@@ -676,3 +676,115 @@ fn chains_of_gpu_invocations_are_pipelined_and_fail_with_their_producers() {
     assert_eq!(calls(&count), 1);
     assert_eq!(calls(&bad_count), 1);
 }
+
+/// Output 0 of `f`, a batch.
+fn batch0(f: *mut ndx_future_t) -> *mut ndx_batch_t {
+    let mut b = std::ptr::null_mut();
+    ok(ndx_future_batch(f, 0, &mut b));
+    b
+}
+
+/// Invokes `op` on batches.
+fn invoke_batches(
+    ctx: &Ctx,
+    op: &std::ffi::CStr,
+    batches: &[*mut ndx_batch_t],
+) -> *mut ndx_future_t {
+    let inputs: Vec<ndx_input_t> = batches
+        .iter()
+        .map(|&batch| ndx_input_t {
+            tensor: std::ptr::null(),
+            batch,
+        })
+        .collect();
+    invoke_with(
+        ctx,
+        op,
+        &inputs,
+        std::ptr::null(),
+        &ndx_invoke_options_t::default(),
+    )
+    .unwrap_or_else(|e| panic!("{op:?}: {:?}", take_error(e)))
+}
+
+/// The values of sample `i` of `b` (on the host).
+fn sample_f32(b: *const ndx_batch_t, i: usize) -> Vec<f32> {
+    let mut t = std::ptr::null_mut();
+    ok(ndx_batch_sample(b, i, &mut t));
+    let v = values_f32(t);
+    ndx_tensor_release(t);
+    v
+}
+
+#[test]
+fn batch_chains_on_a_gpu_are_pipelined_and_fail_with_their_producers() {
+    let _device = shared_device();
+    // Needs a device: an EAGER or DEFERRED batch invocation reads its producer's
+    // launched samples and enqueues behind them, as a tensor invocation does.
+    if let Some(why) = driver_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let import = |samples: &[&[f32]]| {
+        let specs: Vec<_> = samples
+            .iter()
+            .map(|v| Spec::f32s(v, &[v.len() as i64]).versioned())
+            .collect();
+        let ptrs: Vec<_> = specs.iter().map(|(m, _)| *m).collect();
+        let mut b = std::ptr::null_mut();
+        ok(ndx_batch_from_dlpack_versioned(
+            ptrs.as_ptr(),
+            ptrs.len(),
+            std::ptr::null(),
+            &mut b,
+        ));
+        (b, specs.into_iter().map(|(_, c)| c).collect::<Vec<_>>())
+    };
+    let (x, x_counts) = import(&[&[1.0, 2.0], &[3.0], &[-4.0, 0.5, 6.0]]);
+    let (bad, bad_counts) = import(&[&[1.0], &[f32::NAN, 2.0]]);
+    for mode in [4, 3] {
+        let ctx = Ctx::new(mode);
+        let up = invoke_batches(&ctx, c"to_device", &[x]);
+        let d = batch0(up);
+        let sq = invoke_batches(&ctx, c"mul", &[d, d]);
+        let s = batch0(sq);
+        let sum = invoke_batches(&ctx, c"add", &[s, d]);
+        let r = batch0(sum);
+        let down = invoke_batches(&ctx, c"to_host", &[r]);
+        let h = batch0(down);
+        assert_eq!(sample_f32(h, 0), [2.0, 6.0], "mode {mode}");
+        assert_eq!(sample_f32(h, 1), [12.0], "mode {mode}");
+        assert_eq!(sample_f32(h, 2), [12.0, 0.75, 42.0], "mode {mode}");
+
+        // A failing FAIL_FAST check over a batch fails the consumer behind it.
+        ok(ndx_context_set_checks(
+            ctx.0,
+            ndx_check_policy_t::NDX_CHECKS_FAIL_FAST as i32,
+            ndx_check_category_t::NDX_CHECK_USER as u32,
+            0,
+        ));
+        let bad_up = invoke_batches(&ctx, c"to_device", &[bad]);
+        let b = batch0(bad_up);
+        let checked = invoke_batches(&ctx, c"check_finite", &[b]);
+        let k = batch0(checked);
+        let doubled = invoke_batches(&ctx, c"add", &[k, k]);
+        let (kind, msg) = take_error(ndx_future_wait(doubled, -1)).expect("the add fails");
+        assert_eq!(kind, NDX_ERROR_CHECK as i32, "{msg}");
+        assert!(
+            msg.contains("failed: it is the output of 'check_finite'"),
+            "mode {mode}: {msg}"
+        );
+        expect_err(ndx_future_wait(checked, -1), NDX_ERROR_CHECK, "not finite");
+        for f in [up, sq, sum, down, bad_up, checked, doubled] {
+            ndx_future_release(f);
+        }
+        for batch in [d, s, r, h, b, k] {
+            ndx_batch_release(batch);
+        }
+    }
+    ndx_batch_release(x);
+    ndx_batch_release(bad);
+    for c in x_counts.iter().chain(&bad_counts) {
+        assert_eq!(calls(c), 1);
+    }
+}
