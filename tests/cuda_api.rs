@@ -725,23 +725,12 @@ fn batch_chains_on_a_gpu_are_pipelined_and_fail_with_their_producers() {
         eprintln!("skipped: {why}");
         return;
     }
-    let import = |samples: &[&[f32]]| {
-        let specs: Vec<_> = samples
-            .iter()
-            .map(|v| Spec::f32s(v, &[v.len() as i64]).versioned())
-            .collect();
-        let ptrs: Vec<_> = specs.iter().map(|(m, _)| *m).collect();
-        let mut b = std::ptr::null_mut();
-        ok(ndx_batch_from_dlpack_versioned(
-            ptrs.as_ptr(),
-            ptrs.len(),
-            std::ptr::null(),
-            &mut b,
-        ));
-        (b, specs.into_iter().map(|(_, c)| c).collect::<Vec<_>>())
-    };
-    let (x, x_counts) = import(&[&[1.0, 2.0], &[3.0], &[-4.0, 0.5, 6.0]]);
-    let (bad, bad_counts) = import(&[&[1.0], &[f32::NAN, 2.0]]);
+    let (x, x_counts) = f32_batch(&[
+        (&[1.0, 2.0], &[2]),
+        (&[3.0], &[1]),
+        (&[-4.0, 0.5, 6.0], &[3]),
+    ]);
+    let (bad, bad_counts) = f32_batch(&[(&[1.0], &[1]), (&[f32::NAN, 2.0], &[2])]);
     for mode in [4, 3] {
         let ctx = Ctx::new(mode);
         let up = invoke_batches(&ctx, c"to_device", &[x]);

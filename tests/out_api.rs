@@ -458,22 +458,6 @@ fn args_with(fill: impl FnOnce(*mut ndx_args_t)) -> A {
     A(a)
 }
 
-/// A batch of f32 samples imported through DLPack, with the producer's deleter counts.
-fn batch(samples: &[(&[f32], &[i64])]) -> (*mut ndx_batch_t, Vec<Count>) {
-    let (managed, counts): (Vec<_>, Vec<_>) = samples
-        .iter()
-        .map(|(v, s)| Spec::f32s(v, s).versioned())
-        .unzip();
-    let mut b = std::ptr::null_mut();
-    ok(ndx_batch_from_dlpack_versioned(
-        managed.as_ptr(),
-        managed.len(),
-        std::ptr::null(),
-        &mut b,
-    ));
-    (b, counts)
-}
-
 fn batch_in(b: *const ndx_batch_t) -> ndx_input_t {
     ndx_input_t {
         tensor: std::ptr::null(),
@@ -498,8 +482,8 @@ fn sample_values(b: *const ndx_batch_t, i: usize) -> Vec<f32> {
 #[test]
 fn batches_write_per_sample_into_an_out_batch() {
     let ctx = Ctx::new(EAGER);
-    let (input, in_counts) = batch(&[(&[1., -2.], &[2]), (&[-3., 4., -5.], &[3])]);
-    let (out, out_counts) = batch(&[(&[0., 0.], &[2]), (&[0., 0., 0.], &[3])]);
+    let (input, in_counts) = f32_batch(&[(&[1., -2.], &[2]), (&[-3., 4., -5.], &[3])]);
+    let (out, out_counts) = f32_batch(&[(&[0., 0.], &[2]), (&[0., 0., 0.], &[3])]);
     let ins = [batch_in(input)];
     let outs = [batch_out(out)];
     let f = invoke(&ctx, c"abs", &ins, std::ptr::null(), &outs, 0).unwrap();
@@ -508,7 +492,7 @@ fn batches_write_per_sample_into_an_out_batch() {
     assert_eq!(sample_values(out, 0), [1., 2.]);
     assert_eq!(sample_values(out, 1), [3., 4., 5.]);
 
-    let (short, short_counts) = batch(&[(&[0., 0.], &[2])]);
+    let (short, short_counts) = f32_batch(&[(&[0., 0.], &[2])]);
     let outs = [batch_out(short)];
     expect_invoke_err(
         &ctx,
@@ -518,7 +502,7 @@ fn batches_write_per_sample_into_an_out_batch() {
         NDX_ERROR_VALUE,
         "outputs[0] is a batch of 1 samples, expected 2",
     );
-    let (ragged, ragged_counts) = batch(&[(&[0., 0.], &[2]), (&[0., 0.], &[2])]);
+    let (ragged, ragged_counts) = f32_batch(&[(&[0., 0.], &[2]), (&[0., 0.], &[2])]);
     let outs = [batch_out(ragged)];
     expect_invoke_err(
         &ctx,
@@ -553,7 +537,7 @@ fn batches_write_per_sample_into_an_out_batch() {
 #[test]
 fn batch_to_tensor_stacks_a_batch_or_tensors_into_an_out_tensor() {
     let ctx = Ctx::new(DEFERRED);
-    let (b, _counts) = batch(&[(&[1., 2.], &[2]), (&[3., 4.], &[2]), (&[5., 6.], &[2])]);
+    let (b, _counts) = f32_batch(&[(&[1., 2.], &[2]), (&[3., 4.], &[2]), (&[5., 6.], &[2])]);
     let ins = [batch_in(b)];
     let mut buf = vec![0f32; 6];
     let out = T::wrap(&mut buf, F32, &[3, 2], None);

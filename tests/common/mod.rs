@@ -316,3 +316,19 @@ impl Drop for Ctx {
         ndx_context_release(self.0);
     }
 }
+
+/// A batch of f32 samples imported through DLPack, with the producer's deleter counts.
+pub fn f32_batch(samples: &[(&[f32], &[i64])]) -> (*mut ndx_batch_t, Vec<Count>) {
+    let (managed, counts): (Vec<_>, Vec<_>) = samples
+        .iter()
+        .map(|(v, s)| Spec::f32s(v, s).versioned())
+        .unzip();
+    let mut b = std::ptr::null_mut();
+    ok(ndx_batch_from_dlpack_versioned(
+        managed.as_ptr(),
+        managed.len(),
+        std::ptr::null(),
+        &mut b,
+    ));
+    (b, counts)
+}
