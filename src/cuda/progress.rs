@@ -251,6 +251,11 @@ impl Progress {
         if self.word.is_none() || self.refused.load(Ordering::Relaxed) {
             return e;
         }
+        // An invocation holding the turn may have launched the faulting work and not
+        // yet be in the ledger (its mark comes after its work): wait for its turn to
+        // end. Never called under a turn (callers attribute once enqueueing returned),
+        // and a turn only enqueues, so this wait is short.
+        let _turn = self.turn();
         let done = self.completed();
         let ledger = self.ledger.lock();
         let Some((culprit, last)) = ledger.blame(done) else {

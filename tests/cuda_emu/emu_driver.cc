@@ -41,6 +41,9 @@
 //
 // NDX_EMU_LAUNCH_CALL_DELAY_MS: cuLaunchKernel sleeps after queueing its launch,
 // before it returns, so that launches of other threads interleave with the caller's.
+// NDX_EMU_EVENT_SYNC_DELAY_MS: cuEventSynchronize sleeps once the event completed,
+// before it returns (and reads the sticky error), so that a waiter notices a fault of
+// work enqueued after its event.
 //
 // Execution model with NDX_EMU_ASYNC=1 (also NDX_EMU_KERNEL_DELAY_MS: a sleep before
 // each kernel executes, to prove that consumers wait):
@@ -63,7 +66,8 @@
 // Test hooks (C linkage): ndx_emu_launch_count() counts the launches cuLaunchKernel
 // accepted; ndx_emu_reset() waits for the streams, clears the sticky error and the
 // counters and re-reads NDX_EMU_MEM_BYTES, NDX_EMU_FAULT_KERNEL,
-// NDX_EMU_KERNEL_DELAY_MS and NDX_EMU_LAUNCH_CALL_DELAY_MS. NDX_EMU_WORKERS sets how
+// NDX_EMU_KERNEL_DELAY_MS, NDX_EMU_LAUNCH_CALL_DELAY_MS and
+// NDX_EMU_EVENT_SYNC_DELAY_MS. NDX_EMU_WORKERS sets how
 // many warps run at once (default: the number of CPUs, at most 16);
 // NDX_EMU_KERNELS_DIR where the kernel libraries are (default: this library's
 // directory).
@@ -191,6 +195,7 @@ struct Config {
     unsigned long long mem_total = 1ull << 30;
     unsigned delay_ms = 0;
     unsigned call_delay_ms = 0;
+    unsigned sync_delay_ms = 0;
     std::string fault_kernel;  // empty: no fault injection
     unsigned long long fault_nth = 1;
 
@@ -198,6 +203,7 @@ struct Config {
         mem_total = env_u64("NDX_EMU_MEM_BYTES", 1ull << 30);
         delay_ms = (unsigned)env_u64("NDX_EMU_KERNEL_DELAY_MS", 0);
         call_delay_ms = (unsigned)env_u64("NDX_EMU_LAUNCH_CALL_DELAY_MS", 0);
+        sync_delay_ms = (unsigned)env_u64("NDX_EMU_EVENT_SYNC_DELAY_MS", 0);
         fault_kernel.clear();
         fault_nth = 1;
         if (const char* f = std::getenv("NDX_EMU_FAULT_KERNEL")) {
@@ -1573,6 +1579,12 @@ NDX_EMU_API CUresult cuEventSynchronize(CUevent hEvent) {
         gen = e->recorded;
     }
     e->wait_for(gen);
+    unsigned delay_ms;
+    {
+        Lock lock(S().mu);
+        delay_ms = S().cfg.sync_delay_ms;
+    }
+    if (delay_ms) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
     return g_sticky.load();
 }
 
