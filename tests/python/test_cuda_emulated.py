@@ -293,14 +293,21 @@ PIPELINE = textwrap.dedent(
         up.wait()  # a copy: no kernel delay
         return up.tensor()
 
+    def launched(before, n, first):
+        # Waits until n kernels were launched since `before` (10 s at most); the
+        # count, and whether `first` was still pending then (its kernel 1 s late).
+        t0 = time.monotonic()
+        while cu.ndx_emu_launch_count() - before < n and time.monotonic() - t0 < 10:
+            time.sleep(0.005)
+        return cu.ndx_emu_launch_count() - before, first.poll() == ndx.NDX_FUTURE_PENDING
+
     ctx = ndx.Context(mode=ndx.NDX_EVAL_EAGER)
     x = uploaded(ctx, np.arange(1000, dtype=np.float32))
     before = cu.ndx_emu_launch_count()
     a = ctx.invoke("add", [x, x])  # every kernel runs 1 s late (NDX_EMU_KERNEL_DELAY_MS)
     b = ctx.invoke("add", [a.tensor(), a.tensor()])
     c = ctx.invoke("mul", [b.tensor(), x])
-    time.sleep(0.3)
-    print("CHAIN_LAUNCHED", cu.ndx_emu_launch_count() - before, a.poll() == ndx.NDX_FUTURE_PENDING)
+    print("CHAIN_LAUNCHED", *launched(before, 3, a))
     got = ctx.invoke("to_host", [c.tensor()]).result().astype(np.float64)
     print("CHAIN", bool(np.array_equal(got, 4.0 * np.arange(1000.0) ** 2)))
 
@@ -311,8 +318,7 @@ PIPELINE = textwrap.dedent(
     before = cu.ndx_emu_launch_count()
     k = strict.invoke("check_finite", [bad])  # flag reset + check kernel
     y = strict.invoke("add", [k.tensor(), k.tensor()])
-    time.sleep(0.3)
-    print("CHECKED_LAUNCHED", cu.ndx_emu_launch_count() - before, k.poll() == ndx.NDX_FUTURE_PENDING)
+    print("CHECKED_LAUNCHED", *launched(before, 3, k))
     try:
         y.wait()
         print("no error")
@@ -327,7 +333,8 @@ PIPELINE = textwrap.dedent(
 def test_eager_gpu_work_is_enqueued_behind_running_work_without_waiting_for_it(tmp_path):
     # Each invocation of the chain is launched while the first one's kernel is still
     # queued: it runs on the same stream, so the stream orders it. Waiting for each
-    # producer to complete first would have launched only the first kernel by now.
+    # producer to complete first would launch the third kernel only after the first
+    # one completed (the first future no longer pending).
     out = run_script(tmp_path, "pipeline.py", PIPELINE, NDX_EMU_KERNEL_DELAY_MS="1000")
     assert "CHAIN_LAUNCHED 3 True" in out, out
     assert "CHAIN True" in out, out
@@ -615,7 +622,9 @@ BATCH_PIPELINE = BATCH_IMPORT + textwrap.dedent(
     before = emu.ndx_emu_launch_count()
     f1, b1 = batch_op("mul", batch)  # a kernel per sample, each 300 ms late
     f2, b2 = batch_op("add", b1)     # reads the mul's samples before they exist
-    time.sleep(0.15)
+    t0 = time.monotonic()
+    while emu.ndx_emu_launch_count() - before < 6 and time.monotonic() - t0 < 10:
+        time.sleep(0.005)
     print("LAUNCHED", emu.ndx_emu_launch_count() - before, f1.poll() == ndx.NDX_FUTURE_PENDING)
     for i, n in enumerate(sizes):
         s = P()
@@ -632,7 +641,8 @@ BATCH_PIPELINE = BATCH_IMPORT + textwrap.dedent(
 def test_eager_batch_invocations_on_the_gpu_are_pipelined(tmp_path):
     # The add's per-sample kernels are launched while the mul's are still queued: a
     # batch consumer reads its producer's launched samples, as a tensor consumer does.
-    # Waiting for the mul to complete would have launched only its 3 kernels by now.
+    # Waiting for the mul to complete would launch the add's kernels only once the
+    # mul's future is ready.
     out = run_script(tmp_path, "batch_pipeline.py", BATCH_PIPELINE,
                      NDX_EMU_KERNEL_DELAY_MS="300")
     assert "LAUNCHED 6 True" in out, out
