@@ -420,7 +420,7 @@ fn enqueue(
     // `to_host` takes no turn: it enqueues no tag, and its copy into pageable memory
     // blocks until the stream reaches it, which must not stop other invocations from
     // enqueueing meanwhile.
-    let turn = (inv.op != "to_host").then(|| progress.turn());
+    let mut turn = (inv.op != "to_host").then(|| progress.turn(device, inv.op, inv.seq, inv.site));
     for t in inputs {
         if t.device().kind == DeviceKind::Cuda
             && let Some(ev) = t.storage().ready_event()
@@ -458,7 +458,9 @@ fn enqueue(
         }
     };
     nan_pass(&job, refs, &outs)?;
-    progress.mark(device, inv.op, inv.seq, inv.site);
+    if let Some(t) = turn.as_mut() {
+        t.mark();
+    }
     let event = Event::record(device, device.stream())?;
     for t in &outs {
         t.storage().set_ready_event(Some(event.clone()));

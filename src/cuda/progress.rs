@@ -9,7 +9,9 @@
 //! That holds only if an invocation's work and its tag are contiguous on the stream.
 //! Workers enqueue concurrently (EAGER), so an invocation enqueues holding its
 //! device's turn ([`Progress::turn`]): otherwise a kernel of another invocation could
-//! land between its work and its tag, and a fault there would be blamed on it.
+//! land between its work and its tag, and a fault there would be blamed on it. The
+//! invocation enters the ledger when its turn starts, and writes its tag when the turn
+//! ends even if it failed, so work that never completes is always its own.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -183,28 +185,48 @@ pub fn is_sticky(e: &Error) -> bool {
 }
 
 impl Progress {
-    /// The device's stream to one invocation until the guard drops: hold it from the
-    /// invocation's first stream operation through its [`mark`](Self::mark), so no
-    /// other invocation's work lands in between and tags are written in stream order.
-    /// Only enqueuing happens under it (no wait for the device's completion thread).
-    pub fn turn(&self) -> MutexGuard<'_, ()> {
-        self.turn.lock()
+    /// The device's stream to invocation `seq` of `op` until the returned [`Turn`]
+    /// drops: hold it from the invocation's first stream operation through
+    /// [`Turn::mark`], so no other invocation's work lands in between and tags are
+    /// written in stream order. Only enqueuing happens under it.
+    ///
+    /// The invocation enters the ledger here, with the tag it will write, before any
+    /// of its work is enqueued: a fault of that work may surface (at another thread's
+    /// wait) before the invocation is done enqueueing, and must be blamed on it
+    /// without waiting for its turn to end, which may itself wait for the device's
+    /// completion thread (an allocation that finds the device full does).
+    pub fn turn<'a>(
+        &'a self,
+        device: &'a DeviceState,
+        op: &str,
+        seq: u64,
+        site: &Arc<Site>,
+    ) -> Turn<'a> {
+        let held = self.turn.lock();
+        let tag = self.next.fetch_add(1, Ordering::Relaxed);
+        if self.word.is_some() {
+            let f = InFlight {
+                tag,
+                op: op.to_string(),
+                seq,
+                site: site.clone(),
+            };
+            self.ledger.lock().push(f, self.completed());
+        }
+        Turn {
+            progress: self,
+            device,
+            tag,
+            marked: false,
+            _held: held,
+        }
     }
 
-    /// Enqueues, after the work just enqueued for invocation `seq` of `op`, the write
-    /// of its tag; returns the tag.
-    pub fn mark(&self, device: &DeviceState, op: &str, seq: u64, site: &Arc<Site>) -> u64 {
-        let tag = self.next.fetch_add(1, Ordering::Relaxed);
+    /// Enqueues the write of `tag` after the work enqueued so far.
+    fn write_tag(&self, device: &DeviceState, tag: u64) {
         let Some(word) = &self.word else {
-            return tag;
+            return;
         };
-        let f = InFlight {
-            tag,
-            op: op.to_string(),
-            seq,
-            site: site.clone(),
-        };
-        self.ledger.lock().push(f, self.completed());
         // SAFETY: ndx's live stream and the mapped address of the pinned word; flags 0
         // is a plain write once the preceding work on the stream has completed.
         let r = unsafe {
@@ -218,7 +240,6 @@ impl Progress {
         {
             self.refused.store(true, Ordering::Relaxed);
         }
-        tag
     }
 
     /// The tag of the last invocation whose work completed (0: none yet).
@@ -251,11 +272,6 @@ impl Progress {
         if self.word.is_none() || self.refused.load(Ordering::Relaxed) {
             return e;
         }
-        // An invocation holding the turn may have launched the faulting work and not
-        // yet be in the ledger (its mark comes after its work): wait for its turn to
-        // end. Never called under a turn (callers attribute once enqueueing returned),
-        // and a turn only enqueues, so this wait is short.
-        let _turn = self.turn();
         let done = self.completed();
         let ledger = self.ledger.lock();
         let Some((culprit, last)) = ledger.blame(done) else {
@@ -272,6 +288,34 @@ impl Progress {
             .with_op(&culprit.op, culprit.seq)
             .with_site(culprit.site.clone()),
         )
+    }
+}
+
+/// One invocation's turn on its device's stream ([`Progress::turn`]).
+pub struct Turn<'a> {
+    progress: &'a Progress,
+    device: &'a DeviceState,
+    tag: u64,
+    marked: bool,
+    _held: MutexGuard<'a, ()>,
+}
+
+impl Turn<'_> {
+    /// Enqueues the write of the invocation's tag after the work it enqueued (once).
+    pub fn mark(&mut self) {
+        if !self.marked {
+            self.marked = true;
+            self.progress.write_tag(self.device, self.tag);
+        }
+    }
+}
+
+impl Drop for Turn<'_> {
+    /// An invocation that failed while enqueueing still writes its tag: if nothing
+    /// it enqueued faulted, the tag is written and it is never blamed for a later
+    /// fault; if something did, the tag is never written and the fault is its.
+    fn drop(&mut self) {
+        self.mark();
     }
 }
 

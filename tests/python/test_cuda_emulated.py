@@ -400,7 +400,11 @@ RUN_AHEAD = textwrap.dedent(
         got = ctx.invoke("to_host", [f.tensor()]).result()
         print("CHAIN", float(got.min()), float(got.max()))
     except ndx.NdxError as e:
-        print("FAILED", e.kind, e.message)
+        chain = [e]
+        while chain[-1].cause is not None:
+            chain.append(chain[-1].cause)
+        root = chain[-1]  # where the fault is attributed
+        print("FAILED", e.kind, root.op, root.sequence, " | ".join(c.message for c in chain))
     """
 )
 
@@ -413,6 +417,78 @@ def test_a_chain_running_ahead_of_the_gpu_waits_for_memory_instead_of_failing(tm
     out = run_script(tmp_path, "ahead.py", RUN_AHEAD, NDX_EMU_KERNEL_DELAY_MS="100",
                      NDX_EMU_MEM_BYTES=str(6 << 20))
     assert "CHAIN 13.0 13.0" in out, out
+
+
+def test_a_fault_while_a_worker_waits_for_memory_is_attributed_without_a_hang(tmp_path):
+    # The second add's kernel faults while a worker, enqueueing a later add, waits for
+    # the invocations in flight to complete and free memory. The completion thread
+    # attributes the fault meanwhile: it must not wait for that worker's turn (the
+    # worker waits for it), and the invocation being enqueued is in the ledger already.
+    out = run_script(tmp_path, "ahead_fault.py", RUN_AHEAD, NDX_EMU_KERNEL_DELAY_MS="100",
+                     NDX_EMU_MEM_BYTES=str(6 << 20), NDX_EMU_FAULT_KERNEL="ndx_add_f32:2")
+    assert re.search(rf"FAILED {ndx.NDX_ERROR_CUDA} add 3 .*CUDA_ERROR_ILLEGAL_ADDRESS.*"
+                     r"the fault is attributed to 'add' \(#3\)", out), out
+
+
+FAILED_ENQUEUE = textwrap.dedent(
+    """\
+    import numpy as np
+    import ndx_ctypes as ndx
+    ctx = ndx.Context(mode=ndx.NDX_EVAL_EAGER)
+    x = ctx.invoke("to_device", [np.ones(1000, np.float32)])
+    x.wait()
+    try:
+        ctx.invoke("to_device", [np.ones(1 << 20, np.float32)]).wait()  # 4 MiB: too big
+    except ndx.NdxError as e:
+        print("UPLOAD", e.kind)
+    m = ctx.invoke("mul", [x.tensor(), x.tensor()])  # its kernel faults
+    try:
+        m.wait()
+        print("no error")
+    except ndx.NdxError as e:
+        c = e.cause
+        print("FAILED", e.kind, c.op if c else None, c.sequence if c else None)
+    """
+)
+
+
+def test_an_invocation_that_failed_while_enqueueing_is_not_blamed_for_a_later_fault(tmp_path):
+    # The upload (#2) fails for want of memory after taking its turn; it still writes
+    # its tag, so the mul's fault is blamed on the mul (#3), not on the upload.
+    out = run_script(tmp_path, "failed_enqueue.py", FAILED_ENQUEUE,
+                     NDX_EMU_MEM_BYTES=str(2 << 20), NDX_EMU_FAULT_KERNEL="ndx_mul_f32")
+    assert f"UPLOAD {ndx.NDX_ERROR_MEMORY}" in out, out
+    assert f"FAILED {ndx.NDX_ERROR_CUDA} mul 3" in out, out
+
+
+SECOND_LAUNCH = textwrap.dedent(
+    """\
+    import numpy as np
+    import ndx_ctypes as ndx
+    ctx = ndx.Context(mode=ndx.NDX_EVAL_EAGER)
+    x = ctx.invoke("to_device", [np.ones(64, np.float16)])
+    y = ctx.invoke("to_device", [np.ones(64, np.float32)])
+    x.wait()  # the uploads complete before the fault
+    y.wait()
+    s = ctx.invoke("add", [x.tensor(), y.tensor()])  # casts x to f32 first
+    try:
+        s.wait()
+        print("no error")
+    except ndx.NdxError as e:
+        c = e.cause
+        print("FAILED", e.kind, c.op if c else None, c.sequence if c else None, e.message)
+    """
+)
+
+
+def test_a_fault_noticed_by_the_invocations_own_next_launch_is_attributed_to_it(tmp_path):
+    # The add's cast kernel faults while its launch call returns (200 ms late), so
+    # the add's own next driver call (its output's allocation) reports the fault: the
+    # add is in the ledger from its turn's start, so the fault is blamed on it, not
+    # left without a cause.
+    out = run_script(tmp_path, "second_launch.py", SECOND_LAUNCH,
+                     NDX_EMU_FAULT_KERNEL="ndx_cast_f16_f32", NDX_EMU_LAUNCH_CALL_DELAY_MS="200")
+    assert re.search(rf"FAILED {ndx.NDX_ERROR_CUDA} add 3 .*CUDA_ERROR_ILLEGAL_ADDRESS", out), out
 
 
 OOM = textwrap.dedent(
