@@ -13,6 +13,16 @@ fn driver_reason() -> Option<&'static str> {
     ndx::cuda::driver_absent_reason()
 }
 
+/// Returns from the calling test, saying why, where no CUDA driver is present.
+macro_rules! skip_without_driver {
+    () => {
+        if let Some(why) = driver_reason() {
+            eprintln!("skipped: {why}");
+            return;
+        }
+    };
+}
+
 /// The tests of this file run on threads of one process and share device 0's pool.
 /// Each holds this lock shared; the test that counts the pool's allocations holds it
 /// alone, so no other test's allocations land between its rounds.
@@ -254,10 +264,7 @@ fn exporting_null_names_the_argument() {
 fn every_kernel_loads_on_device_0() {
     let _device = shared_device();
     // Needs a GPU: the driver JIT-compiles the embedded PTX for it.
-    if let Some(why) = driver_reason() {
-        eprintln!("skipped: {why}");
-        return;
-    }
+    skip_without_driver!();
     let dev = ndx::cuda::device(0).expect("device 0");
     let mut n = 0;
     for (module, _) in ndx::cuda::module::MODULES {
@@ -279,10 +286,7 @@ fn every_kernel_loads_on_device_0() {
 fn the_device_pool_reuses_blocks_and_names_sizes_on_exhaustion() {
     let _device = shared_device();
     // Needs a GPU.
-    if let Some(why) = driver_reason() {
-        eprintln!("skipped: {why}");
-        return;
-    }
+    skip_without_driver!();
     let dev = ndx::cuda::device(0).expect("device 0");
     let mut pool = ndx::cuda::alloc::pool(dev).lock();
     let before = pool.stats();
@@ -309,10 +313,7 @@ fn a_kernel_runs_end_to_end_on_device_0() {
     // Needs a GPU: pool memory, copies and a launch of ndx_add_f32 and its broadcast
     // form on ndx's stream, checked against the CPU, at two grid sizes.
     use ndx::cuda::launch::{Arg, Bcast2, copy_to_device, copy_to_host, launch, launch_grid};
-    if let Some(why) = driver_reason() {
-        eprintln!("skipped: {why}");
-        return;
-    }
+    skip_without_driver!();
     let dev = ndx::cuda::device(0).expect("device 0");
     let n = 100_003usize;
     let a: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();
@@ -464,10 +465,7 @@ fn to_device_refuses_a_missing_device_at_invoke_and_round_trips_on_a_present_one
 fn a_repeated_invocation_allocates_no_device_memory_in_steady_state() {
     let _device = exclusive_device();
     // Needs a device: outputs and temporaries come back to the pool and are reused.
-    if let Some(why) = driver_reason() {
-        eprintln!("skipped: {why}");
-        return;
-    }
+    skip_without_driver!();
     let values: Vec<f32> = (0..5000).map(|i| i as f32).collect();
     let (m, count) = Spec::f32s(&values, &[50, 100]).versioned();
     let mut t = std::ptr::null_mut();
@@ -550,10 +548,7 @@ fn uploads_are_staged_through_a_bounded_set_of_pinned_blocks() {
     use ndx::cuda::launch::{copy_to_device, copy_to_host};
     use ndx::cuda::staging::{CAP, PIECE, staging};
     let _device = exclusive_device();
-    if let Some(why) = driver_reason() {
-        eprintln!("skipped: {why}");
-        return;
-    }
+    skip_without_driver!();
     let dev = ndx::cuda::device(0).expect("device 0");
     // 2.5 pieces, and a small one that shares no block with them.
     let big: Vec<u8> = (0..PIECE * 5 / 2)
@@ -602,10 +597,7 @@ fn chains_of_gpu_invocations_are_pipelined_and_fail_with_their_producers() {
     let _device = shared_device();
     // Needs a device: EAGER and DEFERRED consumers run as soon as their producers'
     // work is enqueued; the values must still be those of the chain, in order.
-    if let Some(why) = driver_reason() {
-        eprintln!("skipped: {why}");
-        return;
-    }
+    skip_without_driver!();
     let (m, count) = Spec::f32s(&[1.5, -2.0, 3.25], &[3]).versioned();
     let mut t = std::ptr::null_mut();
     ok(ndx_tensor_from_dlpack_versioned(
@@ -721,10 +713,7 @@ fn batch_chains_on_a_gpu_are_pipelined_and_fail_with_their_producers() {
     let _device = shared_device();
     // Needs a device: an EAGER or DEFERRED batch invocation reads its producer's
     // launched samples and enqueues behind them, as a tensor invocation does.
-    if let Some(why) = driver_reason() {
-        eprintln!("skipped: {why}");
-        return;
-    }
+    skip_without_driver!();
     let (x, x_counts) = f32_batch(&[
         (&[1.0, 2.0], &[2]),
         (&[3.0], &[1]),
