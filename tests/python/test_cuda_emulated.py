@@ -361,6 +361,9 @@ TO_HOST_BLOCKING = textwrap.dedent(
     before = emu.ndx_emu_launch_count()
     t0 = time.monotonic()
     a = ctx.invoke("add", [x, x])  # every kernel runs 1 s late: done at 1 s
+    # The stream runs a before b only if a is launched first (the workers race).
+    while emu.ndx_emu_launch_count() - before < 1 and time.monotonic() - t0 < 10:
+        time.sleep(0.005)
     b = ctx.invoke("mul", [x, x])  # done at 2 s
     h = ctx.invoke("to_host", [a.tensor()])  # runs at 1 s; its copy waits for b
     a.wait()
