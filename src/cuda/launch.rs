@@ -6,7 +6,7 @@ use std::ffi::c_void;
 
 use cudarc::driver::sys;
 
-use super::device::{DeviceState, check};
+use super::device::{DeviceState, Event, check};
 use super::module::Function;
 use crate::error::Result;
 
@@ -144,11 +144,12 @@ pub fn copy_to_device(device: &'static DeviceState, dst: u64, src: &[u8]) -> Res
 }
 
 /// Copies device memory at `src` into `dst` after the work enqueued before it on ndx's
-/// stream, and waits for it (the host reads `dst` next).
-pub fn copy_to_host(device: &DeviceState, dst: &mut [u8], src: u64) -> Result<()> {
+/// stream, and waits for the copy (the host reads `dst` next) — not for the work other
+/// threads enqueue meanwhile, which a wait for the whole stream would include.
+pub fn copy_to_host(device: &'static DeviceState, dst: &mut [u8], src: u64) -> Result<()> {
     device.bind()?;
     // SAFETY: `src` holds at least `dst.len()` bytes; `dst` is a live, exclusive slice
-    // that stays borrowed until the stream is synchronised below.
+    // that stays borrowed until the copy has completed (below).
     check("cuMemcpyDtoHAsync", unsafe {
         sys::cuMemcpyDtoHAsync_v2(
             dst.as_mut_ptr().cast(),
@@ -157,7 +158,35 @@ pub fn copy_to_host(device: &DeviceState, dst: &mut [u8], src: u64) -> Result<()
             device.stream() as sys::CUstream,
         )
     })?;
-    synchronize(device)
+    // Into pageable memory the call returns once the copy has completed ("API
+    // synchronization behavior" in the driver API docs): an event recorded now would
+    // also wait for what other threads enqueued during the call. Into page-locked
+    // memory (registered by someone else) the copy may still be queued: wait for it.
+    if is_page_locked(dst.as_ptr()) {
+        Event::record(device, device.stream())?.synchronize()?;
+    }
+    Ok(())
+}
+
+/// Whether the driver knows `p` as page-locked host memory (`cuMemHostAlloc`,
+/// `cuMemHostRegister`). Pageable memory is unknown to it (`CUDA_ERROR_INVALID_VALUE`);
+/// any other answer counts as page-locked, which only costs a wait.
+fn is_page_locked(p: *const u8) -> bool {
+    let mut kind: std::ffi::c_uint = 0;
+    // SAFETY: a query about an address (never dereferenced) into a live out-value of
+    // the attribute's type (an unsigned int).
+    let r = unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut kind as *mut std::ffi::c_uint).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            p as u64,
+        )
+    };
+    match r {
+        sys::CUresult::CUDA_SUCCESS => kind != sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32,
+        sys::CUresult::CUDA_ERROR_INVALID_VALUE => false,
+        _ => true,
+    }
 }
 
 /// Copies `bytes` of device memory from `src` to `dst` on ndx's stream.

@@ -59,18 +59,18 @@
 //   - cuMemcpyHtoDAsync from a pageable source first waits for the stream's queued
 //     work, then copies the source into a staging buffer at the call (the caller may
 //     reuse it at once); a source in cuMemHostAlloc memory is read when the stream
-//     reaches the copy, as DMA would, and the call returns at once. cuMemcpyDtoHAsync always writes
-//     when the stream reaches it, pageable destination included (stricter than a real
-//     driver, which completes pageable device-to-host copies before returning).
+//     reaches the copy, as DMA would, and the call returns at once. cuMemcpyDtoHAsync
+//     writes when the stream reaches the copy; into pageable memory the call returns only
+//     once the copy has run, as the driver documents, into cuMemHostAlloc memory at once.
 //
 // Test hooks (C linkage): ndx_emu_launch_count() counts the launches cuLaunchKernel
-// accepted; ndx_emu_reset() waits for the streams, clears the sticky error and the
-// counters and re-reads NDX_EMU_MEM_BYTES, NDX_EMU_FAULT_KERNEL,
-// NDX_EMU_KERNEL_DELAY_MS, NDX_EMU_LAUNCH_CALL_DELAY_MS and
-// NDX_EMU_EVENT_SYNC_DELAY_MS. NDX_EMU_WORKERS sets how
-// many warps run at once (default: the number of CPUs, at most 16);
-// NDX_EMU_KERNELS_DIR where the kernel libraries are (default: this library's
-// directory).
+// accepted, ndx_emu_kernels_run() the kernels that have run, ndx_emu_copy_count() the
+// copies queued on streams (cuMemcpy*Async); ndx_emu_reset() waits for the streams,
+// clears the sticky error and the counters and re-reads NDX_EMU_MEM_BYTES,
+// NDX_EMU_FAULT_KERNEL, NDX_EMU_KERNEL_DELAY_MS, NDX_EMU_LAUNCH_CALL_DELAY_MS and
+// NDX_EMU_EVENT_SYNC_DELAY_MS. NDX_EMU_WORKERS sets how many warps run at once
+// (default: the number of CPUs, at most 16); NDX_EMU_KERNELS_DIR where the kernel
+// libraries are (default: this library's directory).
 
 #include <dirent.h>
 #include <dlfcn.h>
@@ -360,6 +360,8 @@ State& S() {
 
 std::atomic<int> g_sticky{0};  // the context's sticky error, 0 when healthy
 std::atomic<unsigned long long> g_launches{0};
+std::atomic<unsigned long long> g_kernels_run{0};
+std::atomic<unsigned long long> g_async_copies{0};
 char g_context_token;  // the primary context's handle is its address
 CUcontext const kContext = &g_context_token;
 thread_local CUcontext t_current = nullptr;
@@ -643,11 +645,13 @@ std::vector<std::pair<std::shared_ptr<Stream>, unsigned long long>> implicit_dep
 }
 
 // Runs `op` now (synchronous mode) or queues it on `s`. Call without S().mu.
-void submit(const std::shared_ptr<Stream>& s, Op op) {
+// Queues `op` on `s` (runs it at once without NDX_EMU_ASYNC) and returns the
+// position `s->wait_for` waits for to see it done (0 where it already ran).
+unsigned long long submit(const std::shared_ptr<Stream>& s, Op op) {
     State& st = S();
     if (!st.async) {
         op();
-        return;
+        return 0;
     }
     Lock lock(st.mu);  // the dependency snapshot and the push are one step
     auto deps = implicit_deps_locked(s);
@@ -657,6 +661,7 @@ void submit(const std::shared_ptr<Stream>& s, Op op) {
         });
     }
     s->push(std::move(op));
+    return s->position();
 }
 
 // Waits until `s` has executed what was submitted to it so far (for the legacy
@@ -1026,6 +1031,7 @@ CUresult copy_bytes(CopyKind kind, void* dst, const void* src, size_t n, CUstrea
         s = find_stream_locked(hstream);
     }
     if (!s) return CUDA_ERROR_INVALID_HANDLE;
+    g_async_copies++;
     if (S().async && kind == HTOD && !in_pinned_host(src, n)) {
         // A pageable source: the stream is synchronised first and the source staged
         // at the call, as the driver API documents ("API synchronization behavior").
@@ -1036,9 +1042,12 @@ CUresult copy_bytes(CopyKind kind, void* dst, const void* src, size_t n, CUstrea
             if (!g_sticky) std::memcpy(dst, staged->data(), n);
         });
     } else {
-        submit(s, [=] {
+        const unsigned long long at = submit(s, [=] {
             if (!g_sticky) std::memmove(dst, src, n);
         });
+        // Into pageable memory the call returns once the copy has run, after the work
+        // queued before it (and not after what other threads queue meanwhile).
+        if (kind == DTOH && !in_pinned_host(dst, n)) s->wait_for(at);
     }
     return CUDA_SUCCESS;
 }
@@ -1369,6 +1378,19 @@ NDX_EMU_API CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr* pdptr, void* p, u
     if (CUresult r = check_ctx()) return r;
     if (pdptr == nullptr || flags != 0 || !in_pinned_host(p, 1)) return CUDA_ERROR_INVALID_VALUE;
     *pdptr = (CUdeviceptr)(uintptr_t)p;  // unified addressing: the same address
+    return CUDA_SUCCESS;
+}
+
+// Only CU_POINTER_ATTRIBUTE_MEMORY_TYPE (2): CU_MEMORYTYPE_HOST (1) for cuMemHostAlloc
+// memory, CU_MEMORYTYPE_DEVICE (2) for device memory; memory the driver does not know
+// (pageable) is CUDA_ERROR_INVALID_VALUE.
+NDX_EMU_API CUresult cuPointerGetAttribute(void* data, int attribute, CUdeviceptr p) {
+    if (CUresult r = check_ctx()) return r;
+    if (data == nullptr || attribute != 2) return CUDA_ERROR_INVALID_VALUE;
+    Lock lock(S().mu);
+    const Alloc* a = find_alloc_locked(p, 1);
+    if (a == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    *static_cast<unsigned*>(data) = a->host ? 1u : 2u;
     return CUDA_SUCCESS;
 }
 
@@ -1747,6 +1769,7 @@ NDX_EMU_API CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigne
         if (delay_ms) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
         job.params = args->ptrs.data();
         run_kernel(job);
+        g_kernels_run++;
     });
     // NDX_EMU_LAUNCH_CALL_DELAY_MS: the call returns late, its launch already queued,
     // so that other threads' stream operations land between it and the caller's next.
@@ -1760,6 +1783,14 @@ NDX_EMU_API unsigned long long ndx_emu_launch_count(void) {
     return g_launches.load();
 }
 
+NDX_EMU_API unsigned long long ndx_emu_kernels_run(void) {
+    return g_kernels_run.load();
+}
+
+NDX_EMU_API unsigned long long ndx_emu_copy_count(void) {
+    return g_async_copies.load();
+}
+
 NDX_EMU_API void ndx_emu_reset(void) {
     State& st = S();
     bool init;
@@ -1771,6 +1802,8 @@ NDX_EMU_API void ndx_emu_reset(void) {
     Lock lock(st.mu);
     g_sticky = 0;
     g_launches = 0;
+    g_kernels_run = 0;
+    g_async_copies = 0;
     st.launches_by_name.clear();
     st.cfg.read();
 }

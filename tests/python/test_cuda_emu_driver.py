@@ -321,6 +321,26 @@ def test_async_mode_orders_streams_through_events(emu):
         ok(cu.cuStreamSynchronize(s1))
         assert (download(dst, n, np.float32) == 5).all()
 
+        # cuMemcpyDtoHAsync into pageable memory returns once the copy has run, after
+        # the delayed kernel before it; into cuMemHostAlloc memory it returns at once.
+        ok(cu.cuMemsetD32_v2(res, 0, n))
+        ok(launch(add, 16, 256, [res, a, b, n, 0, 0], s1))
+        got = np.zeros(n, np.float32)
+        t0 = time.monotonic()
+        ok(cu.cuMemcpyDtoHAsync_v2(got.ctypes.data, res, got.nbytes, s1))
+        assert time.monotonic() - t0 >= 0.99, "a pageable download returned early"
+        assert (got == x + 1).all()
+        ok(cu.cuMemsetD32_v2(res, 0, n))
+        pinned = out(P, cu.cuMemHostAlloc, 4 * n, 0)
+        ok(launch(add, 16, 256, [res, a, b, n, 0, 0], s1))
+        t0 = time.monotonic()
+        ok(cu.cuMemcpyDtoHAsync_v2(pinned, res, 4 * n, s1))
+        assert time.monotonic() - t0 < 0.5, "a pinned download must return at once"
+        assert cu.cuStreamQuery(s1) == 600
+        ok(cu.cuStreamSynchronize(s1))
+        assert (peek(pinned, n, np.float32) == x + 1).all()
+        ok(cu.cuMemFreeHost(pinned))
+
         # A synchronous copy waits for blocking streams, not for non-blocking ones: a
         # missing synchronisation shows as stale data.
         blocking = stream(0)

@@ -346,6 +346,58 @@ def test_eager_gpu_work_is_enqueued_behind_running_work_without_waiting_for_it(t
     assert re.search(rf"CAUSE {ndx.NDX_ERROR_CHECK} .*not finite", out), out
 
 
+DOWNLOAD = textwrap.dedent(
+    """\
+    import ctypes
+    import time
+    import numpy as np
+    import ndx_ctypes as ndx
+    cu = ctypes.CDLL("libcuda.so.1")  # the emulated driver ndx loaded
+    for hook in ("launch_count", "kernels_run", "copy_count"):
+        f = getattr(cu, "ndx_emu_" + hook)
+        f.restype, f.argtypes = ctypes.c_uint64, []
+
+    def until(count, n):
+        # Waits until the counter `count` reached n (10 s at most); whether it did.
+        t0 = time.monotonic()
+        while count() < n and time.monotonic() - t0 < 10:
+            time.sleep(0.005)
+        return count() >= n
+
+    ctx = ndx.Context(mode=ndx.NDX_EVAL_EAGER)
+    up = ctx.invoke("to_device", [np.arange(1000, dtype=np.float32)])
+    up.wait()  # a copy: no kernel delay
+    x = up.tensor()
+    launched, ran, copies = (cu.ndx_emu_launch_count(), cu.ndx_emu_kernels_run(),
+                             cu.ndx_emu_copy_count())
+    a = ctx.invoke("add", [x, x])  # every kernel runs 1 s late (NDX_EMU_KERNEL_DELAY_MS)
+    print("A_LAUNCHED", until(lambda: cu.ndx_emu_launch_count() - launched, 1))
+    # The download's copy is queued behind the add's kernel: it waits for it.
+    h = ctx.invoke("to_host", [x])
+    print("COPY_QUEUED", until(lambda: cu.ndx_emu_copy_count() - copies, 1))
+    # Another invocation is queued behind the copy while the download waits.
+    b = ctx.invoke("mul", [x, x])
+    print("B_LAUNCHED", until(lambda: cu.ndx_emu_launch_count() - launched, 2),
+          h.poll() == ndx.NDX_FUTURE_PENDING)
+    got = h.result()
+    print("KERNELS_RUN_AT_DOWNLOAD", cu.ndx_emu_kernels_run() - ran)
+    print("DOWNLOAD", bool(np.array_equal(got, np.arange(1000, dtype=np.float32))))
+    print("B", bool(np.array_equal(ctx.invoke("to_host", [b.tensor()]).result(),
+                                   np.arange(1000, dtype=np.float32) ** 2)))
+    """
+)
+
+
+def test_a_download_waits_for_its_copy_not_for_work_queued_after_it(tmp_path):
+    # to_host waits for the work queued before its copy (the add) and for the copy,
+    # not for the mul another worker queued behind it while it waited. A wait for the
+    # whole stream (cuStreamSynchronize) would return after the mul ran too: 2 kernels.
+    out = run_script(tmp_path, "download.py", DOWNLOAD, NDX_EMU_KERNEL_DELAY_MS="1000")
+    for line in ("A_LAUNCHED True", "COPY_QUEUED True", "B_LAUNCHED True True",
+                 "KERNELS_RUN_AT_DOWNLOAD 1", "DOWNLOAD True", "B True"):
+        assert line in out, out
+
+
 TO_HOST_BLOCKING = textwrap.dedent(
     """\
     import ctypes
