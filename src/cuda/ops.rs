@@ -959,12 +959,7 @@ fn resize(job: &Job, t: &Tensor, args: &Args, meta: &TMeta) -> Result<Tensor> {
     }
     let name = match plan.interp {
         crate::ops::resize::Interp::Nearest => format!("ndx_resize_nearest_{sfx}"),
-        crate::ops::resize::Interp::Linear
-            if dtype == DType::U8
-                && g.in_h == 2 * g.out_h
-                && g.in_w == 2 * g.out_w
-                && !matches!(g.c, 1 | 3 | 4) =>
-        {
+        crate::ops::resize::Interp::Linear if plan.halves_by_area(s, dtype) => {
             "ndx_resize_area2_u8".to_string()
         }
         crate::ops::resize::Interp::Linear => format!("ndx_resize_linear_{sfx}"),

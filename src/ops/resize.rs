@@ -81,6 +81,21 @@ pub fn plan(m: &TMeta, args: &Args) -> Result<Plan> {
     })
 }
 
+impl Plan {
+    /// Whether the linear resize of an image of `shape` and `dtype` is OpenCV's 2 x 2
+    /// area filter instead: an exact uint8 halving of pixels of other than 1, 3 or 4
+    /// channels, whose block means OpenCV rounds half to even (for 1, 3 and 4 channels
+    /// its vector path equals the linear blend). The pixel's channels, whatever the
+    /// layout: a CHW image of 2 planes has 2-channel pixels.
+    pub fn halves_by_area(&self, shape: &[i64], dtype: DType) -> bool {
+        self.interp == Interp::Linear
+            && dtype == DType::U8
+            && shape[self.axes.0] == 2 * self.out_h
+            && shape[self.axes.1] == 2 * self.out_w
+            && !matches!(shape[self.axes.2], 1 | 3 | 4)
+    }
+}
+
 /// The output shape.
 pub fn out_shape(m: &TMeta, p: &Plan) -> Vec<i64> {
     let mut shape = m.shape.clone();
@@ -387,10 +402,7 @@ pub fn run(t: &Tensor, p: &Plan) -> Result<Tensor> {
             bool => unreachable!("rejected by plan"));
     }
     match t.dtype() {
-        // OpenCV turns an exact halving into its area filter, which rounds the mean of
-        // each 2 x 2 block half to even for pixels of other than 1, 3 or 4 channels
-        // (for those, its vector path equals the linear blend below).
-        DType::U8 if g.h == 2 * oh && g.w == 2 * ow && !matches!(g.c, 1 | 3 | 4) => {
+        DType::U8 if p.halves_by_area(t.shape(), DType::U8) => {
             resize_typed::<u8>(t, &shape, |s, o| {
                 halve_u8(s, g, o);
                 Ok(())

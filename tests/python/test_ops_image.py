@@ -1045,14 +1045,16 @@ def test_resize_uint8_linear_matches_opencv(ctx, c, case):
 
 @pytest.mark.parametrize("case", [(30, 40, 15, 20), (37, 53, 11, 17), (8, 6, 4, 3), (5, 7, 16, 23)], ids=resize_id)
 @pytest.mark.parametrize("c", [1, 2, 3, 5, 6])
-def test_resize_uint8_linear_equals_opencv_bit_for_bit(ctx, c, case):
-    """Every pixel equal, for any channel count: OpenCV halves an image exactly with
-    its area filter (2 x 2 means rounded half to even for 2, 5, 6 channels)."""
+@pytest.mark.parametrize("layout", ["HWC", "CHW"])
+def test_resize_uint8_linear_equals_opencv_bit_for_bit(ctx, layout, c, case):
+    """Every pixel equal, for any channel count and layout: OpenCV halves an image
+    exactly with its area filter (2 x 2 means rounded half to even for pixels of 2, 5,
+    6 channels, which a CHW image of as many planes has too)."""
     cv2 = need("cv2")
     ih, iw, oh, ow = case
-    img = make_values(rng_for("resize u8 exact", c, case), U8, (ih, iw, c))
-    got, what = run_resize(ctx, img, "HWC", oh, ow)
-    want = cv_resize(cv2, img, "HWC", oh, ow, cv2.INTER_LINEAR)
+    img = from_hwc(make_values(rng_for("resize u8 exact", c, case), U8, (ih, iw, c)), layout)
+    got, what = run_resize(ctx, img, layout, oh, ow)
+    want = cv_resize(cv2, img, layout, oh, ow, cv2.INTER_LINEAR)
     assert_same(got, want, what)
 
 
