@@ -379,18 +379,9 @@ impl ContextInner {
                 ),
             )));
         }
-        let (out_meta, batch_len) = infer(&def, &inputs, &args).map_err(|e| {
-            fail(Error::new(
-                e.kind(),
-                format!("operator '{op}': {}", e.message()),
-            ))
-        })?;
-        check_outputs(&out_meta, &outputs).map_err(|e| {
-            fail(Error::new(
-                e.kind(),
-                format!("operator '{op}': {}", e.message()),
-            ))
-        })?;
+        let (out_meta, batch_len) =
+            infer(&def, &inputs, &args).map_err(|e| fail(crate::ops::of_operator(op, &e)))?;
+        check_outputs(&out_meta, &outputs).map_err(|e| fail(crate::ops::of_operator(op, &e)))?;
         let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
         let out_device = output_device(&def, &inputs, &args);
         let node = Node::new(NodeSpec {

@@ -277,6 +277,18 @@ fn kernel_cast(inputs: &[&Tensor], args: &Args) -> Result<Vec<Tensor>> {
     Ok(vec![kernels::cast(inputs[0], dtype)?])
 }
 
+/// A call-time error `e` of operator `op`, its message starting with "operator 'op'"
+/// once: messages of the schema and of some operators' inference already name it.
+pub fn of_operator(op: &str, e: &Error) -> Error {
+    let named = format!("operator '{op}'");
+    let message = if e.message().starts_with(&named) {
+        e.message().to_string()
+    } else {
+        format!("{named}: {}", e.message())
+    };
+    Error::new(e.kind(), message)
+}
+
 /// Describes a shape mismatch between a kernel's declared and actual output.
 pub fn describe_meta(m: &TMeta) -> String {
     format!("{} {}", m.dtype.name(), dims(&m.shape))

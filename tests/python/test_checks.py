@@ -712,6 +712,7 @@ def test_bad_operator_arguments_fail_at_invoke(context, policy):
             ctx.invoke(op, [x], args=args)
         err = info.value
         assert err.kind == kind and fragment in err.message, (op, args, err.kind_name, err.message)
+        assert err.message.count(f"operator '{op}'") == 1, err.message  # named once
         assert err.op == op and err.check_info is None, (op, err.op)
         assert (err.frames[0].function, err.frames[0].line) == site, err.frames
     no_flags(ctx)
