@@ -504,6 +504,32 @@ fn batch_flags_name_their_sample() {
 }
 
 #[test]
+fn a_fail_fast_batch_failure_documents_its_failing_sample() {
+    // FAIL_FAST fails the invocation while running: its repro document, like a
+    // kernel error's, holds the failing sample's inputs.
+    let ctx = context(EvalMode::Eager, Policy::FailFast, checks::USER);
+    let s0 = tensor(DType::F32, &[1f32, 2.0], &[2]);
+    let s1 = tensor(DType::F32, &[5f32, f32::INFINITY], &[2]);
+    let b = Batch::new(vec![s0, s1]).unwrap();
+    let b = Input::Batch(Arc::new(BatchRef::ready(Arc::new(b))));
+    let node = ctx
+        .invoke("check_finite", vec![b], Args::new(), None, here())
+        .unwrap();
+    node.wait(None).unwrap();
+    let Some(Err(e)) = node.result() else {
+        panic!("did not fail")
+    };
+    let e = e.clone();
+    assert_eq!(e.kind(), ErrorKind::Check);
+    let doc: serde_json::Value = serde_json::from_str(e.repro().expect("a document")).unwrap();
+    assert_eq!(doc["op"], "check_finite");
+    assert_eq!(doc["sample"], 1);
+    assert_eq!(doc["inputs"].as_array().unwrap().len(), 1);
+    assert_eq!(doc["inputs"][0]["bytes"], "0000a0400000807f"); // 5.0, inf
+    assert_eq!(doc["error"]["message"], e.message());
+}
+
+#[test]
 fn evaluate_reports_failures_and_the_check_group_together() {
     let ctx = context(EvalMode::Eager, Policy::Collect, checks::USER);
     ctx.invoke("check", vec![bools(&[false])], msg("m"), None, here())

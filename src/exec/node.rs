@@ -1059,7 +1059,13 @@ impl Node {
         if self.checks.policy == checks::Policy::FailFast {
             let mut flags = flags;
             return match flags.next() {
-                Some(first) => Err(first.to_error()),
+                // An execution failure like a kernel's: with the run's repro document,
+                // and wrapped by the `noexcept` backend.
+                Some(first) => {
+                    let sample = first.raised.sample;
+                    let e = self.with_repro(first.to_error(), &run_inputs(inputs, sample), sample);
+                    Err(self.backend_wrap(e))
+                }
                 None => Ok(()),
             };
         }
@@ -1301,4 +1307,28 @@ impl Node {
         self.complete(Err(e));
         true
     }
+}
+
+/// The tensors a completed run read: the whole invocation's inputs (a batch's samples
+/// all), or those of batch sample `s` (a tensor input is every sample's).
+fn run_inputs(inputs: &[Input], sample: Option<usize>) -> Vec<Arc<Tensor>> {
+    let mut tensors = Vec::new();
+    for input in inputs {
+        match input {
+            Input::Tensor(t) => {
+                if let Some(Ok(t)) = t.ready_data().or_else(|| t.launched_data().map(Ok)) {
+                    tensors.push(t.clone());
+                }
+            }
+            Input::Batch(b) => {
+                if let Some(Ok(b)) = b.ready_data().or_else(|| b.launched_data().map(Ok)) {
+                    match sample {
+                        Some(s) => tensors.extend(b.sample(s).ok().cloned()),
+                        None => tensors.extend(b.samples().iter().cloned()),
+                    }
+                }
+            }
+        }
+    }
+    tensors
 }

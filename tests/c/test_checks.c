@@ -132,6 +132,16 @@ static void test_fail_fast(void) {
     ndx_check_info_t i = info_of(e);
     CHECK(i.first_index == 1 && i.count == 1, "first %llu count %llu",
           (unsigned long long)i.first_index, (unsigned long long)i.count);
+    /* Failed while running: it carries a repro document, as a kernel error does. */
+    size_t n = ndx_error_repro(e, NULL, 0);
+    char* doc = n ? malloc(n + 1) : NULL;
+    if (CHECK(doc != NULL, "a FAIL_FAST failure has a repro document")) {
+      ndx_error_repro(e, doc, n + 1);
+      CHECK(ndx_test_contains(doc, "\"op\": \"check\"") &&
+                ndx_test_contains(doc, "\"bytes\": \"010001\""),
+            "the document names the op and holds the predicate: %s", doc);
+    }
+    free(doc);
     ndx_error_free(e);
   }
   CHECK(ndx_context_take_check_errors(ctx) == NULL, "nothing collected under FAIL_FAST");

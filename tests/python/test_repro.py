@@ -117,3 +117,32 @@ def test_errors_without_an_invocation_have_no_document():
         with pytest.raises(ndx.NdxError) as info:
             ctx.invoke("no_such_op", [np.int32([1])])
     assert info.value.repro is None
+
+
+@pytest.mark.parametrize("mode", [ndx.NDX_EVAL_EAGER, ndx.NDX_EVAL_DEFERRED, ndx.NDX_EVAL_SYNC_CPU])
+def test_a_fail_fast_check_failure_carries_a_document_that_replays(mode):
+    # A check that fails its invocation (FAIL_FAST) fails it while running, as a
+    # kernel error does: its document replays on a context with the same checks.
+    x = np.float32([1.0, np.nan, 3.0])
+    checks = dict(check_policy=ndx.NDX_CHECKS_FAIL_FAST, check_categories=ndx.NDX_CHECK_USER)
+    with ndx.Context(mode=mode, **checks) as ctx:
+        err = failed(ctx.invoke("check_finite", [x]))
+        assert err.kind == ndx.NDX_ERROR_CHECK and err.op == "check_finite", err
+        doc = json.loads(err.repro)
+        assert doc["op"] == "check_finite" and doc["sample"] is None
+        assert doc["error"] == {"kind": err.kind_name, "message": err.message}
+        assert bytes.fromhex(doc["inputs"][0]["bytes"]) == x.tobytes()
+        again = failed(ctx.repro_run(err.repro))
+        assert (again.kind, again.op) == (err.kind, err.op), again
+        assert "not finite" in again.message and "not finite" in err.message, err.message
+
+
+def test_noexcept_wraps_a_fail_fast_check_failure():
+    # Every execution failure becomes a BACKEND error with the original as its cause.
+    with ndx.Context(backend="noexcept", check_policy=ndx.NDX_CHECKS_FAIL_FAST,
+                     check_categories=ndx.NDX_CHECK_USER) as ctx:
+        err = failed(ctx.invoke("check_finite", [np.float32([np.nan])]))
+    assert err.kind == ndx.NDX_ERROR_BACKEND, err
+    assert err.message == "unexpected error when running check_finite", err.message
+    assert err.cause is not None and err.cause.kind == ndx.NDX_ERROR_CHECK, err.cause
+    assert json.loads(err.repro)["op"] == "check_finite"  # found in the cause chain
