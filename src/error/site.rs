@@ -265,7 +265,10 @@ impl Site {
                     continue;
                 }
                 leading = false;
-                if !is_runtime(&frame) {
+                // Outward of the caller, ndx's own frames are its machinery that ran
+                // the caller's code (a callback's or host kernel's trampoline, the
+                // worker): left out, as the runtime's are.
+                if !is_runtime(&frame) && !is_ndx(&frame) {
                     frames.push(frame);
                 }
             }
@@ -285,20 +288,38 @@ fn is_internal(frame: &Frame, trim_by_name: bool) -> bool {
         return false;
     };
     (trim_by_name
-        && ["ndx::", "<ndx::", "backtrace::", "<backtrace::"]
-            .iter()
-            .any(|p| name.starts_with(p)))
+        && (is_ndx(frame)
+            || ["backtrace::", "<backtrace::"]
+                .iter()
+                .any(|p| name.starts_with(p))))
         || is_runtime(frame)
 }
 
-/// Frames of the Rust runtime and standard library, and the C runtime's process and
-/// thread start-up: never the user's code, and noise in a traceback.
+/// Frames of ndx's Rust code (by path: a C caller's function named `ndx_...` is not).
+fn is_ndx(frame: &Frame) -> bool {
+    frame
+        .function()
+        .is_some_and(|name| name.starts_with("ndx::") || name.starts_with("<ndx::"))
+}
+
+/// Frames of the Rust runtime and standard library, of the worker pool (rayon), and
+/// the C runtime's process and thread start-up: never the user's code, and noise in a
+/// traceback.
 fn is_runtime(frame: &Frame) -> bool {
     let Some(name) = frame.function() else {
         return false;
     };
-    const PREFIXES: [&str; 8] = [
-        "std::", "<std::", "core::", "<core::", "alloc::", "<alloc::", "__rust", "rust_",
+    const PREFIXES: [&str; 10] = [
+        "std::",
+        "<std::",
+        "core::",
+        "<core::",
+        "alloc::",
+        "<alloc::",
+        "__rust",
+        "rust_",
+        "rayon_core::",
+        "<rayon_core::",
     ];
     const START_UP: [&str; 6] = [
         "_start",

@@ -152,6 +152,52 @@ static void test_fail_fast(void) {
   ndx_context_release(ctx);
 }
 
+/* A site captured from inside a callback has the callback's frame first and no
+ * frame of ndx's machinery (the callback's trampoline, the worker) after it. */
+static ndx_context_t* cb_ctx;
+static ndx_tensor_t* cb_input;
+static int cb_line;
+
+static NDX_TEST_NOINLINE void cb_invoke_check(void* user, const ndx_future_t* f) {
+  (void)user;
+  (void)f;
+  ndx_input_t in[1] = {ndx_test_in(cb_input)};
+  ndx_future_t* g = NULL;
+  cb_line = __LINE__; CHECK_OK(ndx_invoke(cb_ctx, "check_finite", in, 1, NULL, NULL, &g));
+  ndx_future_release(g);
+}
+
+static void test_site_of_an_invoke_from_a_callback(void) {
+  cb_ctx = context(NDX_EVAL_EAGER, NDX_CHECKS_COLLECT, NDX_CHECK_ALL);
+  CHECK_OK(ndx_context_set_capture_policy(cb_ctx, NDX_CAPTURE_NATIVE, 16));
+  const float xv[2] = {1.0f, 0.0f / 0.0f};
+  cb_input = f32s(xv, 2);
+  ndx_input_t in[1] = {ndx_test_in(cb_input)};
+  ndx_future_t* f = NULL;
+  CHECK_OK(ndx_invoke(cb_ctx, "neg", in, 1, NULL, NULL, &f));
+  CHECK_OK(ndx_future_on_ready(f, cb_invoke_check, NULL, NULL));
+  CHECK_OK(ndx_future_wait(f, -1));
+  ndx_error_t* e = ndx_context_evaluate(cb_ctx);
+  const ndx_error_t* flag = e ? ndx_error_related(e, 0) : NULL;
+  if (CHECK(flag != NULL, "the callback's check raised a flag")) {
+    CHECK_FRAME(flag, 0, "test_checks.c", cb_line, "cb_invoke_check", NDX_FRAME_NATIVE);
+    for (size_t i = 0; i < ndx_error_frame_count(flag); i++) {
+      ndx_frame_t fr;
+      memset(&fr, 0, sizeof fr);
+      fr.struct_size = sizeof fr;
+      CHECK_OK(ndx_error_frame(flag, i, &fr));
+      const char* fn = fr.function ? fr.function : "";
+      CHECK(strncmp(fn, "ndx::", 5) != 0 && strncmp(fn, "<ndx::", 6) != 0 &&
+                strstr(fn, "rayon_core::") == NULL,
+            "frame %zu is ndx's machinery: %s", i, fn);
+    }
+  }
+  ndx_error_free(e);
+  ndx_future_release(f);
+  ndx_tensor_release(cb_input);
+  ndx_context_release(cb_ctx);
+}
+
 static void test_off_and_switching(void) {
   ndx_context_t* ctx = context(NDX_EVAL_SYNC_CPU, 0, 0);
   const bool pv[1] = {false};
@@ -281,6 +327,7 @@ int main(void) {
   test_collect_in_enqueue_order(NDX_EVAL_EAGER);
   test_collect_in_enqueue_order(NDX_EVAL_DEFERRED);
   test_fail_fast();
+  test_site_of_an_invoke_from_a_callback();
   test_off_and_switching();
   test_folding_in_a_loop();
   test_bad_arguments();
