@@ -532,6 +532,56 @@ fn resize_rejects_bad_requests_at_invoke() {
     );
 }
 
+/// An output whose byte size overflows is refused at `ndx_invoke` in every mode (a
+/// DEFERRED one included, whose pending output would otherwise lend metadata it cannot
+/// represent), naming the argument: resize's `h`, and for any other operator the output.
+#[test]
+fn outputs_too_large_to_address_are_refused_at_invoke() {
+    let img = T::host(&SMALL, U8, &[2, 2, 1], Some(c"HWC"));
+    let huge = Args::resize(1 << 62, 4, None);
+    for mode in [DEFERRED, EAGER] {
+        let ctx = Ctx::new(mode);
+        expect_invoke_err(
+            &ctx,
+            c"resize",
+            &[img.input()],
+            Some(&huge),
+            0,
+            NDX_ERROR_VALUE,
+            "resize to h = 4611686018427387904, w = 4: the output of shape \
+             [4611686018427387904, 4, 1] (uint8) is too large to address",
+        );
+        // The generic check behind every operator: a broadcast of two zero-stride views.
+        let one = [1i8];
+        let wrap = |shape: &[i64]| {
+            let mut t = std::ptr::null_mut();
+            ok(ndx_tensor_wrap_host(
+                one.as_ptr().cast_mut().cast::<c_void>(),
+                I8,
+                2,
+                shape.as_ptr(),
+                [0i64, 0].as_ptr(),
+                None,
+                std::ptr::null_mut(),
+                std::ptr::null(),
+                &mut t,
+            ));
+            T(t)
+        };
+        let (col, row) = (wrap(&[1 << 32, 1]), wrap(&[1, 1 << 32]));
+        expect_invoke_err(
+            &ctx,
+            c"add",
+            &[col.input(), row.input()],
+            None,
+            0,
+            NDX_ERROR_VALUE,
+            "operator 'add': output 0: shape [4294967296, 4294967296] of int8 (itemsize 1) \
+             is too large to address",
+        );
+    }
+}
+
 // ---- rgb_to_gray and normalize -------------------------------------------------------------
 
 #[test]

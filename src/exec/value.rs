@@ -9,7 +9,7 @@ use super::node::{Data, Node};
 use crate::debug::explain::{Flush, Why};
 use crate::error::{Error, Result};
 use crate::ops::TMeta;
-use crate::tensor::{Batch, DType, Device, Tensor, compact_strides};
+use crate::tensor::{Batch, DType, Device, Tensor, compact_nbytes, compact_strides};
 
 /// Where a handle's data comes from.
 enum Source<T> {
@@ -38,12 +38,15 @@ struct PendingMeta {
 }
 
 impl PendingMeta {
-    fn new(meta: TMeta) -> PendingMeta {
-        PendingMeta {
-            strides: compact_strides(&meta.shape).unwrap_or_default(),
+    /// `None` when the shape has no compact strides (its size overflows): such metadata
+    /// is not lent out (operators refuse those outputs at enqueue), never with empty
+    /// strides.
+    fn new(meta: TMeta) -> Option<PendingMeta> {
+        Some(PendingMeta {
+            strides: compact_strides(&meta.shape)?,
             layout: CString::new(meta.layout.clone()).unwrap_or_default(),
             meta,
-        }
+        })
     }
 }
 
@@ -71,16 +74,19 @@ impl TensorRef {
     /// one, else compact.
     pub(crate) fn pending(node: Arc<Node>, index: usize, meta: Option<TMeta>) -> TensorRef {
         let strides = node.out_tensor(index).map(|t| t.strides().to_vec());
+        let meta = meta.and_then(|m| {
+            let mut p = PendingMeta::new(m)?;
+            if let Some(s) = strides {
+                p.strides = s;
+            }
+            Some(p)
+        });
         TensorRef {
-            summary: meta.clone().map_or_else(OnceLock::new, OnceLock::from),
+            summary: meta
+                .as_ref()
+                .map_or_else(OnceLock::new, |p| OnceLock::from(p.meta.clone())),
             source: Source::Pending(node, index),
-            meta: meta.map(|m| {
-                let mut p = PendingMeta::new(m);
-                if let Some(s) = strides {
-                    p.strides = s;
-                }
-                p
-            }),
+            meta,
         }
     }
 
@@ -173,11 +179,13 @@ impl TensorRef {
     }
     /// Element count.
     pub fn numel(&self) -> Result<usize> {
-        Ok(self.shape()?.iter().product::<i64>() as usize)
+        let shape = self.shape()?;
+        compact_nbytes(shape, 1).ok_or_else(|| too_large(shape))
     }
     /// Compact byte size.
     pub fn nbytes(&self) -> Result<usize> {
-        Ok(self.numel()? * self.dtype()?.itemsize())
+        let shape = self.shape()?;
+        compact_nbytes(shape, self.dtype()?.itemsize()).ok_or_else(|| too_large(shape))
     }
     /// The device: known at enqueue for most pending outputs (from their inputs'),
     /// else asked of the data.
@@ -194,6 +202,13 @@ impl TensorRef {
             None => Ok(self.resolve_as(Flush::Metadata)?.read_only()),
         }
     }
+}
+
+fn too_large(shape: &[i64]) -> Error {
+    Error::value(format!(
+        "tensor: shape {} is too large to address",
+        crate::tensor::dims(shape)
+    ))
 }
 
 /// A batch handle (`ndx_batch_t`): data, or a pending invocation's output.

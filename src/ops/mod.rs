@@ -19,7 +19,7 @@ use parking_lot::RwLock;
 
 use crate::error::{Error, Result};
 use crate::exec::args::{ArgType, ArgValue, Args};
-use crate::tensor::{DType, Tensor, dims};
+use crate::tensor::{DType, Tensor, compact_nbytes, dims};
 
 /// Metadata of one tensor (or one sample of a batch), known before the data.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -253,11 +253,37 @@ pub fn builtin(name: &str) -> Option<Arc<OpDef>> {
                 infer: Some(Arc::new(infer_cast)),
                 kernel: Kernel::Builtin(Arc::new(kernel_cast)),
             }]);
-            ops.into_iter().map(Arc::new).collect()
+            ops.into_iter()
+                .map(|mut op| {
+                    op.infer = op.infer.map(addressable_outputs);
+                    Arc::new(op)
+                })
+                .collect()
         })
         .iter()
         .find(|op| op.name == name)
         .cloned()
+}
+
+/// Wraps an operator's metadata inference so that it refuses outputs that could not be
+/// addressed (their byte size overflows), whatever the operator: the one check behind
+/// every built-in, so that a pending output's metadata (strides, numel, nbytes) is always
+/// representable.
+fn addressable_outputs(infer: InferFn) -> InferFn {
+    Arc::new(move |inputs: &[&TMeta], args: &Args| {
+        let outs = infer(inputs, args)?;
+        for (i, m) in outs.iter().enumerate() {
+            if compact_nbytes(&m.shape, m.dtype.itemsize()).is_none() {
+                return Err(Error::value(format!(
+                    "output {i}: shape {} of {} (itemsize {}) is too large to address",
+                    dims(&m.shape),
+                    m.dtype.name(),
+                    m.dtype.itemsize()
+                )));
+            }
+        }
+        Ok(outs)
+    })
 }
 
 fn infer_cast(inputs: &[&TMeta], args: &Args) -> Result<Vec<TMeta>> {

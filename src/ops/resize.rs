@@ -52,6 +52,16 @@ pub fn plan(m: &TMeta, args: &Args) -> Result<Plan> {
             "resize to {out_w}x{out_h} (w x h): both sizes must be at least 1"
         )));
     }
+    let mut out = m.shape.clone();
+    out[axes.0] = out_h;
+    out[axes.1] = out_w;
+    if crate::tensor::compact_nbytes(&out, m.dtype.itemsize()).is_none() {
+        return Err(Error::value(format!(
+            "resize to h = {out_h}, w = {out_w}: the output of shape {} ({}) is too large to address",
+            dims(&out),
+            m.dtype.name()
+        )));
+    }
     let interp = match args.get("interp") {
         None => Interp::Linear,
         Some(ArgValue::Str(s)) => match s.to_bytes() {

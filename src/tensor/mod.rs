@@ -45,6 +45,20 @@ pub fn compact_strides(shape: &[i64]) -> Option<Vec<i64>> {
     Some(strides)
 }
 
+/// The byte size of a compact tensor of `shape` and `itemsize`, when such a tensor can be
+/// addressed: sizes non-negative, compact strides representable in `i64`, and
+/// `numel * itemsize` at most `isize::MAX`; `None` otherwise.
+pub fn compact_nbytes(shape: &[i64], itemsize: usize) -> Option<usize> {
+    if shape.iter().any(|&d| d < 0) {
+        return None;
+    }
+    compact_strides(shape)?;
+    let nbytes = shape
+        .iter()
+        .try_fold(itemsize, |acc, &d| acc.checked_mul(d as usize))?;
+    (nbytes <= isize::MAX as usize).then_some(nbytes)
+}
+
 /// The validated geometry of a view: strides, element count, and the byte span
 /// `[lo, lo + len)` it touches relative to the data pointer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -791,6 +805,19 @@ mod tests {
         assert!(e.message().contains("overflows"), "{e}");
         let e = validate_geometry("t", 16, &[2], Some(&[-8]), 4, 0).unwrap_err();
         assert!(e.message().contains("overflows"), "{e}");
+    }
+
+    #[test]
+    fn compact_nbytes_refuses_what_cannot_be_addressed() {
+        assert_eq!(compact_nbytes(&[2, 3], 4), Some(24));
+        assert_eq!(compact_nbytes(&[0, 5], 8), Some(0));
+        assert_eq!(compact_nbytes(&[], 2), Some(2));
+        // Elements fit in i64 but bytes pass isize::MAX.
+        assert_eq!(compact_nbytes(&[1 << 61], 8), None);
+        assert_eq!(compact_nbytes(&[1 << 62, 4, 1], 1), None);
+        // Empty, yet its compact strides overflow.
+        assert_eq!(compact_nbytes(&[0, 1 << 40, 1 << 40], 1), None);
+        assert_eq!(compact_nbytes(&[-1, 3], 1), None);
     }
 
     #[test]

@@ -377,13 +377,39 @@ static NDX_TEST_NOINLINE void test_resize(void) {
   ndx_input_t bin[1] = {ndx_test_in(bimg)};
   expect_invoke_error(ctx, "resize", bin, 1, linear, 0, NDX_ERROR_TYPE, "bool");
 
+  /* An output too large to address is refused at ndx_invoke, in DEFERRED mode too (whose
+   * pending output would otherwise lend metadata it cannot represent), naming h; any
+   * other operator's such output by the generic check (a broadcast of zero-stride views). */
+  ndx_args_t* huge = resize_args(INT64_C(1) << 62, 4, NULL);
+  const int8_t one = 1;
+  const int64_t col_shape[2] = {INT64_C(1) << 32, 1}, row_shape[2] = {1, INT64_C(1) << 32};
+  const int64_t zero_strides[2] = {0, 0};
+  ndx_tensor_t *col = NULL, *row = NULL;
+  CHECK_OK(ndx_tensor_wrap_host((void*)&one, NDX_DTYPE_INT8, 2, col_shape, zero_strides, NULL,
+                                NULL, NULL, &col));
+  CHECK_OK(ndx_tensor_wrap_host((void*)&one, NDX_DTYPE_INT8, 2, row_shape, zero_strides, NULL,
+                                NULL, NULL, &row));
+  ndx_input_t col_row[2] = {ndx_test_in(col), ndx_test_in(row)};
+  const int32_t modes[2] = {NDX_EVAL_DEFERRED, NDX_EVAL_EAGER};
+  for (int m = 0; m < 2; m++) {
+    expect_invoke_error(ctx, "resize", in, 1, huge, modes[m], NDX_ERROR_VALUE,
+                        "resize to h = 4611686018427387904, w = 4: the output of shape "
+                        "[4611686018427387904, 4, 1] (uint8) is too large to address");
+    expect_invoke_error(ctx, "add", col_row, 2, NULL, modes[m], NDX_ERROR_VALUE,
+                        "operator 'add': output 0: shape [4294967296, 4294967296] of int8 "
+                        "(itemsize 1) is too large to address");
+  }
+
   ndx_args_free(linear);
   ndx_args_free(dflt);
   ndx_args_free(nearest);
   ndx_args_free(zero_h);
   ndx_args_free(cubic);
+  ndx_args_free(huge);
   ndx_tensor_release(img);
   ndx_tensor_release(bimg);
+  ndx_tensor_release(col);
+  ndx_tensor_release(row);
   ndx_context_release(ctx);
 }
 
