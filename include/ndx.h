@@ -38,6 +38,12 @@
 
 
 /**
+ * The largest capture depth accepted by `ndx_context_set_capture_policy` and
+ * `ndx_context_options_t.capture_depth`.
+ */
+#define NDX_MAX_CAPTURE_DEPTH 1024
+
+/**
  * Who supplied a frame.
  */
 enum ndx_frame_origin_t
@@ -632,8 +638,8 @@ typedef struct {
    */
   int32_t capture_policy;
   /**
-   * Capture depth (0: 16): native return addresses recorded, and host frames asked
-   * of the frame provider.
+   * Capture depth (0: 16), at most `NDX_MAX_CAPTURE_DEPTH` (more is NDX_ERROR_VALUE):
+   * native return addresses recorded, and host frames asked of the frame provider.
    */
   uint32_t capture_depth;
   /**
@@ -1228,7 +1234,8 @@ ndx_error_t *ndx_context_set_eval_mode(const ndx_context_t *ctx, int32_t mode);
 /**
  * Sets the capture policy and the capture depth (`depth` 0 keeps the current one):
  * the most native return addresses recorded (an inlined function can turn one into
- * several frames) and the `capacity` a frame provider is given. Thread-safe.
+ * several frames) and the `capacity` a frame provider is given. A `depth` above
+ * `NDX_MAX_CAPTURE_DEPTH` (1024) is NDX_ERROR_VALUE and changes nothing. Thread-safe.
  */
 ndx_error_t *ndx_context_set_capture_policy(const ndx_context_t *ctx,
                                             int32_t policy,

@@ -245,6 +245,77 @@ fn the_provider_is_asked_for_the_current_depth() {
     ndx_context_release(ctx);
 }
 
+static DEPTH_PROBE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+unsafe extern "C" fn depth_probe(_: *mut c_void, f: *mut ndx_host_frame_t, cap: usize) -> usize {
+    DEPTH_PROBE.store(cap, std::sync::atomic::Ordering::SeqCst);
+    if cap > 0 {
+        // SAFETY: ndx gives `cap` writable frames.
+        unsafe {
+            *f = ndx_host_frame_t {
+                function: c"py_fn".as_ptr(),
+                file: c"x.py".as_ptr(),
+                line: 3,
+            };
+        }
+        1
+    } else {
+        0
+    }
+}
+
+/// A capture depth above NDX_MAX_CAPTURE_DEPTH is refused (it once made ndx allocate
+/// the depth up front and abort the process); the maximum itself works in every policy.
+#[test]
+fn capture_depth_is_bounded_by_ndx_max_capture_depth() {
+    use ndx_capture_policy_t::*;
+    let ctx = context(NDX_CAPTURE_HOST);
+    ok(ndx_context_set_frame_provider(
+        ctx,
+        Some(depth_probe),
+        std::ptr::null_mut(),
+        None,
+    ));
+    for depth in [u32::MAX, NDX_MAX_CAPTURE_DEPTH + 1] {
+        common::expect_err(
+            ndx_context_set_capture_policy(ctx, NDX_CAPTURE_HOST as i32, depth),
+            ndx_error_kind_t::NDX_ERROR_VALUE,
+            &format!("argument 'depth' is {depth}, expected at most 1024 (NDX_MAX_CAPTURE_DEPTH)"),
+        );
+    }
+    // The refused calls changed nothing: the default depth.
+    let (e, _) = failing_add(ctx, std::ptr::null());
+    ndx_error_free(e);
+    assert_eq!(DEPTH_PROBE.load(std::sync::atomic::Ordering::SeqCst), 16);
+    for policy in [NDX_CAPTURE_HOST, NDX_CAPTURE_NATIVE, NDX_CAPTURE_ALL] {
+        ok(ndx_context_set_capture_policy(
+            ctx,
+            policy as i32,
+            NDX_MAX_CAPTURE_DEPTH,
+        ));
+        let (e, _) = failing_add(ctx, std::ptr::null());
+        assert!(ndx_error_frame_count(e) >= 1, "{policy:?}");
+        ndx_error_free(e);
+    }
+    assert_eq!(
+        DEPTH_PROBE.load(std::sync::atomic::Ordering::SeqCst),
+        NDX_MAX_CAPTURE_DEPTH as usize
+    );
+    ndx_context_release(ctx);
+
+    let opts = ndx_context_options_t {
+        capture_depth: u32::MAX,
+        ..Default::default()
+    };
+    let mut ctx = 0x5a5a_usize as *mut ndx_context_t;
+    common::expect_err(
+        ndx_context_new(&opts, &mut ctx),
+        ndx_error_kind_t::NDX_ERROR_VALUE,
+        "opts->capture_depth is 4294967295, expected at most 1024 (NDX_MAX_CAPTURE_DEPTH)",
+    );
+    assert!(ctx.is_null());
+}
+
 #[test]
 fn args_round_trip_through_the_builder_and_getters() {
     let mut args = std::ptr::null_mut();

@@ -5,7 +5,7 @@ mod format;
 mod site;
 
 pub(crate) use site::EntryGuard;
-pub use site::{DEFAULT_DEPTH, Frame, FrameOrigin, Site};
+pub use site::{DEFAULT_DEPTH, Frame, FrameOrigin, MAX_DEPTH, Site};
 
 use std::ffi::CString;
 use std::fmt;

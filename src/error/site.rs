@@ -100,6 +100,9 @@ const NAME_TRIM_SLACK: usize = 12;
 /// The default number of native frames recorded for errors raised by a C entry point.
 pub const DEFAULT_DEPTH: usize = 16;
 
+/// The largest capture depth the C API accepts (`NDX_MAX_CAPTURE_DEPTH`).
+pub const MAX_DEPTH: usize = 1024;
+
 thread_local! {
     static ENTRY_MARKER: Cell<usize> = const { Cell::new(0) };
 }
@@ -148,11 +151,12 @@ impl Site {
         let marker = ENTRY_MARKER.with(Cell::get);
         let trim_by_name = marker == 0;
         let limit = if trim_by_name {
-            depth + NAME_TRIM_SLACK
+            depth.saturating_add(NAME_TRIM_SLACK)
         } else {
             depth
         };
-        let mut ips = Vec::with_capacity(limit);
+        // Grows as frames come: the depth is a limit, not an expected size.
+        let mut ips = Vec::with_capacity(limit.min(DEFAULT_DEPTH + NAME_TRIM_SLACK));
         let mut inside = !trim_by_name;
         if limit > 0 {
             backtrace::trace(|frame| {
@@ -337,5 +341,21 @@ impl std::fmt::Debug for Site {
         f.debug_struct("Site")
             .field("ips", &self.ips.len())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The depth is a limit, not a size to allocate: an absurd one captures the stack
+    /// as it is.
+    #[test]
+    fn capture_native_does_not_preallocate_the_depth() {
+        for depth in [usize::MAX, usize::MAX / 8] {
+            let site = Site::capture_native(depth);
+            assert!(!site.ips.is_empty());
+            assert!(site.ips.len() < 10_000, "{}", site.ips.len());
+        }
     }
 }

@@ -114,8 +114,8 @@ pub struct ndx_context_options_t {
     pub eval_mode: i32,
     /// An `ndx_capture_policy_t` (0: NDX_CAPTURE_NATIVE).
     pub capture_policy: i32,
-    /// Capture depth (0: 16): native return addresses recorded, and host frames asked
-    /// of the frame provider.
+    /// Capture depth (0: 16), at most `NDX_MAX_CAPTURE_DEPTH` (more is NDX_ERROR_VALUE):
+    /// native return addresses recorded, and host frames asked of the frame provider.
     pub capture_depth: u32,
     /// Worker threads of the process-wide pool, used only by the first context that
     /// starts it (0: `NDX_NUM_THREADS`, else the number of cores).
@@ -374,6 +374,21 @@ fn eval_mode(raw: i32, arg: &str) -> Result<EvalMode> {
     })
 }
 
+/// The largest capture depth accepted by `ndx_context_set_capture_policy` and
+/// `ndx_context_options_t.capture_depth`.
+pub const NDX_MAX_CAPTURE_DEPTH: u32 = 1024;
+const _: () = assert!(NDX_MAX_CAPTURE_DEPTH as usize == crate::error::MAX_DEPTH);
+
+/// A capture depth from C: at most [`NDX_MAX_CAPTURE_DEPTH`].
+fn capture_depth(depth: u32, arg: &str) -> Result<usize> {
+    if depth > NDX_MAX_CAPTURE_DEPTH {
+        return Err(Error::value(format!(
+            "{arg} is {depth}, expected at most {NDX_MAX_CAPTURE_DEPTH} (NDX_MAX_CAPTURE_DEPTH)"
+        )));
+    }
+    Ok(depth as usize)
+}
+
 fn capture_policy(raw: i32, arg: &str) -> Result<CapturePolicy> {
     CapturePolicy::from_raw(raw).ok_or_else(|| {
         Error::value(format!(
@@ -428,7 +443,7 @@ pub extern "C" fn ndx_context_new(
                 settings.capture = capture_policy(o.capture_policy, "opts->capture_policy")?;
             }
             if o.capture_depth != 0 {
-                settings.depth = o.capture_depth as usize;
+                settings.depth = capture_depth(o.capture_depth, "opts->capture_depth")?;
             }
             if !o.backend.is_null() {
                 settings.backend = Backend::parse(&host_str(o.backend, "opts->backend")?)?;
@@ -474,7 +489,8 @@ pub extern "C" fn ndx_context_set_eval_mode(
 
 /// Sets the capture policy and the capture depth (`depth` 0 keeps the current one):
 /// the most native return addresses recorded (an inlined function can turn one into
-/// several frames) and the `capacity` a frame provider is given. Thread-safe.
+/// several frames) and the `capacity` a frame provider is given. A `depth` above
+/// `NDX_MAX_CAPTURE_DEPTH` (1024) is NDX_ERROR_VALUE and changes nothing. Thread-safe.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_context_set_capture_policy(
     ctx: *const ndx_context_t,
@@ -483,10 +499,11 @@ pub extern "C" fn ndx_context_set_capture_policy(
 ) -> *mut ndx_error_t {
     boundary("ndx_context_set_capture_policy", || {
         let policy = capture_policy(policy, "argument 'policy'")?;
+        let depth = capture_depth(depth, "argument 'depth'")?;
         borrow(ctx, "ctx")?.update(|s| {
             s.capture = policy;
             if depth > 0 {
-                s.depth = depth as usize;
+                s.depth = depth;
             }
         });
         Ok(())
@@ -550,6 +567,8 @@ fn host_frames(
     data: &UserData,
     capacity: usize,
 ) -> Vec<Frame> {
+    // The C API refuses larger depths; a Rust caller's setting is bounded here too.
+    let capacity = capacity.min(crate::error::MAX_DEPTH);
     let mut buf: Vec<ndx_host_frame_t> = (0..capacity)
         .map(|_| ndx_host_frame_t {
             function: std::ptr::null(),

@@ -1656,6 +1656,56 @@ static NDX_TEST_NOINLINE void test_accuracy(int32_t mode) {
 
 /* ---- EAGER runs on workers, never inline -------------------------------------------------- */
 
+/* ---- the capture depth is bounded ---------------------------------------------------------- */
+
+static size_t depth_probe_capacity;
+static size_t depth_probe(void* user, ndx_host_frame_t* frames, size_t capacity) {
+  (void)user;
+  depth_probe_capacity = capacity;
+  if (capacity == 0) return 0;
+  frames[0].function = "py_fn";
+  frames[0].file = "x.py";
+  frames[0].line = 3;
+  return 1;
+}
+
+/* A depth above NDX_MAX_CAPTURE_DEPTH is refused (it once made ndx allocate the depth up
+ * front and abort the process); the maximum works in every policy. */
+static NDX_TEST_NOINLINE void test_capture_depth_limit(void) {
+  ndx_context_t* ctx = make_ctx(NDX_EVAL_EAGER, NDX_CAPTURE_HOST, NULL);
+  CHECK_OK(ndx_context_set_frame_provider(ctx, depth_probe, NULL, NULL));
+  expect_error(ndx_context_set_capture_policy(ctx, NDX_CAPTURE_HOST, 0xffffffffu), NDX_ERROR_VALUE,
+               "argument 'depth' is 4294967295, expected at most 1024 (NDX_MAX_CAPTURE_DEPTH)");
+  expect_error(ndx_context_set_capture_policy(ctx, NDX_CAPTURE_NATIVE, NDX_MAX_CAPTURE_DEPTH + 1),
+               NDX_ERROR_VALUE, "argument 'depth' is 1025, expected at most 1024");
+  ndx_tensor_t* a = t_i32(kA);
+  ndx_input_t in[2] = {ndx_test_in(a), ndx_test_in(a)};
+  const int32_t policies[3] = {NDX_CAPTURE_HOST, NDX_CAPTURE_NATIVE, NDX_CAPTURE_ALL};
+  for (int p = 0; p < 3; p++) {
+    /* The refused calls changed nothing: the default depth first, then the maximum. */
+    if (p > 0) CHECK_OK(ndx_context_set_capture_policy(ctx, policies[p], NDX_MAX_CAPTURE_DEPTH));
+    ndx_future_t* f = NULL;
+    CHECK_OK(ndx_invoke(ctx, "add", in, 2, NULL, NULL, &f));
+    CHECK_OK(ndx_future_wait(f, -1));
+    ndx_future_release(f);
+    if (p == 0) {
+      CHECK(depth_probe_capacity == 16, "default depth: capacity %zu", depth_probe_capacity);
+    }
+  }
+  CHECK(depth_probe_capacity == NDX_MAX_CAPTURE_DEPTH, "capacity %zu", depth_probe_capacity);
+  ndx_tensor_release(a);
+  ndx_context_release(ctx);
+
+  ndx_context_options_t o;
+  memset(&o, 0, sizeof o);
+  o.struct_size = sizeof o;
+  o.capture_depth = 0xffffffffu;
+  ndx_context_t* bad = (ndx_context_t*)NDX_TEST_BOGUS_PTR;
+  expect_error(ndx_context_new(&o, &bad), NDX_ERROR_VALUE,
+               "opts->capture_depth is 4294967295, expected at most 1024 (NDX_MAX_CAPTURE_DEPTH)");
+  CHECK(bad == NULL, "the context out-param is NULL after an error");
+}
+
 static NDX_TEST_NOINLINE void test_eager_on_worker(void) {
   NDX_TEST_CONTEXT("EAGER on workers");
   ndx_context_t* ctx = make_ctx(NDX_EVAL_EAGER, NDX_CAPTURE_OFF, NULL);
@@ -1741,6 +1791,7 @@ int main(void) {
     RUN(test_accuracy(kModes[m]));
   }
   RUN(test_eager_on_worker());
+  RUN(test_capture_depth_limit());
   ndx_test_watchdog_stop();
   return NDX_TEST_SUMMARY("test_engine");
 }
