@@ -147,6 +147,17 @@ fn every_invalid_field_fails_naming_it_and_leaves_the_tensor_with_the_caller() {
             NDX_ERROR_VALUE as i32,
             "overflows the address space",
         ),
+        (
+            // A broadcast view spans a few bytes, but its elements do not fit compacted.
+            "zero-stride size overflow",
+            |s| {
+                s.shape = vec![1 << 61, 3];
+                s.strides = Some(vec![0, 1]);
+            },
+            NDX_ERROR_VALUE as i32,
+            "shape [2305843009213693952, 3] of itemsize 4 is too large to address: its \
+             compact size (6917529027641081856 elements x 4 bytes) overflows",
+        ),
     ];
     for (name, mutate, kind, fragment) in cases {
         let mut spec = base();
@@ -737,4 +748,45 @@ fn accessors_reject_null_handles_and_clear_out_params() {
     // SAFETY: static strings from ndx.
     assert_eq!(unsafe { CStr::from_ptr(ndx_dtype_name(11)) }, c"bfloat16");
     assert!(ndx_dtype_name(0).is_null());
+}
+
+/// A zero-stride (broadcast) view spans a few bytes but its elements, compacted, would
+/// not fit: refused at import, not a panic later in nbytes, copy_to, reshape or sum.
+#[test]
+fn zero_stride_imports_whose_compact_size_overflows_are_refused() {
+    let mut buf = [0u8; 32];
+    let cases: [(i32, &[i64], &[i64], &str); 2] = [
+        (
+            ndx_dtype_t::NDX_DTYPE_FLOAT64 as i32,
+            &[1 << 61],
+            &[0],
+            "tensor: shape [2305843009213693952] of itemsize 8 is too large to address: its \
+             compact size (2305843009213693952 elements x 8 bytes) overflows",
+        ),
+        (
+            ndx_dtype_t::NDX_DTYPE_INT8 as i32,
+            &[1 << 62, 3],
+            &[0, 0],
+            "tensor: shape [4611686018427387904, 3] of itemsize 1 is too large to address",
+        ),
+    ];
+    for (dtype, shape, strides, fragment) in cases {
+        let mut t = 0x5a5a_usize as *mut ndx_tensor_t;
+        expect_err(
+            ndx_tensor_wrap_host(
+                buf.as_mut_ptr().cast(),
+                dtype,
+                shape.len() as i32,
+                shape.as_ptr(),
+                strides.as_ptr(),
+                None,
+                std::ptr::null_mut(),
+                std::ptr::null(),
+                &mut t,
+            ),
+            NDX_ERROR_VALUE,
+            fragment,
+        );
+        assert!(t.is_null());
+    }
 }

@@ -28,7 +28,15 @@ fn ints(args: &Args, name: &str) -> Result<Option<Vec<i64>>> {
 fn reshape_view(shape: &[i64], args: &Args) -> Result<Vec<i64>> {
     let target =
         ints(args, "shape")?.ok_or_else(|| Error::value("reshape needs argument 'shape'"))?;
-    let numel: i64 = shape.iter().product();
+    let numel = shape
+        .iter()
+        .try_fold(1i64, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| {
+            Error::value(format!(
+                "reshape: the input of shape {} has more elements than fit in int64",
+                dims(shape)
+            ))
+        })?;
     let unknown: Vec<usize> = target
         .iter()
         .enumerate()

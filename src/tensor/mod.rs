@@ -103,6 +103,15 @@ pub fn validate_geometry(
         .iter()
         .try_fold(1usize, |acc, &d| acc.checked_mul(d as usize))
         .ok_or_else(overflow)?;
+    // Whatever the strides (zero ones broadcast a few bytes to many elements), the
+    // elements must fit compacted: copies, exports and outputs of the same shape.
+    if compact_nbytes(shape, itemsize).is_none() {
+        return Err(Error::value(format!(
+            "{what}: shape {} of itemsize {itemsize} is too large to address: its compact \
+             size ({numel} elements x {itemsize} bytes) overflows the address space",
+            dims(shape),
+        )));
+    }
     let strides = match strides {
         Some(s) => s.to_vec(),
         None => compact_strides(shape).ok_or_else(overflow)?,
@@ -335,11 +344,14 @@ impl Tensor {
     }
     /// Whether the strides are the compact row-major strides of the shape.
     pub fn is_compact(&self) -> bool {
-        self.shape
-            .iter()
-            .zip(&self.strides)
-            .zip(compact_strides(&self.shape).unwrap_or_default())
-            .all(|((&d, &s), c)| d <= 1 || s == c)
+        // A shape without compact strides cannot be compact (never a valid tensor's).
+        compact_strides(&self.shape).is_some_and(|compact| {
+            self.shape
+                .iter()
+                .zip(&self.strides)
+                .zip(compact)
+                .all(|((&d, &s), c)| d <= 1 || s == c)
+        })
     }
 
     /// Copies the elements, compacted in row-major order, into `dst`, which must hold
@@ -805,6 +817,11 @@ mod tests {
         assert!(e.message().contains("overflows"), "{e}");
         let e = validate_geometry("t", 16, &[2], Some(&[-8]), 4, 0).unwrap_err();
         assert!(e.message().contains("overflows"), "{e}");
+        // Zero strides touch 8 bytes, but the elements do not fit compacted.
+        let e = validate_geometry("t", 4096, &[1 << 61], Some(&[0]), 8, 0).unwrap_err();
+        assert!(e.message().contains("too large to address"), "{e}");
+        let e = validate_geometry("t", 4096, &[1 << 62, 3], Some(&[0, 0]), 1, 0).unwrap_err();
+        assert!(e.message().contains("too large to address"), "{e}");
     }
 
     #[test]

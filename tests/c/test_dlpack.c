@@ -179,6 +179,7 @@ enum mutation {
   M_DEVICE_ID_NEG,
   M_DATA_NULL,
   M_STRIDES_OVERFLOW,
+  M_BROADCAST_OVERFLOW,
   M_LAYOUT_LENGTH,
   M_LAYOUT_TWICE,
   M_LAYOUT_NOT_LETTERS,
@@ -202,6 +203,11 @@ static const struct {
     {NDX_ERROR_VALUE, "device id is -1", "device id -1"},
     {NDX_ERROR_VALUE, "data is NULL but the tensor has 6 elements", "data NULL"},
     {NDX_ERROR_VALUE, "overflows the address space", "strides overflow"},
+    /* A zero-stride view spans a few bytes, but its elements do not fit compacted. */
+    {NDX_ERROR_VALUE,
+     "shape [2305843009213693952, 3] of itemsize 4 is too large to address: its compact size "
+     "(6917529027641081856 elements x 4 bytes) overflows",
+     "broadcast size overflow"},
     {NDX_ERROR_VALUE, "layout \"HWC\" has 3 letters but the tensor has ndim 2", "layout HWC"},
     {NDX_ERROR_VALUE, "names dimension 'H' twice", "layout HH"},
     {NDX_ERROR_VALUE, "must consist of ASCII letters", "layout H1"},
@@ -213,6 +219,8 @@ static const struct {
 static int mutate(enum mutation m, DLTensor* dl, ndx_import_options_t* opts) {
   static int64_t neg_shape[2] = {2, -3};
   static int64_t huge_strides[2] = {INT64_MAX / 2, 1};
+  static int64_t broadcast_shape[2] = {INT64_C(1) << 61, 3};
+  static int64_t broadcast_strides[2] = {0, 1};
   switch (m) {
     case M_NDIM_NEG: dl->ndim = -1; break;
     case M_NDIM_HUGE: dl->ndim = 1000; break;
@@ -224,6 +232,10 @@ static int mutate(enum mutation m, DLTensor* dl, ndx_import_options_t* opts) {
     case M_DEVICE_ID_NEG: dl->device.device_id = -1; break;
     case M_DATA_NULL: dl->data = NULL; break;
     case M_STRIDES_OVERFLOW: dl->strides = huge_strides; break;
+    case M_BROADCAST_OVERFLOW:
+      dl->shape = broadcast_shape;
+      dl->strides = broadcast_strides;
+      break;
     case M_LAYOUT_LENGTH: opts->layout = "HWC"; break;
     case M_LAYOUT_TWICE: opts->layout = "HH"; break;
     case M_LAYOUT_NOT_LETTERS: opts->layout = "H1"; break;

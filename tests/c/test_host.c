@@ -428,6 +428,18 @@ static void test_wrap_host(void) {
   expect_error(ndx_tensor_wrap_host(NULL, NDX_DTYPE_INT32, 2, shape, NULL, wrap_deleter, &log3,
                                     NULL, &t),
                NDX_ERROR_VALUE, "data is NULL");
+  /* A zero-stride (broadcast) view whose elements x itemsize overflow: refused at import,
+   * not a panic in nbytes or copy_to later. */
+  const int64_t bshape[1] = {INT64_C(1) << 61}, bstrides[1] = {0};
+  expect_error(ndx_tensor_wrap_host(keep, NDX_DTYPE_FLOAT64, 1, bshape, bstrides, wrap_deleter,
+                                    &log3, NULL, &t),
+               NDX_ERROR_VALUE,
+               "shape [2305843009213693952] of itemsize 8 is too large to address");
+  CHECK(t == NULL, "out reset");
+  const int64_t bshape2[2] = {INT64_C(1) << 62, 3}, bstrides2[2] = {0, 0};
+  expect_error(ndx_tensor_wrap_host(keep, NDX_DTYPE_INT8, 2, bshape2, bstrides2, wrap_deleter,
+                                    &log3, NULL, &t),
+               NDX_ERROR_VALUE, "shape [4611686018427387904, 3] of itemsize 1 is too large");
   CHECK(log3.calls == 0, "never called on failure (%d)", log3.calls);
   keep[0] = 1; /* still ours: valgrind would flag a use after free */
   free(keep);
