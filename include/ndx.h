@@ -1176,7 +1176,8 @@ uint64_t ndx_error_sequence(const ndx_error_t *error);
  * needs, without the NUL — like `snprintf`: call with `cap = 0` to size a buffer.
  * The root cause comes first; links are joined by "The above exception was the
  * direct cause of the following exception:"; each link's frames print outermost
- * first ("most recent call last"). Returns 0 for a NULL `error`.
+ * first ("most recent call last"). A NULL `error` gives the empty text (returns 0,
+ * and writes the NUL when `cap > 0`).
  *
  * Thread-safe; borrows `error`.
  */
@@ -1544,7 +1545,7 @@ size_t ndx_explain_json(const ndx_explain_t *explain, char *buf, size_t cap);
 /**
  * Writes the repro document of `err` into `buf` (snprintf-like: at most `cap` bytes,
  * always NUL-terminated when `cap > 0`) and returns the length the full text needs;
- * 0 when `err` (and its cause chain) has none. Errors of invocations that failed
+ * 0 (and the empty text) when `err` is NULL or it and its cause chain have none. Errors of invocations that failed
  * while running carry one (an invocation failed by its input's failure finds it in
  * its cause chain): a JSON object with `op`, `args` (name, type, value), `inputs`
  * (dtype, shape, strides, layout, device, read_only, and `bytes` in hexadecimal, or
@@ -1553,7 +1554,9 @@ size_t ndx_explain_json(const ndx_explain_t *explain, char *buf, size_t cap);
  * (kind and message). Save it with a bug report; `ndx_repro_run` replays it.
  * Thread-safe.
  */
-size_t ndx_error_repro(const ndx_error_t *err, char *buf, size_t cap);
+size_t ndx_error_repro(const ndx_error_t *err,
+                       char *buf,
+                       size_t cap);
 
 /**
  * Replays a repro document on `ctx`: rebuilds the inputs from their bytes (compact

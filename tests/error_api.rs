@@ -215,6 +215,43 @@ fn kind_names_and_null_safety() {
     ndx_error_free(std::ptr::null_mut());
 }
 
+/// Every text producer NUL-terminates its buffer when `cap > 0`, also when the text is
+/// empty (a NULL object, an error without a repro document).
+#[test]
+fn text_producers_terminate_the_empty_text() {
+    let no_doc = ndx_error_new(
+        ndx_error_kind_t::NDX_ERROR_VALUE as i32,
+        c"no document".as_ptr(),
+        std::ptr::null_mut(),
+    );
+    type Producer<'a> = &'a dyn Fn(*mut std::ffi::c_char, usize) -> usize;
+    let producers: [(&str, Producer); 4] = [
+        ("ndx_error_format(NULL)", &|b, c| {
+            ndx_error_format(std::ptr::null(), b, c)
+        }),
+        ("ndx_error_repro(NULL)", &|b, c| {
+            ndx_error_repro(std::ptr::null(), b, c)
+        }),
+        ("ndx_error_repro(error without a document)", &|b, c| {
+            ndx_error_repro(no_doc, b, c)
+        }),
+        ("ndx_explain_json(NULL)", &|b, c| {
+            ndx_explain_json(std::ptr::null(), b, c)
+        }),
+    ];
+    for (name, produce) in producers {
+        let mut buf = [b'x' as std::ffi::c_char; 16];
+        assert_eq!(produce(buf.as_mut_ptr(), buf.len()), 0, "{name}");
+        assert_eq!(buf[0], 0, "{name}: the empty text is NUL-terminated");
+        assert_eq!(
+            buf[1], b'x' as std::ffi::c_char,
+            "{name}: nothing more written"
+        );
+        assert_eq!(produce(std::ptr::null_mut(), 0), 0, "{name}");
+    }
+    ndx_error_free(no_doc);
+}
+
 #[test]
 fn frame_accessor_checks_its_arguments() {
     let (e, _) = make_error_here();

@@ -277,7 +277,8 @@ pub extern "C" fn ndx_error_sequence(error: *const ndx_error_t) -> u64 {
 /// needs, without the NUL — like `snprintf`: call with `cap = 0` to size a buffer.
 /// The root cause comes first; links are joined by "The above exception was the
 /// direct cause of the following exception:"; each link's frames print outermost
-/// first ("most recent call last"). Returns 0 for a NULL `error`.
+/// first ("most recent call last"). A NULL `error` gives the empty text (returns 0,
+/// and writes the NUL when `cap > 0`).
 ///
 /// Thread-safe; borrows `error`.
 #[unsafe(no_mangle)]
@@ -288,12 +289,10 @@ pub extern "C" fn ndx_error_format(
 ) -> usize {
     boundary_value(
         "ndx_error_format",
-        |_| 0,
+        |_| write_text("", buf, cap),
         || {
-            let Some(e) = error_ref(error) else {
-                return 0;
-            };
-            write_text(&e.traceback(), buf, cap)
+            let text = error_ref(error).map_or_else(String::new, |e| e.traceback());
+            write_text(&text, buf, cap)
         },
     )
 }

@@ -270,7 +270,7 @@ pub extern "C" fn ndx_explain_json(
 ) -> usize {
     boundary_value(
         "ndx_explain_json",
-        |_| 0,
+        |_| write_text("", buf, cap),
         || {
             let text = explain_ref(explain).map_or_else(|_| String::new(), |e| e.json());
             write_text(&text, buf, cap)

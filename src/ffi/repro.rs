@@ -14,7 +14,7 @@ use crate::exec::{CallSite, Input, TensorRef};
 
 /// Writes the repro document of `err` into `buf` (snprintf-like: at most `cap` bytes,
 /// always NUL-terminated when `cap > 0`) and returns the length the full text needs;
-/// 0 when `err` (and its cause chain) has none. Errors of invocations that failed
+/// 0 (and the empty text) when `err` is NULL or it and its cause chain have none. Errors of invocations that failed
 /// while running carry one (an invocation failed by its input's failure finds it in
 /// its cause chain): a JSON object with `op`, `args` (name, type, value), `inputs`
 /// (dtype, shape, strides, layout, device, read_only, and `bytes` in hexadecimal, or
@@ -26,11 +26,10 @@ use crate::exec::{CallSite, Input, TensorRef};
 pub extern "C" fn ndx_error_repro(err: *const ndx_error_t, buf: *mut c_char, cap: usize) -> usize {
     boundary_value(
         "ndx_error_repro",
-        |_| 0,
+        |_| write_text("", buf, cap),
         || {
-            error_ref(err)
-                .and_then(|e| e.repro())
-                .map_or(0, |doc| write_text(doc, buf, cap))
+            let doc = error_ref(err).and_then(|e| e.repro()).unwrap_or_default();
+            write_text(doc, buf, cap)
         },
     )
 }

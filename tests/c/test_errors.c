@@ -184,6 +184,7 @@ static NDX_TEST_NOINLINE void test_null_safety(void) {
   CHECK(ndx_error_sequence(NULL) == 0, "sequence(NULL)");
   char buf[8] = "intact";
   CHECK(ndx_error_format(NULL, buf, sizeof buf) == 0, "format(NULL) is 0");
+  CHECK(buf[0] == '\0' && buf[1] == 'n', "format(NULL) writes the empty text, NUL-terminated");
   CHECK(ndx_error_format(NULL, NULL, 0) == 0, "format(NULL, NULL, 0) is 0");
   ndx_error_free(NULL);
   CHECK(1, "ndx_error_free(NULL) returned");

@@ -61,6 +61,15 @@ static void test_replay_of_a_kernel_failure(void) {
   size_t need = ndx_error_repro(e, small, sizeof small);
   CHECK(need > sizeof small && small[7] == '\0' && small[0] == '{', "snprintf-like");
   CHECK(ndx_error_repro(NULL, NULL, 0) == 0, "NULL has none");
+  /* No document: the empty text, still NUL-terminated (snprintf-like). */
+  char none[16] = "untouched";
+  CHECK(ndx_error_repro(NULL, none, sizeof none) == 0 && none[0] == '\0' && none[1] == 'n',
+        "NULL: the empty text");
+  ndx_error_t* plain = ndx_error_new(NDX_ERROR_VALUE, "no document", NULL);
+  memcpy(none, "untouched", 10);
+  CHECK(ndx_error_repro(plain, none, sizeof none) == 0 && none[0] == '\0' && none[1] == 'n',
+        "an error without a document: the empty text");
+  ndx_error_free(plain);
   free(dep_doc);
   free(doc);
   ndx_error_free(e);
