@@ -402,6 +402,57 @@ fn batch_v(specs: &[Spec]) -> (Vec<*mut DLManagedTensorVersioned>, Vec<Count>) {
     specs.iter().map(Spec::versioned).unzip()
 }
 
+/// The same tensor listed twice would get its deleter called twice: refused before any
+/// deleter runs (unknown major versions included), naming both indices.
+#[test]
+fn bulk_import_refuses_the_same_tensor_twice() {
+    for variant in ["versioned", "versioned, major 2", "legacy"] {
+        let specs = [base(), base(), base()];
+        let mut b = std::ptr::null_mut();
+        let (e, counts, drop_all): (_, Vec<Count>, Box<dyn FnOnce()>) = if variant == "legacy" {
+            let (ptrs, counts): (Vec<_>, Vec<_>) = specs.iter().map(Spec::legacy).unzip();
+            let dup = [ptrs[0], ptrs[1], ptrs[2], ptrs[1]];
+            let e = ndx_batch_from_dlpack(dup.as_ptr(), 4, std::ptr::null(), &mut b);
+            (
+                e,
+                counts,
+                Box::new(move || ptrs.into_iter().for_each(drop_legacy)),
+            )
+        } else {
+            let (ptrs, counts) = batch_v(&specs);
+            if variant == "versioned, major 2" {
+                let p = ptrs[1];
+                // SAFETY: a live tensor the test owns.
+                unsafe { (*p).version.major = 2 };
+            }
+            let dup = [ptrs[0], ptrs[1], ptrs[2], ptrs[1]];
+            let e = ndx_batch_from_dlpack_versioned(dup.as_ptr(), 4, std::ptr::null(), &mut b);
+            (
+                e,
+                counts,
+                Box::new(move || ptrs.into_iter().for_each(drop_versioned)),
+            )
+        };
+        expect_err(
+            e,
+            NDX_ERROR_VALUE,
+            "tensors[1] and tensors[3] are the same tensor",
+        );
+        assert!(b.is_null(), "{variant}");
+        assert_eq!(
+            counts.iter().map(calls).collect::<Vec<_>>(),
+            [0, 0, 0],
+            "{variant}: no deleter ran"
+        );
+        drop_all();
+        assert_eq!(
+            counts.iter().map(calls).collect::<Vec<_>>(),
+            [1, 1, 1],
+            "{variant}"
+        );
+    }
+}
+
 #[test]
 fn bulk_import_takes_all_on_success_and_none_on_failure() {
     let specs = vec![

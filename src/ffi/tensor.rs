@@ -206,13 +206,15 @@ pub extern "C" fn ndx_tensor_from_dlpack(
 
 /// Imports `n >= 1` versioned DLPack tensors as one batch, without copying.
 ///
-/// Every sample is validated before any is taken: NULL entries, ndim, dtype, device,
-/// shape, strides and byte_offset of each, then that all share device type, device
-/// id, dtype and ndim with `tensors[0]`. On failure the error names the sample index
-/// with the expected and actual values, and the caller still owns every tensor —
-/// except samples with a major version other than 1, whose deleters ndx calls (the
-/// DLPack specification requires it; versions are checked for every sample first and
-/// the error lists them). On success ndx owns all `n` tensors. Thread-safe.
+/// Every sample is validated before any is taken: the same pointer listed twice
+/// (NDX_ERROR_VALUE naming both indices, checked first: no deleter runs), NULL entries,
+/// ndim, dtype, device, shape, strides and byte_offset of each, then that all share
+/// device type, device id, dtype and ndim with `tensors[0]`. On failure the error
+/// names the sample index with the expected and actual values, and the caller still
+/// owns every tensor — except samples with a major version other than 1, whose
+/// deleters ndx calls (the DLPack specification requires it; versions are checked for
+/// every sample first and the error lists them). On success ndx owns all `n` tensors.
+/// Thread-safe.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_batch_from_dlpack_versioned(
     tensors: *const *mut DLManagedTensorVersioned,

@@ -226,6 +226,32 @@ fn check_bulk_args<T>(tensors: *const *mut T, n: usize) -> Result<()> {
     Ok(())
 }
 
+/// Refuses a bulk import that lists the same tensor twice (its deleter would run
+/// twice): names the first such pair of indices. O(n log n).
+fn check_distinct<T>(ptrs: &[*mut T]) -> Result<()> {
+    let mut sorted: Vec<(usize, usize)> = ptrs
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| !p.is_null())
+        .map(|(i, &p)| (p as usize, i))
+        .collect();
+    sorted.sort_unstable();
+    let first = sorted
+        .windows(2)
+        .filter(|w| w[0].0 == w[1].0)
+        .map(|w| (w[0].1, w[1].1))
+        .min();
+    match first {
+        None => Ok(()),
+        Some((i, j)) => Err(Error::value(format!(
+            "tensors[{i}] and tensors[{j}] are the same tensor ({:#x}): each sample must be a \
+             distinct DLPack tensor (ndx calls each deleter once); nothing was imported, no \
+             deleter was called and every tensor still belongs to the caller",
+            ptrs[i] as usize
+        ))),
+    }
+}
+
 fn null_sample(i: usize, n: usize) -> Error {
     Error::value(format!(
         "tensors[{i}] is NULL (n = {n}); nothing was imported and every tensor still belongs to the caller"
@@ -250,7 +276,8 @@ impl Error {
 /// Releases every sample whose DLPack major version this build does not read (the
 /// specification requires it) and fails naming them; every other sample stays with
 /// the caller. Entry points call this before checking anything else. A NULL array or
-/// `n == 0` passes (the import reports those).
+/// `n == 0` passes (the import reports those). The same tensor listed twice is refused
+/// first, before any deleter runs.
 ///
 /// # Safety
 /// `tensors` must be NULL or point to `n` entries, each NULL or a valid producer
@@ -264,6 +291,7 @@ pub unsafe fn release_unknown_versions(
     }
     // SAFETY: the caller promises `n` entries.
     let ptrs = unsafe { std::slice::from_raw_parts(tensors, n) };
+    check_distinct(ptrs)?;
     let mut unknown = Vec::new();
     for (i, &p) in ptrs.iter().enumerate() {
         // SAFETY: non-NULL entries are valid producer tensors; version is readable.
@@ -359,6 +387,7 @@ pub unsafe fn import_batch_legacy(
     check_bulk_args(tensors, n)?;
     // SAFETY: the caller promises `n` entries.
     let ptrs = unsafe { std::slice::from_raw_parts(tensors, n) };
+    check_distinct(ptrs)?;
     let mut metas = Vec::with_capacity(n);
     for (i, &p) in ptrs.iter().enumerate() {
         if p.is_null() {

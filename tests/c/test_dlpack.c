@@ -647,6 +647,36 @@ static void test_bulk_unknown_major(void) {
   }
 }
 
+/* The same tensor listed twice would get its deleter called twice: refused before any
+ * deleter runs, naming both indices, on the success path and the unknown-version path. */
+static void test_bulk_duplicates(void) {
+  const int64_t rows[3] = {1, 2, 1};
+  for (int variant = 0; variant < 3; variant++) {
+    int legacy = variant == 2, unknown_major = variant == 1;
+    DLManagedTensorVersioned* v[3] = {NULL, NULL, NULL};
+    DLManagedTensor* l[3] = {NULL, NULL, NULL};
+    int c[3];
+    make_samples(3, legacy ? NULL : v, legacy ? l : NULL, c, rows);
+    if (unknown_major) v[0]->version.major = 2;
+    DLManagedTensorVersioned* vd[4] = {v[0], v[1], v[2], v[0]};
+    DLManagedTensor* ld[4] = {l[0], l[1], l[2], l[0]};
+    ndx_batch_t* b = (ndx_batch_t*)NDX_TEST_BOGUS_PTR;
+    ndx_error_t* e = legacy ? ndx_batch_from_dlpack(ld, 4, NULL, &b)
+                            : ndx_batch_from_dlpack_versioned(vd, 4, NULL, &b);
+    const char* what = legacy ? "legacy" : unknown_major ? "versioned, major 2" : "versioned";
+    if (!CHECK(e != NULL, "%s: the import must fail", what)) {
+      ndx_batch_release(b);
+      continue;
+    }
+    expect_error(e, NDX_ERROR_VALUE, "tensors[0] and tensors[3] are the same tensor");
+    CHECK(b == NULL, "%s: out reset", what);
+    CHECK(all_zero(c, 3), "%s: no deleter ran: %d %d %d", what, c[0], c[1], c[2]);
+    drop_samples(3, legacy ? NULL : v, legacy ? l : NULL, c);
+    CHECK(c[0] == 1 && c[1] == 1 && c[2] == 1, "%s: each freed once by the test: %d %d %d", what,
+          c[0], c[1], c[2]);
+  }
+}
+
 /* ---- strided views ------------------------------------------------------------------- */
 
 /* A view of the 3x4 float32 matrix 0..11 (row-major) with the given geometry. */
@@ -1330,6 +1360,7 @@ int main(void) {
   test_bulk_success();
   test_bulk_failures();
   test_bulk_unknown_major();
+  test_bulk_duplicates();
   test_strided_views();
   test_read_only_and_is_copied();
   test_round_trip_versioned();
