@@ -316,6 +316,108 @@ fn capture_depth_is_bounded_by_ndx_max_capture_depth() {
     assert!(ctx.is_null());
 }
 
+static USER_FREES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+unsafe extern "C" fn count_user_free(_: *mut c_void) {
+    USER_FREES.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+}
+
+unsafe extern "C" fn noop_kernel(
+    _: *mut c_void,
+    _: *const *const ndx_tensor_t,
+    _: usize,
+    _: *const ndx_args_t,
+    _: *mut *mut ndx_tensor_t,
+    _: usize,
+) -> *mut ndx_error_t {
+    std::ptr::null_mut()
+}
+
+unsafe extern "C" fn noop_callback(_: *mut c_void, _: *const ndx_future_t) {}
+
+/// Functions taking `user`/`user_free` own `user` in every case: `user_free` runs
+/// exactly once, also when the call fails (before it returns).
+#[test]
+fn user_free_runs_once_when_the_registering_call_fails() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let ctx = context(ndx_capture_policy_t::NDX_CAPTURE_OFF);
+    let schema = ndx_op_schema_t {
+        struct_size: std::mem::size_of::<ndx_op_schema_t>(),
+        n_inputs: 1,
+        n_outputs: 1,
+        n_args: 0,
+        arg_names: std::ptr::null(),
+        arg_types: std::ptr::null(),
+        output_dtypes: std::ptr::null(),
+        output_ndims: std::ptr::null(),
+        output_layouts: std::ptr::null(),
+        flags: 0,
+    };
+    let user = 0x1234usize as *mut c_void;
+    type Call<'a> = &'a dyn Fn() -> *mut ndx_error_t;
+    let cases: [(&str, Call, &str); 4] = [
+        (
+            "on_ready(NULL future)",
+            &|| {
+                ndx_future_on_ready(
+                    std::ptr::null(),
+                    Some(noop_callback),
+                    user,
+                    Some(count_user_free),
+                )
+            },
+            "argument 'future' is NULL",
+        ),
+        (
+            "set_frame_provider(NULL ctx)",
+            &|| {
+                ndx_context_set_frame_provider(
+                    std::ptr::null(),
+                    Some(capacity_probe),
+                    user,
+                    Some(count_user_free),
+                )
+            },
+            "argument 'ctx' is NULL",
+        ),
+        (
+            "register_op(built-in name)",
+            &|| {
+                ndx_register_op(
+                    ctx,
+                    c"add".as_ptr(),
+                    &schema,
+                    Some(noop_kernel),
+                    user,
+                    Some(count_user_free),
+                )
+            },
+            "is a built-in",
+        ),
+        (
+            "register_op(NULL schema)",
+            &|| {
+                ndx_register_op(
+                    ctx,
+                    c"mine".as_ptr(),
+                    std::ptr::null(),
+                    Some(noop_kernel),
+                    user,
+                    Some(count_user_free),
+                )
+            },
+            "argument 'schema' is NULL",
+        ),
+    ];
+    for (name, call, fragment) in cases {
+        USER_FREES.store(0, SeqCst);
+        common::expect_err(call(), ndx_error_kind_t::NDX_ERROR_VALUE, fragment);
+        assert_eq!(USER_FREES.load(SeqCst), 1, "{name}");
+    }
+    ndx_context_release(ctx);
+    assert_eq!(USER_FREES.load(SeqCst), 1, "nothing more at release");
+}
+
 #[test]
 fn args_round_trip_through_the_builder_and_getters() {
     let mut args = std::ptr::null_mut();

@@ -252,7 +252,10 @@ pub type ndx_frame_provider_t = Option<
     ) -> usize,
 >;
 
-/// Frees a `user` pointer given with a callback, when ndx no longer needs it.
+/// Frees a `user` pointer given with a callback, when ndx no longer needs it. Every
+/// function taking `user` and `user_free` takes ownership of `user` in every case:
+/// `user_free(user)` (if not NULL) is called exactly once, also when that function
+/// fails (then before it returns).
 pub type ndx_user_free_t = Option<unsafe extern "C" fn(user: *mut c_void)>;
 
 /// Called once when a future completes, with the future borrowed for the call.
@@ -537,8 +540,9 @@ pub extern "C" fn ndx_context_set_backend(
 
 /// Registers the host language's frame provider (NULL `provider` removes it). It is
 /// called on the invoking thread during `ndx_invoke` when the capture policy is HOST
-/// or ALL. `user_free(user)` (if not NULL) runs when the provider is replaced or the
-/// context is freed. Thread-safe.
+/// or ALL. `user_free(user)` (if not NULL) is called exactly once: when the provider
+/// is replaced or removed or the context is freed; at once when `provider` is NULL;
+/// and also when this call fails (before it returns). Thread-safe.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_context_set_frame_provider(
     ctx: *const ndx_context_t,
@@ -1192,7 +1196,8 @@ pub extern "C" fn ndx_future_batch(
 /// Calls `callback(user, future)` exactly once when the future completes: on the ndx
 /// worker thread that completes it, at once on this thread if it is already complete,
 /// or — with `process_events_callbacks` — inside `ndx_context_process_events` or a
-/// wait. Then `user_free(user)` if not NULL. The callback may call ndx (poll, read
+/// wait. Then `user_free(user)` if not NULL: it is called exactly once, also when
+/// this call fails (before it returns; NULL future or callback). The callback may call ndx (poll, read
 /// errors and outputs, invoke) but must not wait: waits there return
 /// NDX_ERROR_RUNTIME. Registering does not run DEFERRED work (poll, wait or evaluate
 /// does), so callbacks can be attached to a recorded graph before it is run or
@@ -1398,7 +1403,8 @@ impl HostKernel for CKernel {
 /// metadata is known only after it ran. `user_free(user)` runs once when the context
 /// is released (after its running work finished), or later when the last invocation
 /// of the operator is gone if the context was released from a callback or host
-/// operator. NDX_ERROR_VALUE when the name is taken or the schema is invalid.
+/// operator; it is called exactly once, also when this call fails (before it returns).
+/// NDX_ERROR_VALUE when the name is taken or the schema is invalid.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_register_op(
     ctx: *const ndx_context_t,

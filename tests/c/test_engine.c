@@ -1369,6 +1369,63 @@ static NDX_TEST_NOINLINE void test_host_user_free(void) {
   NDX_TEST_CONTEXT(NULL);
 }
 
+/* Every function taking user/user_free owns `user` in every case: user_free runs exactly
+ * once, also when the call fails (before it returns). */
+static size_t no_frames(void* user, ndx_host_frame_t* frames, size_t capacity) {
+  (void)user;
+  (void)frames;
+  (void)capacity;
+  return 0;
+}
+static void cb_nothing(void* user, const ndx_future_t* f) {
+  (void)user;
+  (void)f;
+}
+
+static NDX_TEST_NOINLINE void test_user_free_on_failure(void) {
+  NDX_TEST_CONTEXT("user_free when the call fails");
+  int token = 0;
+  ndx_context_t* ctx = make_ctx(NDX_EVAL_SYNC_CPU, NDX_CAPTURE_OFF, NULL);
+  ndx_op_schema_t schema;
+  memset(&schema, 0, sizeof schema);
+  schema.struct_size = sizeof schema;
+  schema.n_inputs = 1;
+  schema.n_outputs = 1;
+
+  user_freed = 0;
+  expect_error(ndx_future_on_ready(NULL, cb_nothing, &token, count_user_free), NDX_ERROR_VALUE,
+               "argument 'future' is NULL");
+  CHECK(load_int(&user_freed) == 1, "on_ready(NULL future): user_free ran %d times",
+        load_int(&user_freed));
+
+  user_freed = 0;
+  expect_error(ndx_context_set_frame_provider(NULL, no_frames, &token, count_user_free),
+               NDX_ERROR_VALUE, "argument 'ctx' is NULL");
+  CHECK(load_int(&user_freed) == 1, "set_frame_provider(NULL ctx): user_free ran %d times",
+        load_int(&user_freed));
+
+  user_freed = 0;
+  expect_error(ndx_register_op(ctx, "add", &schema, k_copy, &token, count_user_free),
+               NDX_ERROR_VALUE, "is a built-in");
+  CHECK(load_int(&user_freed) == 1, "register_op(built-in name): user_free ran %d times",
+        load_int(&user_freed));
+
+  user_freed = 0;
+  expect_error(ndx_register_op(ctx, "mine", NULL, k_copy, &token, count_user_free),
+               NDX_ERROR_VALUE, "argument 'schema' is NULL");
+  CHECK(load_int(&user_freed) == 1, "register_op(NULL schema): user_free ran %d times",
+        load_int(&user_freed));
+
+  /* Removing the provider (NULL) frees its user at once: nothing will call it. */
+  user_freed = 0;
+  CHECK_OK(ndx_context_set_frame_provider(ctx, NULL, &token, count_user_free));
+  CHECK(load_int(&user_freed) == 1, "set_frame_provider(NULL provider): user_free ran %d times",
+        load_int(&user_freed));
+  ndx_context_release(ctx);
+  CHECK(load_int(&user_freed) == 1, "exactly once: %d", load_int(&user_freed));
+  NDX_TEST_CONTEXT(NULL);
+}
+
 /* ---- on_ready ------------------------------------------------------------------------------------ */
 
 static ndx_future_t* g_block_on; /* a pending future a callback must not wait on */
@@ -1785,6 +1842,7 @@ int main(void) {
   RUN(test_release_waits_running());
   RUN(test_host_op_chains());
   RUN(test_host_user_free());
+  RUN(test_user_free_on_failure());
   RUN(test_on_ready());
   for (int m = 0; m < 4; m++) {
     RUN(test_noexcept(kModes[m]));
