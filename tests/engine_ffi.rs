@@ -472,6 +472,28 @@ fn args_round_trip_through_the_builder_and_getters() {
         ndx_error_kind_t::NDX_ERROR_TYPE,
         "argument 'axes' is an int array, not a float array",
     );
+    // A non-NULL out-param is reset even when the other one is NULL.
+    let mut stale_i = 0x5a5a_usize as *const i64;
+    common::expect_err(
+        ndx_args_get_int_array(args, c"axes".as_ptr(), &mut stale_i, std::ptr::null_mut()),
+        ndx_error_kind_t::NDX_ERROR_VALUE,
+        "argument 'n' is NULL",
+    );
+    assert!(stale_i.is_null(), "int array: values reset");
+    let mut stale_f = 0x5a5a_usize as *const f64;
+    common::expect_err(
+        ndx_args_get_float_array(args, c"mean".as_ptr(), &mut stale_f, std::ptr::null_mut()),
+        ndx_error_kind_t::NDX_ERROR_VALUE,
+        "argument 'n' is NULL",
+    );
+    assert!(stale_f.is_null(), "float array: values reset");
+    n = 99;
+    common::expect_err(
+        ndx_args_get_int_array(args, c"axes".as_ptr(), std::ptr::null_mut(), &mut n),
+        ndx_error_kind_t::NDX_ERROR_VALUE,
+        "argument 'values' is NULL",
+    );
+    assert_eq!(n, 0, "n reset");
     common::expect_err(
         ndx_args_get_int(args, c"missing".as_ptr(), &mut v),
         ndx_error_kind_t::NDX_ERROR_VALUE,

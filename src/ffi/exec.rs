@@ -920,13 +920,21 @@ fn array_out<'a, T: 'a>(
     n: *mut usize,
     get: impl FnOnce() -> Result<&'a [T]>,
 ) -> Result<()> {
-    if values.is_null() || n.is_null() {
-        return Err(Error::value("arguments 'values' and 'n' must not be NULL"));
+    // Each non-NULL out-param is cleared first, even when the other is NULL, so they
+    // are never left with stale values.
+    if !values.is_null() {
+        // SAFETY: a non-NULL out-param the caller gives for writing.
+        unsafe { values.write(std::ptr::null()) };
     }
-    // SAFETY: non-NULL out-params, cleared first so they are never half-filled.
-    unsafe {
-        values.write(std::ptr::null());
-        n.write(0);
+    if !n.is_null() {
+        // SAFETY: as above.
+        unsafe { n.write(0) };
+    }
+    if values.is_null() {
+        return Err(Error::value("argument 'values' is NULL"));
+    }
+    if n.is_null() {
+        return Err(Error::value("argument 'n' is NULL"));
     }
     let v = get()?;
     // SAFETY: as above.

@@ -536,6 +536,40 @@ static void test_accessors_null_out(void) {
   ndx_tensor_release(t);
 }
 
+/* The array getters of ndx_args_t: a non-NULL out-param is reset even when the other one
+ * is NULL (out-params "are set to NULL/0/false first"). */
+static void test_args_array_out_params(void) {
+  ndx_args_t* a = NULL;
+  CHECK_OK(ndx_args_new(&a));
+  const int64_t iv[2] = {3, -1};
+  const double fv[2] = {0.5, 1.5};
+  CHECK_OK(ndx_args_set_int_array(a, "ia0", iv, 2));
+  CHECK_OK(ndx_args_set_float_array(a, "fa0", fv, 2));
+
+  const int64_t* ivals = (const int64_t*)NDX_TEST_BOGUS_PTR;
+  size_t n = 99;
+  expect_error(ndx_args_get_int_array(a, "ia0", &ivals, NULL), NDX_ERROR_VALUE,
+               "argument 'n' is NULL");
+  CHECK(ivals == NULL, "int array: values reset when n is NULL");
+  expect_error(ndx_args_get_int_array(a, "ia0", NULL, &n), NDX_ERROR_VALUE,
+               "argument 'values' is NULL");
+  CHECK(n == 0, "int array: n reset when values is NULL (%zu)", n);
+
+  const double* fvals = (const double*)NDX_TEST_BOGUS_PTR;
+  n = 99;
+  expect_error(ndx_args_get_float_array(a, "fa0", &fvals, NULL), NDX_ERROR_VALUE,
+               "argument 'n' is NULL");
+  CHECK(fvals == NULL, "float array: values reset when n is NULL");
+  expect_error(ndx_args_get_float_array(a, "fa0", NULL, &n), NDX_ERROR_VALUE,
+               "argument 'values' is NULL");
+  CHECK(n == 0, "float array: n reset when values is NULL (%zu)", n);
+
+  /* And still read correctly. */
+  CHECK_OK(ndx_args_get_int_array(a, "ia0", &ivals, &n));
+  CHECK(n == 2 && ivals != NULL && ivals[0] == 3 && ivals[1] == -1, "int array values");
+  ndx_args_free(a);
+}
+
 int main(void) {
   test_dtype_names();
   test_from_host_copies();
@@ -546,5 +580,6 @@ int main(void) {
   test_wrap_host();
   test_accessors_null_handle();
   test_accessors_null_out();
+  test_args_array_out_params();
   return NDX_TEST_SUMMARY("test_host");
 }
