@@ -155,8 +155,7 @@ impl Stats {
     /// Adds an invocation to graph `id` (`None`: a graph past the records).
     pub fn add(&mut self, id: Option<usize>) {
         self.graph_ops_total += 1;
-        if let Some(id) = id {
-            let g = &mut self.graphs[id];
+        if let Some(g) = id.and_then(|id| self.graphs.get_mut(id)) {
             g.ops += 1;
             g.remaining += 1;
         }
@@ -164,7 +163,12 @@ impl Stats {
 
     /// One invocation of graph `id` (or the submitter's hold) is done.
     pub fn done(&mut self, id: usize) {
-        let g = &mut self.graphs[id];
+        let Some(g) = self.graphs.get_mut(id) else {
+            return;
+        };
+        if g.remaining == 0 {
+            return; // never below zero
+        }
         g.remaining -= 1;
         if g.remaining == 0 {
             g.time_ns = Some(g.start.elapsed().as_nanos() as u64);

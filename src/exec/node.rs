@@ -514,12 +514,12 @@ impl Node {
 
     /// Hands recorded nodes (and the recorded nodes they depend on) to the workers as
     /// one graph; the deferred ones among them are counted in the explain report.
+    /// Each node is tracked by its own context: a graph may pull in producers recorded
+    /// in another context, which are counted there, in a graph of that context.
     pub(crate) fn submit_all(nodes: &[Arc<Node>], why: Why) {
-        let Some(first) = nodes.first() else {
-            return;
-        };
-        let ctx = first.ctx.upgrade();
-        let mut graph: Option<Option<usize>> = None;
+        // The contexts met so far, each with its explain graph (opened on its first
+        // deferred node; `Some(None)` once the records are full).
+        let mut contexts: Vec<(Arc<ContextInner>, Option<Option<usize>>)> = Vec::new();
         let mut stack: Vec<Arc<Node>> = nodes.iter().rev().cloned().collect();
         while let Some(node) = stack.pop() {
             let ready = {
@@ -529,7 +529,15 @@ impl Node {
                 }
                 // Tracked before it can run: once Waiting, an upstream completing on a
                 // worker may run and complete it before this thread goes on.
-                if let Some(ctx) = &ctx {
+                if let Some(ctx) = node.ctx.upgrade() {
+                    let k = match contexts.iter().position(|(c, _)| Arc::ptr_eq(c, &ctx)) {
+                        Some(k) => k,
+                        None => {
+                            contexts.push((ctx, None));
+                            contexts.len() - 1
+                        }
+                    };
+                    let (ctx, graph) = &mut contexts[k];
                     ctx.node_started(&node);
                     if node.mode == EvalMode::Deferred {
                         let id = *graph.get_or_insert_with(|| ctx.open_graph(&why, node.seq));
@@ -555,8 +563,10 @@ impl Node {
                 node.dispatch();
             }
         }
-        if let (Some(ctx), Some(Some(id))) = (ctx, graph) {
-            ctx.graph_done(id);
+        for (ctx, graph) in contexts {
+            if let Some(Some(id)) = graph {
+                ctx.graph_done(id);
+            }
         }
     }
 
@@ -615,7 +625,15 @@ impl Node {
             ctx.push_event(Box::new(move || node.execute()));
             return;
         }
-        pool::submit(move || node.execute());
+        pool::submit(move || {
+            // A panic outside the kernel (caught in `execute`) still completes the
+            // node, so no one waits for it forever.
+            if let Err(p) =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| node.execute()))
+            {
+                node.complete(Err(node.panic_error("running", p)));
+            }
+        });
     }
 
     fn dependency_done(self: &Arc<Self>) {
@@ -757,11 +775,7 @@ impl Node {
 
     /// A panic caught while `doing` this node's work, as an INTERNAL error.
     fn panic_error(&self, doing: &str, p: Box<dyn std::any::Any + Send>) -> Error {
-        let msg = p
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| p.downcast_ref::<String>().cloned())
-            .unwrap_or_default();
+        let msg = pool::panic_message(p.as_ref());
         Error::internal(format!("panic while {doing} '{}': {msg}", self.op.name))
     }
 

@@ -53,9 +53,26 @@ pub fn init(requested: usize) -> usize {
     pool(requested).current_num_threads()
 }
 
-/// Queues a job on the pool, first come first served.
+/// Queues a job on the pool, first come first served. A panic in the job stops there
+/// (reported on stderr): rayon would abort the process on it, and a panic must not
+/// kill the host process.
 pub fn submit(job: impl FnOnce() + Send + 'static) {
-    pool(0).spawn_fifo(job);
+    pool(0).spawn_fifo(move || {
+        if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)) {
+            eprintln!(
+                "ndx: internal error: a job on an ndx worker panicked: {}",
+                panic_message(p.as_ref())
+            );
+        }
+    });
+}
+
+/// The message a panic was raised with (empty when it is not text).
+pub(crate) fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_default()
 }
 
 /// Runs `f` inside the pool, so that parallel iterators in it use the pool's workers

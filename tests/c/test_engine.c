@@ -990,6 +990,66 @@ static NDX_TEST_NOINLINE void test_evaluate_reports_once(void) {
   NDX_TEST_CONTEXT(NULL);
 }
 
+/* ---- graphs spanning contexts ------------------------------------------------------------ */
+
+/* Graph record 0 of `ctx`'s explain report: its op count and whether it completed. */
+static void check_graph0(const ndx_context_t* ctx, size_t graphs, uint64_t ops, const char* who) {
+  ndx_explain_t* x = NULL;
+  if (!CHECK_OK(ndx_context_explain(ctx, &x))) return;
+  CHECK(ndx_explain_graph_count(x) == graphs, "%s: %zu graphs", who, ndx_explain_graph_count(x));
+  if (graphs > 0) {
+    ndx_explain_graph_t g;
+    memset(&g, 0, sizeof g);
+    g.struct_size = sizeof g;
+    if (CHECK_OK(ndx_explain_graph(x, 0, &g))) {
+      CHECK(g.ops == ops, "%s: graph 0 ran %llu ops", who, (unsigned long long)g.ops);
+      CHECK(g.time_ns >= 0, "%s: graph 0 completed", who);
+    }
+  }
+  ndx_explain_free(x);
+}
+
+/* A DEFERRED invocation of context B feeds an invocation of context A: waiting and
+ * evaluating in A run it, each context tracks (and counts in its explain report) its own
+ * invocations, and both evaluates return. Used to abort the process (a worker panicked
+ * on B's explain records) or hang ndx_context_evaluate(A). */
+static NDX_TEST_NOINLINE void test_cross_context_graph(void) {
+  static const int32_t kSum3[6] = {18, 21, -21, 24, 27, 30}; /* (a + a) + a */
+  for (int v = 0; v < 4; v++) {
+    int32_t consumer = (v & 1) ? NDX_EVAL_EAGER : NDX_EVAL_DEFERRED;
+    int wait_first = (v & 2) != 0;
+    NDX_TEST_CONTEXT(consumer == NDX_EVAL_EAGER ? "cross-context graph, EAGER consumer"
+                                                : "cross-context graph, DEFERRED consumer");
+    ndx_context_t* ca = make_ctx(NDX_EVAL_DEFERRED, NDX_CAPTURE_OFF, NULL);
+    ndx_context_t* cb = make_ctx(NDX_EVAL_DEFERRED, NDX_CAPTURE_OFF, NULL);
+    ndx_tensor_t* a = t_i32(kA);
+    ndx_input_t in_b[2] = {ndx_test_in(a), ndx_test_in(a)};
+    ndx_future_t *fb = NULL, *fa = NULL;
+    CHECK_OK(ndx_invoke(cb, "add", in_b, 2, NULL, NULL, &fb));
+    ndx_tensor_t* tb = ndx_test_output(fb, 0);
+    ndx_input_t in_a[2] = {ndx_test_in(tb), ndx_test_in(a)};
+    ndx_invoke_options_t o = mode_opts(consumer);
+    CHECK_OK(ndx_invoke(ca, "add", in_a, 2, NULL, &o, &fa));
+    if (wait_first) CHECK_OK(ndx_future_wait(fa, 10000 * MS));
+    check_evaluate_clean(ca);
+    CHECK(ndx_future_poll(fa) == NDX_FUTURE_READY, "A's invocation ran");
+    CHECK(ndx_future_poll(fb) == NDX_FUTURE_READY, "B's invocation ran");
+    ndx_tensor_t* ta = ndx_test_output(fa, 0);
+    check_i32(ta, kSum3, 6);
+    check_graph0(cb, 1, 1, "B");
+    check_graph0(ca, consumer == NDX_EVAL_DEFERRED ? 1 : 0, 1, "A");
+    check_evaluate_clean(cb);
+    ndx_tensor_release(ta);
+    ndx_tensor_release(tb);
+    ndx_future_release(fa);
+    ndx_future_release(fb);
+    ndx_tensor_release(a);
+    ndx_context_release(ca);
+    ndx_context_release(cb);
+  }
+  NDX_TEST_CONTEXT(NULL);
+}
+
 /* ---- cancellation ----------------------------------------------------------------------------- */
 
 static NDX_TEST_NOINLINE void test_cancel_deferred(void) {
@@ -1837,6 +1897,7 @@ int main(void) {
   RUN(test_deferred_metadata());
   RUN(test_first_poll_submits());
   RUN(test_evaluate_reports_once());
+  RUN(test_cross_context_graph());
   RUN(test_cancel_deferred());
   RUN(test_release_cancels_deferred());
   RUN(test_release_waits_running());
