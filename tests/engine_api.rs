@@ -889,3 +889,90 @@ fn a_graph_spanning_two_contexts_is_tracked_by_each_context() {
         }
     }
 }
+
+/// A host operator that sleeps for `.0`; counts its starts, ends and releases.
+struct SlowCounted(
+    Duration,
+    Arc<AtomicUsize>,
+    Arc<AtomicUsize>,
+    Arc<AtomicUsize>,
+);
+impl HostKernel for SlowCounted {
+    fn run(
+        &self,
+        inputs: &[Arc<Tensor>],
+        _: &Args,
+        _: usize,
+    ) -> ndx::error::Result<Vec<Arc<Tensor>>> {
+        self.1.fetch_add(1, Ordering::SeqCst);
+        std::thread::sleep(self.0);
+        self.2.fetch_add(1, Ordering::SeqCst);
+        Ok(vec![inputs[0].clone()])
+    }
+    fn release(&self) {
+        self.3.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+fn spin_until(what: &str, f: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !f() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: not within 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn dropping_the_last_reference_joins_even_while_a_worker_holds_the_context() {
+    let ctx = context(EvalMode::Eager, CapturePolicy::Off);
+    let counter = || Arc::new(AtomicUsize::new(0));
+    let (started, done, released) = (counter(), counter(), counter());
+    host_op(
+        &ctx,
+        "slow",
+        Arc::new(SlowCounted(
+            Duration::from_millis(300),
+            started.clone(),
+            done.clone(),
+            released.clone(),
+        )),
+    );
+    // A callback that runs on a worker while the operator runs on another: completing
+    // its future holds the context all the while.
+    let x = call_in(&ctx, "neg", vec![i32s(&[1], &[1])], EvalMode::Deferred);
+    let (cb_started, cb_done) = (counter(), counter());
+    let (s, d) = (cb_started.clone(), cb_done.clone());
+    x.on_ready(Box::new(move |_| {
+        s.fetch_add(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(500));
+        d.fetch_add(1, Ordering::SeqCst);
+    }));
+    let slow = call(&ctx, "slow", vec![i32s(&[1], &[1])]);
+    spin_until("the operator starts", || {
+        started.load(Ordering::SeqCst) == 1
+    });
+    x.poll();
+    spin_until("the callback starts", || {
+        cb_started.load(Ordering::SeqCst) == 1
+    });
+    drop(ctx); // the only public reference
+    assert_eq!(
+        done.load(Ordering::SeqCst),
+        1,
+        "the running operator finished before the release returned"
+    );
+    assert_eq!(
+        cb_done.load(Ordering::SeqCst),
+        1,
+        "the running callback finished before the release returned"
+    );
+    assert_eq!(
+        released.load(Ordering::SeqCst),
+        1,
+        "the host operator's data was released by the release"
+    );
+    assert!(slow.is_done());
+}

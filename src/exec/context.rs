@@ -4,7 +4,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::{Condvar, Mutex};
 
@@ -190,8 +190,11 @@ struct Tracker {
     failed: Vec<Arc<Node>>,
 }
 
-/// A context's shared state.
+/// A context's shared state. Work in flight holds it too (`Arc` clones): only the
+/// public references ([`Context`]) decide when the context is released.
 pub struct ContextInner {
+    /// Public references ([`Context`] values) alive; the last one gone releases it.
+    handles: AtomicUsize,
     settings: Mutex<Arc<Settings>>,
     registry: Registry,
     seq: AtomicU64,
@@ -208,13 +211,45 @@ pub struct ContextInner {
     stats: Mutex<crate::debug::explain::Stats>,
 }
 
-/// A context (`ndx_context_t`).
-pub type Context = Arc<ContextInner>;
+/// A public reference to a context (behind `ndx_context_t`). Cloning adds one; when
+/// the last one goes, the context is released on the thread that drops it: what has
+/// not started is cancelled, what is running is waited for (unless that thread is a
+/// worker, a callback or a host operator, where it does not wait) and the callbacks
+/// queued for process-events run. Internal references held by work in flight never
+/// release it, so whichever thread drops the last of those does not decide.
+pub struct Context {
+    inner: Arc<ContextInner>,
+}
+
+impl Clone for Context {
+    fn clone(&self) -> Context {
+        self.inner.handles.fetch_add(1, Ordering::Relaxed);
+        Context {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl std::ops::Deref for Context {
+    type Target = Arc<ContextInner>;
+    fn deref(&self) -> &Arc<ContextInner> {
+        &self.inner
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        if self.inner.handles.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.inner.release();
+        }
+    }
+}
 
 /// Creates a context; `threads` sizes the shared pool if it does not exist yet.
 pub fn new_context(settings: Settings, threads: usize) -> Context {
     pool::init(threads);
-    Arc::new(ContextInner {
+    let inner = Arc::new(ContextInner {
+        handles: AtomicUsize::new(1),
         settings: Mutex::new(Arc::new(settings.clone())),
         registry: Registry::new(),
         seq: AtomicU64::new(0),
@@ -225,7 +260,8 @@ pub fn new_context(settings: Settings, threads: usize) -> Context {
         checked_runs: AtomicU64::new(0),
         stats: Mutex::new(Default::default()),
         events: Mutex::new(VecDeque::new()),
-    })
+    });
+    Context { inner }
 }
 
 impl ContextInner {
@@ -504,10 +540,12 @@ impl ContextInner {
     }
 }
 
-impl Drop for ContextInner {
-    /// Cancels what has not started and waits for what is running (unless dropped on
-    /// a worker or in a callback, where it does not wait). Queued callbacks still run.
-    fn drop(&mut self) {
+impl ContextInner {
+    /// Releases the context (its last public reference went, on this thread): cancels
+    /// what has not started and waits for what is running (unless this thread is a
+    /// worker, a callback or a host operator, where it does not wait). Queued
+    /// callbacks still run, here.
+    fn release(&self) {
         let mut pending: Vec<Arc<Node>> = {
             let mut t = self.tracker.lock();
             let recorded = std::mem::take(&mut t.recorded);

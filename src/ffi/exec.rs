@@ -454,7 +454,7 @@ pub extern "C" fn ndx_context_new(
             settings.events_mode = o.process_events_callbacks;
             threads = o.num_threads as usize;
         }
-        Ok(into_handle(new_context(settings, threads)))
+        Ok(into_handle(Arc::new(new_context(settings, threads))))
     })
 }
 

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::exec::{BatchRef, ContextInner, Node, TensorRef};
+use crate::exec::{BatchRef, Context, Node, TensorRef};
 
 /// A tensor: one n-dimensional array, or the pending output of an invocation (usable
 /// as an input at once; reading its data waits for it). Reference counted, immutable,
@@ -48,8 +48,11 @@ impl ArcHandle for ndx_batch_t {
     type Target = BatchRef;
 }
 
+/// The `Arc` counts the C references; together they are one public [`Context`]
+/// reference, whose drop releases the context on the thread of the last
+/// `ndx_context_release`.
 impl ArcHandle for ndx_context_t {
-    type Target = ContextInner;
+    type Target = Context;
 }
 
 impl ArcHandle for ndx_future_t {

@@ -1274,6 +1274,94 @@ fail:
   NDX_TEST_CONTEXT(NULL);
 }
 
+/* A callback that signals it started, then holds its worker until its gate opens. */
+static gate_t* held_cb_gate;
+static int held_cb_started, held_cb_done;
+static void cb_held(void* user, const ndx_future_t* f) {
+  (void)user;
+  (void)f;
+  inc_int(&held_cb_started);
+  pthread_mutex_lock(&held_cb_gate->mu);
+  while (!held_cb_gate->open) pthread_cond_wait(&held_cb_gate->cv, &held_cb_gate->mu);
+  pthread_mutex_unlock(&held_cb_gate->mu);
+  inc_int(&held_cb_done);
+}
+
+static int gate_user_freed;
+static void count_gate_free(void* user) {
+  (void)user;
+  inc_int(&gate_user_freed);
+}
+
+/* The main thread releases its only reference while a host operator runs on one worker
+ * and an on_ready callback of another future runs on another (completing that future
+ * holds the context meanwhile): the release still finishes the running work and
+ * releases the host operator's user data before it returns. It used to return at once
+ * and leave both to the worker that let go of the context last. */
+static NDX_TEST_NOINLINE void test_release_joins_while_a_worker_holds_the_context(void) {
+  NDX_TEST_CONTEXT("release while a callback holds the context");
+  ndx_context_t* ctx = make_ctx(NDX_EVAL_EAGER, NDX_CAPTURE_OFF, NULL);
+  gate_t gate, cb_gate;
+  gate_init(&gate);
+  gate_init(&cb_gate);
+  held_cb_gate = &cb_gate;
+  held_cb_started = held_cb_done = gate_user_freed = 0;
+  ndx_op_schema_t s;
+  memset(&s, 0, sizeof s);
+  s.struct_size = sizeof s;
+  s.n_inputs = 1;
+  s.n_outputs = 1;
+  CHECK_OK(ndx_register_op(ctx, "gate", &s, k_gate, &gate, count_gate_free));
+  ndx_tensor_t* a = t_i32(kA);
+  ndx_input_t in[1] = {ndx_test_in(a)};
+  ndx_invoke_options_t deferred = mode_opts(NDX_EVAL_DEFERRED);
+  ndx_future_t *fx = NULL, *fg = NULL;
+  opener_t op = {&gate, 150};
+  pthread_t opener;
+  int started = 0;
+  CHECK_OK(ndx_invoke(ctx, "neg", in, 1, NULL, &deferred, &fx));
+  CHECK_OK(ndx_invoke(ctx, "gate", in, 1, NULL, NULL, &fg));
+  if (!fx || !fg) goto fail;
+  CHECK_OK(ndx_future_on_ready(fx, cb_held, NULL, NULL));
+  if (!CHECK(spin_until(&gate.entered, 1, 5000), "the gate operator is running")) goto fail;
+  (void)ndx_future_poll(fx); /* runs neg; its callback then holds a worker */
+  if (!CHECK(spin_until(&held_cb_started, 1, 5000), "the callback is running")) goto fail;
+  started = pthread_create(&opener, NULL, opener_main, &op) == 0;
+  CHECK(started, "opener thread");
+  /* The callback is let go 300 ms from now, after the operator (150 ms): the release
+   * waits for both. */
+  opener_t cb_op = {&cb_gate, 300};
+  pthread_t cb_opener;
+  int cb_started = pthread_create(&cb_opener, NULL, opener_main, &cb_op) == 0;
+  CHECK(cb_started, "callback opener thread");
+  double t0 = now_ms();
+  ndx_context_release(ctx);
+  double dt = now_ms() - t0;
+  ctx = NULL;
+  CHECK(load_int(&gate.calls) == 1,
+        "the running host operator finished before the release returned (%.1f ms)", dt);
+  CHECK(load_int(&gate_user_freed) == 1, "its user_free ran before the release returned: %d",
+        load_int(&gate_user_freed));
+  CHECK(load_int(&held_cb_done) == 1,
+        "the running callback finished before the release returned");
+  CHECK(!pthread_equal(gate.thread, main_thread), "the operator ran on a worker");
+  CHECK_OK(ndx_future_wait(fg, 5000 * MS));
+  if (cb_started) pthread_join(cb_opener, NULL);
+  sleep_ms(20);
+  CHECK(load_int(&gate_user_freed) == 1, "user_free once: %d", load_int(&gate_user_freed));
+fail:
+  if (started) pthread_join(opener, NULL);
+  gate_open(&gate);
+  gate_open(&cb_gate);
+  ndx_context_release(ctx);
+  ndx_future_release(fx);
+  ndx_future_release(fg);
+  ndx_tensor_release(a);
+  gate_destroy(&gate);
+  gate_destroy(&cb_gate);
+  NDX_TEST_CONTEXT(NULL);
+}
+
 /* A host operator needs no metadata of its inputs: invoking one on the pending output of
  * another must not run (DEFERRED) or wait for (EAGER) the upstream one, and the
  * upstream's failure travels in the downstream future, not out of ndx_invoke. */
@@ -1901,6 +1989,7 @@ int main(void) {
   RUN(test_cancel_deferred());
   RUN(test_release_cancels_deferred());
   RUN(test_release_waits_running());
+  RUN(test_release_joins_while_a_worker_holds_the_context());
   RUN(test_host_op_chains());
   RUN(test_host_user_free());
   RUN(test_user_free_on_failure());
