@@ -1225,7 +1225,9 @@ ndx_error_t *ndx_context_retain(const ndx_context_t *ctx);
  * Drops a reference to `ctx`. The last one cancels work that has not started (its
  * futures fail with NDX_ERROR_CANCELLED and their callbacks still fire once), waits
  * for work that is running (unless called from a callback or host operator, where it
- * does not wait), and runs callbacks still queued for process-events. Futures and
+ * does not wait), and runs callbacks still queued for process-events. From a callback
+ * run by `ndx_context_process_events`, `ndx_context_evaluate` or a wait (process-events
+ * mode), the release happens when that call returns, on its thread. Futures and
  * tensors keep working after their context is gone. NULL is a no-op.
  */
 void ndx_context_release(const ndx_context_t *ctx);
@@ -1279,12 +1281,16 @@ ndx_error_t *ndx_context_set_frame_provider(const ndx_context_t *ctx,
  * NULL, or one NDX_ERROR_RUNTIME error whose related errors are every failure no one
  * has observed yet (through a poll, wait, `ndx_future_error` or reading data) — each
  * reported once. Refused (NDX_ERROR_RUNTIME) from callbacks and host operators.
+ * A callback it runs (process-events mode) may release the last reference to `ctx`:
+ * the context is then released when this call returns, on this thread.
  */
 ndx_error_t *ndx_context_evaluate(const ndx_context_t *ctx);
 
 /**
  * Runs the callbacks and host operators queued for this context (process-events
  * mode) on the calling thread and stores how many ran in `*n_run` (may be NULL).
+ * A callback it runs may release the last reference to `ctx`: the rest of the queue
+ * still runs, and the context is released when this call returns, on this thread.
  */
 ndx_error_t *ndx_context_process_events(const ndx_context_t *ctx, size_t *n_run);
 

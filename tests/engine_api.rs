@@ -976,3 +976,59 @@ fn dropping_the_last_reference_joins_even_while_a_worker_holds_the_context() {
     );
     assert!(slow.is_done());
 }
+
+fn events_context() -> Context {
+    new_context(
+        Settings {
+            mode: EvalMode::Eager,
+            capture: CapturePolicy::Off,
+            events_mode: true,
+            ..Settings::default()
+        },
+        2,
+    )
+}
+
+#[test]
+fn a_callback_in_a_process_events_wait_dropping_the_last_reference_leaves_the_release_to_the_wait()
+{
+    let ctx = events_context();
+    let counter = || Arc::new(AtomicUsize::new(0));
+    let (started, done, released) = (counter(), counter(), counter());
+    host_op(
+        &ctx,
+        "counted",
+        Arc::new(SlowCounted(
+            Duration::ZERO,
+            started.clone(),
+            done.clone(),
+            released.clone(),
+        )),
+    );
+    // The host operator runs inside the wait, then its callback, which drops the last
+    // public reference.
+    let h = call(&ctx, "counted", vec![i32s(&[1], &[1])]);
+    let last = Arc::new(Mutex::new(Some(ctx)));
+    let (l, fired_on) = (last.clone(), Arc::new(Mutex::new(None)));
+    let f = fired_on.clone();
+    h.on_ready(Box::new(move |_| {
+        *f.lock().unwrap() = Some(std::thread::current().id());
+        drop(l.lock().unwrap().take());
+    }));
+    h.wait(Some(Duration::from_secs(10))).unwrap();
+    assert_eq!(done.load(Ordering::SeqCst), 1);
+    assert!(
+        last.lock().unwrap().is_none(),
+        "the callback dropped the context"
+    );
+    assert_eq!(
+        *fired_on.lock().unwrap(),
+        Some(std::thread::current().id()),
+        "the callback ran in the wait"
+    );
+    assert_eq!(
+        released.load(Ordering::SeqCst),
+        1,
+        "the wait released the context (joining) when it returned"
+    );
+}

@@ -265,6 +265,27 @@ pub fn new_context(settings: Settings, threads: usize) -> Context {
 }
 
 impl ContextInner {
+    /// A new public reference, unless the context was released already.
+    pub(crate) fn handle(self: &Arc<Self>) -> Option<Context> {
+        let mut n = self.handles.load(Ordering::Acquire);
+        loop {
+            if n == 0 {
+                return None;
+            }
+            match self
+                .handles
+                .compare_exchange_weak(n, n + 1, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => {
+                    return Some(Context {
+                        inner: self.clone(),
+                    });
+                }
+                Err(now) => n = now,
+            }
+        }
+    }
+
     /// The current settings (a snapshot; changes make a new one).
     pub fn settings(&self) -> Arc<Settings> {
         self.settings.lock().clone()

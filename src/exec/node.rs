@@ -438,8 +438,11 @@ impl Node {
         if self.is_done() {
             return Ok(());
         }
+        // In process-events mode this thread runs the queued callbacks, holding a
+        // public reference meanwhile: a callback that releases the last other one
+        // leaves the release to the end of this wait, on this thread.
         let ctx = if self.events {
-            self.ctx.upgrade()
+            self.ctx.upgrade().and_then(|c| c.handle())
         } else {
             None
         };

@@ -470,7 +470,9 @@ pub extern "C" fn ndx_context_retain(ctx: *const ndx_context_t) -> *mut ndx_erro
 /// Drops a reference to `ctx`. The last one cancels work that has not started (its
 /// futures fail with NDX_ERROR_CANCELLED and their callbacks still fire once), waits
 /// for work that is running (unless called from a callback or host operator, where it
-/// does not wait), and runs callbacks still queued for process-events. Futures and
+/// does not wait), and runs callbacks still queued for process-events. From a callback
+/// run by `ndx_context_process_events`, `ndx_context_evaluate` or a wait (process-events
+/// mode), the release happens when that call returns, on its thread. Futures and
 /// tensors keep working after their context is gone. NULL is a no-op.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_context_release(ctx: *const ndx_context_t) {
@@ -609,20 +611,26 @@ fn host_frames(
 /// NULL, or one NDX_ERROR_RUNTIME error whose related errors are every failure no one
 /// has observed yet (through a poll, wait, `ndx_future_error` or reading data) — each
 /// reported once. Refused (NDX_ERROR_RUNTIME) from callbacks and host operators.
+/// A callback it runs (process-events mode) may release the last reference to `ctx`:
+/// the context is then released when this call returns, on this thread.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_context_evaluate(ctx: *const ndx_context_t) -> *mut ndx_error_t {
-    boundary("ndx_context_evaluate", || borrow(ctx, "ctx")?.evaluate())
+    // A reference of its own: a callback run here may release the caller's last one.
+    boundary("ndx_context_evaluate", || clone_arc(ctx, "ctx")?.evaluate())
 }
 
 /// Runs the callbacks and host operators queued for this context (process-events
 /// mode) on the calling thread and stores how many ran in `*n_run` (may be NULL).
+/// A callback it runs may release the last reference to `ctx`: the rest of the queue
+/// still runs, and the context is released when this call returns, on this thread.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_context_process_events(
     ctx: *const ndx_context_t,
     n_run: *mut usize,
 ) -> *mut ndx_error_t {
     boundary("ndx_context_process_events", || {
-        let n = borrow(ctx, "ctx")?.run_events();
+        // A reference of its own: a callback run here may release the caller's last one.
+        let n = clone_arc(ctx, "ctx")?.run_events();
         if !n_run.is_null() {
             // SAFETY: non-NULL out-param.
             unsafe { n_run.write(n) };

@@ -1362,6 +1362,91 @@ fail:
   NDX_TEST_CONTEXT(NULL);
 }
 
+/* ---- process-events mode ------------------------------------------------------------------ */
+
+/* An EAGER context whose callbacks and host operators run only in process-events. */
+static ndx_context_t* make_events_ctx(void) {
+  ndx_context_options_t o;
+  memset(&o, 0, sizeof o);
+  o.struct_size = sizeof o;
+  o.eval_mode = NDX_EVAL_EAGER;
+  o.capture_policy = NDX_CAPTURE_OFF;
+  o.num_threads = 4;
+  o.process_events_callbacks = true;
+  ndx_context_t* ctx = NULL;
+  ndx_error_t* e = ndx_context_new(&o, &ctx);
+  if (e != NULL || ctx == NULL) {
+    fprintf(stderr, "ndx_context_new failed: %s\n", NDX_TEST_S(ndx_error_message(e)));
+    abort();
+  }
+  return ctx;
+}
+
+static ndx_context_t* releasing_ctx; /* released by the first callback that runs */
+static int releasing_fired, releasing_on_main, events_user_freed;
+static void cb_release_ctx(void* user, const ndx_future_t* f) {
+  (void)user;
+  (void)f;
+  inc_int(&releasing_fired);
+  if (pthread_equal(pthread_self(), main_thread)) inc_int(&releasing_on_main);
+  ndx_context_t* c = releasing_ctx;
+  releasing_ctx = NULL;
+  ndx_context_release(c); /* NULL after the first: a no-op */
+}
+static void count_events_free(void* user) {
+  (void)user;
+  inc_int(&events_user_freed);
+}
+
+/* A callback run inside ndx_context_process_events (or ndx_context_evaluate) releases
+ * the last reference to the context while more callbacks are queued behind it: the call
+ * runs them all, on this thread, and the context is released when it returns (the host
+ * operator's user_free has run). It used to go on reading the freed context (valgrind:
+ * invalid reads), with the rest of the queue run inside the release. */
+static NDX_TEST_NOINLINE void test_release_inside_process_events(void) {
+  for (int via_evaluate = 0; via_evaluate < 2; via_evaluate++) {
+    NDX_TEST_CONTEXT(via_evaluate ? "callback releases the context inside evaluate"
+                                  : "callback releases the context inside process_events");
+    ndx_context_t* ctx = make_events_ctx();
+    ndx_op_schema_t s;
+    memset(&s, 0, sizeof s);
+    s.struct_size = sizeof s;
+    s.n_inputs = 1;
+    s.n_outputs = 1;
+    events_user_freed = releasing_fired = releasing_on_main = 0;
+    host_state hs; /* never invoked: its user_free tells when the context went */
+    memset(&hs, 0, sizeof hs);
+    CHECK_OK(ndx_register_op(ctx, "copy", &s, k_copy, &hs, count_events_free));
+    ndx_tensor_t* a = t_i32(kA);
+    ndx_input_t in[2] = {ndx_test_in(a), ndx_test_in(a)};
+    ndx_future_t* f[4] = {NULL, NULL, NULL, NULL};
+    for (int k = 0; k < 4; k++) CHECK_OK(ndx_invoke(ctx, "add", in, 2, NULL, NULL, &f[k]));
+    for (int k = 0; k < 4; k++) {
+      double end = now_ms() + 5000;
+      while (f[k] && ndx_future_poll(f[k]) == NDX_FUTURE_PENDING && now_ms() < end) sleep_ms(1);
+    }
+    releasing_ctx = ctx;
+    /* Complete already: each callback is queued for process-events, the releasing one first. */
+    for (int k = 0; k < 4; k++) CHECK_OK(ndx_future_on_ready(f[k], cb_release_ctx, NULL, NULL));
+    for (int k = 0; k < 4; k++) ndx_future_release(f[k]);
+    size_t n = 0;
+    if (via_evaluate) {
+      check_evaluate_clean(ctx);
+    } else {
+      CHECK_OK(ndx_context_process_events(ctx, &n));
+      CHECK(n == 4, "process_events ran the 4 queued callbacks itself: %zu", n);
+    }
+    CHECK(releasing_ctx == NULL, "the first callback released the context");
+    CHECK(load_int(&releasing_fired) == 4, "every callback fired: %d", load_int(&releasing_fired));
+    CHECK(load_int(&releasing_on_main) == 4, "on this thread: %d", load_int(&releasing_on_main));
+    CHECK(load_int(&events_user_freed) == 1,
+          "the context was released when the call returned (host user_free ran): %d",
+          load_int(&events_user_freed));
+    ndx_tensor_release(a);
+  }
+  NDX_TEST_CONTEXT(NULL);
+}
+
 /* A host operator needs no metadata of its inputs: invoking one on the pending output of
  * another must not run (DEFERRED) or wait for (EAGER) the upstream one, and the
  * upstream's failure travels in the downstream future, not out of ndx_invoke. */
@@ -1990,6 +2075,7 @@ int main(void) {
   RUN(test_release_cancels_deferred());
   RUN(test_release_waits_running());
   RUN(test_release_joins_while_a_worker_holds_the_context());
+  RUN(test_release_inside_process_events());
   RUN(test_host_op_chains());
   RUN(test_host_user_free());
   RUN(test_user_free_on_failure());
