@@ -1032,3 +1032,53 @@ fn a_callback_in_a_process_events_wait_dropping_the_last_reference_leaves_the_re
         "the wait released the context (joining) when it returned"
     );
 }
+
+#[test]
+fn a_failure_only_looked_up_internally_is_still_reported_by_evaluate() {
+    // What its output went into next: an invocation refused at call time, a DEFERRED one
+    // cancelled before it ran, or one that ran and failed with it as its cause.
+    for consumer in ["refused at call time", "cancelled", "ran"] {
+        let ctx = context(EvalMode::Eager, CapturePolicy::Off);
+        let a = call(
+            &ctx,
+            "div",
+            vec![i32s(&[1, 2, 3, 4], &[4]), i32s(&[1, 0, 3, 4], &[4])],
+        );
+        spin_until("the division completes", || a.is_done());
+        match consumer {
+            "refused at call time" => {
+                let e = ctx
+                    .invoke(
+                        "add",
+                        vec![out(&a), i32s(&[1, 2, 3], &[3])],
+                        Args::new(),
+                        None,
+                        here(),
+                    )
+                    .err()
+                    .expect("a shape mismatch at call time");
+                assert!(e.message().contains("cannot be broadcast"), "{e}");
+            }
+            "cancelled" => {
+                let c = call_in(&ctx, "neg", vec![out(&a)], EvalMode::Deferred);
+                assert!(c.cancel("the test cancels it"));
+            }
+            _ => {
+                let c = call(&ctx, "neg", vec![out(&a)]);
+                c.wait(None).unwrap();
+            }
+        }
+        let e = ctx.evaluate().expect_err(consumer);
+        // A's failure is reported: on its own, or as the cause of the consumer's.
+        let reports_a = e.related().iter().any(|r| {
+            r.sequence() == Some(a.seq()) || r.cause().and_then(Error::sequence) == Some(a.seq())
+        });
+        assert!(reports_a, "{consumer}: {}", e.traceback());
+        let expected = match consumer {
+            "cancelled" => 2, // A, and the cancellation nobody looked at
+            _ => 1,           // A alone, or the consumer with A as its cause
+        };
+        assert_eq!(e.related().len(), expected, "{consumer}: {}", e.traceback());
+        assert!(ctx.evaluate().is_ok(), "{consumer}: reported exactly once");
+    }
+}

@@ -386,7 +386,14 @@ impl Node {
         self.observed.load(Ordering::Acquire)
     }
 
-    /// The result if complete (observing a failure).
+    /// The result if complete, for internal lookups: a failure found here does not
+    /// count as observed (see [`Node::result`]).
+    pub(crate) fn outcome(&self) -> Option<&Result<Vec<Data>>> {
+        self.result.get()
+    }
+
+    /// The result if complete, handed to the user: a failure counts as observed (and
+    /// is not reported again by `evaluate`).
     pub fn result(&self) -> Option<&Result<Vec<Data>>> {
         let r = self.result.get()?;
         if r.is_err() {
@@ -762,7 +769,7 @@ impl Node {
     fn upstream_failure(&self, inputs: &[Input]) -> Result<()> {
         for (i, input) in inputs.iter().enumerate() {
             let Some(up) = input.producer() else { continue };
-            match up.result() {
+            match up.outcome() {
                 Some(Ok(_)) => {}
                 Some(Err(e)) => return Err(self.dependency_error(i, up, e)),
                 None => {
@@ -790,9 +797,12 @@ impl Node {
         })
     }
 
-    /// The upstream failure of input `i`, as this node's own error.
+    /// The upstream failure of input `i`, as this node's own error. The upstream
+    /// failure travels on as its cause: it is reported with this one (observing this
+    /// one observes it), not on its own.
     fn dependency_error(&self, i: usize, up: &Arc<Node>, upstream: &Error) -> Error {
         self.failed_inputs.lock().push(up.clone());
+        up.mark_observed();
         Error::new(
             upstream.kind(),
             format!(

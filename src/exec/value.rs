@@ -118,11 +118,21 @@ impl TensorRef {
         }
     }
 
-    /// The data if it exists now, without forcing anything.
+    /// The data if it exists now, without forcing anything. An internal lookup: a
+    /// failure it finds does not count as observed by the user.
     pub(crate) fn ready_data(&self) -> Option<Result<&Arc<Tensor>>> {
         match &self.source {
             Source::Ready(t) => Some(Ok(t)),
-            Source::Pending(node, _) => node.is_done().then(|| self.resolve_as(Flush::Wait)),
+            Source::Pending(node, i) => Some(match node.outcome()? {
+                Ok(outputs) => match outputs.get(*i) {
+                    Some(Data::Tensor(t)) => Ok(t),
+                    _ => Err(Error::internal(format!(
+                        "output {i} of '{}' is not a tensor",
+                        node.op_name()
+                    ))),
+                },
+                Err(e) => Err(e.clone()),
+            }),
         }
     }
 
@@ -277,11 +287,21 @@ impl BatchRef {
         }
     }
 
-    /// The data if it exists now, without forcing anything.
+    /// The data if it exists now, without forcing anything. An internal lookup: a
+    /// failure it finds does not count as observed by the user.
     pub(crate) fn ready_data(&self) -> Option<Result<&Arc<Batch>>> {
         match &self.source {
             Source::Ready(b) => Some(Ok(b)),
-            Source::Pending(node, _) => node.is_done().then(|| self.resolve_as(Flush::Wait)),
+            Source::Pending(node, i) => Some(match node.outcome()? {
+                Ok(outputs) => match outputs.get(*i) {
+                    Some(Data::Batch(b)) => Ok(b),
+                    _ => Err(Error::internal(format!(
+                        "output {i} of '{}' is not a batch",
+                        node.op_name()
+                    ))),
+                },
+                Err(e) => Err(e.clone()),
+            }),
         }
     }
 

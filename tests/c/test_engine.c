@@ -308,6 +308,12 @@ static void cb_record(void* user, const ndx_future_t* f) {
 
 static void cb_free(void* user) { inc_int(&((cb_state*)user)->freed); }
 
+/* Counts without asking anything of the future (a poll would observe a failure). */
+static void cb_count_only(void* user, const ndx_future_t* f) {
+  (void)f;
+  inc_int(&((cb_state*)user)->fired);
+}
+
 /* ---- the error matrix ---------------------------------------------------------------------- */
 
 typedef struct {
@@ -1046,6 +1052,63 @@ static NDX_TEST_NOINLINE void test_cross_context_graph(void) {
     ndx_tensor_release(a);
     ndx_context_release(ca);
     ndx_context_release(cb);
+  }
+  NDX_TEST_CONTEXT(NULL);
+}
+
+/* An EAGER failure completes unobserved; its output then goes into an ndx_invoke that
+ * fails at call time, or into a DEFERRED invocation that is cancelled. ndx_invoke's own
+ * look at the failed input (its device, its data) is no observation: evaluate still
+ * reports the failure, once. It used to be lost. */
+static NDX_TEST_NOINLINE void test_internal_lookup_is_no_observation(void) {
+  static const int64_t kShape2[1] = {2}; /* does not broadcast with [2, 3] */
+  for (int variant = 0; variant < 2; variant++) {
+    NDX_TEST_CONTEXT(variant == 0 ? "failure fed to an invoke refused at call time"
+                                  : "failure fed to a cancelled invocation");
+    ndx_context_t* ctx = make_ctx(NDX_EVAL_EAGER, NDX_CAPTURE_OFF, NULL);
+    ndx_tensor_t* a = t_i32(kA);
+    ndx_tensor_t* bz = t_i32(kBZero);
+    ndx_tensor_t* t2 = ndx_test_tensor(kA, NDX_DTYPE_INT32, 1, kShape2);
+    ndx_input_t bad[2] = {ndx_test_in(a), ndx_test_in(bz)};
+    ndx_future_t *fa = NULL, *fc = NULL;
+    cb_state cs;
+    memset(&cs, 0, sizeof cs);
+    CHECK_OK(ndx_invoke(ctx, "div", bad, 2, NULL, NULL, &fa));
+    if (!fa) goto done;
+    /* A callback tells when it completed, without observing it. */
+    CHECK_OK(ndx_future_on_ready(fa, cb_count_only, &cs, NULL));
+    CHECK(spin_until(&cs.fired, 1, 5000), "the division completed");
+    ndx_tensor_t* ta = ndx_test_output(fa, 0);
+    if (variant == 0) {
+      ndx_input_t in[2] = {ndx_test_in(ta), ndx_test_in(t2)};
+      expect_error(ndx_invoke(ctx, "add", in, 2, NULL, NULL, &fc), NDX_ERROR_VALUE,
+                   "cannot be broadcast");
+      CHECK(fc == NULL, "no future for a refused invocation");
+    } else {
+      ndx_input_t in[1] = {ndx_test_in(ta)};
+      ndx_invoke_options_t deferred = mode_opts(NDX_EVAL_DEFERRED);
+      CHECK_OK(ndx_invoke(ctx, "neg", in, 1, NULL, &deferred, &fc));
+      bool cancelled = false;
+      CHECK_OK(ndx_future_cancel(fc, &cancelled));
+      CHECK(cancelled, "cancelled before it ran");
+      expect_error(ndx_future_wait(fc, -1), NDX_ERROR_CANCELLED, "was cancelled");
+    }
+    ndx_tensor_release(ta);
+    ndx_error_t* e = ndx_context_evaluate(ctx);
+    if (CHECK(e != NULL, "evaluate reports the division")) {
+      CHECK(ndx_error_related_count(e) == 1, "the division alone: %zu related",
+            ndx_error_related_count(e));
+      CHECK_LINK(ndx_error_related(e, 0), NDX_ERROR_VALUE, "integer division by zero", "div", 1);
+    }
+    ndx_error_free(e);
+    check_evaluate_clean(ctx); /* once */
+  done:
+    ndx_future_release(fa);
+    ndx_future_release(fc);
+    ndx_tensor_release(a);
+    ndx_tensor_release(bz);
+    ndx_tensor_release(t2);
+    ndx_context_release(ctx);
   }
   NDX_TEST_CONTEXT(NULL);
 }
@@ -2071,6 +2134,7 @@ int main(void) {
   RUN(test_first_poll_submits());
   RUN(test_evaluate_reports_once());
   RUN(test_cross_context_graph());
+  RUN(test_internal_lookup_is_no_observation());
   RUN(test_cancel_deferred());
   RUN(test_release_cancels_deferred());
   RUN(test_release_waits_running());
