@@ -1227,8 +1227,12 @@ ndx_error_t *ndx_context_retain(const ndx_context_t *ctx);
  * for work that is running (unless called from a callback or host operator, where it
  * does not wait), and runs callbacks still queued for process-events. From a callback
  * run by `ndx_context_process_events`, `ndx_context_evaluate` or a wait (process-events
- * mode), the release happens when that call returns, on its thread. Futures and
- * tensors keep working after their context is gone. NULL is a no-op.
+ * mode), the release happens when that call returns, on its thread. In the
+ * process-events mode callbacks never run on an ndx worker: a release that does not
+ * wait drops the callbacks of work completing after it uncalled (their `user_free`
+ * still runs), and one made on an ndx worker (say, from a callback of another
+ * context) drops those still queued too. Futures and tensors keep working after
+ * their context is gone. NULL is a no-op.
  */
 void ndx_context_release(const ndx_context_t *ctx);
 
@@ -1454,8 +1458,10 @@ ndx_error_t *ndx_future_batch(const ndx_future_t *future, size_t index, ndx_batc
  * Calls `callback(user, future)` exactly once when the future completes: on the ndx
  * worker thread that completes it, at once on this thread if it is already complete,
  * or — with `process_events_callbacks` — inside `ndx_context_process_events` or a
- * wait. Then `user_free(user)` if not NULL: it is called exactly once, also when
- * this call fails (before it returns; NULL future or callback). The callback may call ndx (poll, read
+ * wait (never on a worker: see `ndx_context_release` for callbacks a release drops
+ * uncalled). Then `user_free(user)` if not NULL: it is called exactly once, also
+ * when this call fails (before it returns; NULL future or callback). The callback
+ * may call ndx (poll, read
  * errors and outputs, invoke) but must not wait: waits there return
  * NDX_ERROR_RUNTIME. Registering does not run DEFERRED work (poll, wait or evaluate
  * does), so callbacks can be attached to a recorded graph before it is run or

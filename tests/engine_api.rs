@@ -1082,3 +1082,88 @@ fn a_failure_only_looked_up_internally_is_still_reported_by_evaluate() {
         assert!(ctx.evaluate().is_ok(), "{consumer}: reported exactly once");
     }
 }
+
+/// Counts its drops (a callback's `user_free`).
+struct DropCount(Arc<AtomicUsize>);
+impl Drop for DropCount {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// A callback that records whether it ran on an ndx worker, owning a [`DropCount`].
+fn where_callback(
+    fired: &Arc<AtomicUsize>,
+    on_worker: &Arc<AtomicUsize>,
+    freed: &Arc<AtomicUsize>,
+) -> ndx::exec::Callback {
+    let (f, w, guard) = (fired.clone(), on_worker.clone(), DropCount(freed.clone()));
+    Box::new(move |_| {
+        let _guard = guard;
+        f.fetch_add(1, Ordering::SeqCst);
+        if ndx::exec::on_worker() {
+            w.fetch_add(1, Ordering::SeqCst);
+        }
+    })
+}
+
+#[test]
+fn process_events_callbacks_never_run_on_a_worker_when_the_context_is_released() {
+    let counter = || Arc::new(AtomicUsize::new(0));
+    // Released by this thread while a big add runs on a worker: its callback runs
+    // here, during the release.
+    let big: Vec<i32> = vec![1; 1 << 22];
+    let (fired, on_worker, freed) = (counter(), counter(), counter());
+    for _ in 0..5 {
+        let ctx = events_context();
+        let f = call(
+            &ctx,
+            "add",
+            vec![i32s(&big, &[1 << 22]), i32s(&big, &[1 << 22])],
+        );
+        f.on_ready(where_callback(&fired, &on_worker, &freed));
+        drop(f);
+        std::thread::sleep(Duration::from_millis(2));
+        drop(ctx);
+    }
+    assert_eq!(
+        fired.load(Ordering::SeqCst),
+        5,
+        "each ran during its release"
+    );
+    assert_eq!(on_worker.load(Ordering::SeqCst), 0, "none on a worker");
+    assert_eq!(freed.load(Ordering::SeqCst), 5);
+
+    // Released from a callback of another context, on a worker: the queued callback
+    // is dropped uncalled there (its user data freed), not run on the worker.
+    let (fired, on_worker, freed) = (counter(), counter(), counter());
+    let ctx = events_context();
+    let f = call(&ctx, "add", vec![i32s(&[1], &[1]), i32s(&[1], &[1])]);
+    spin_until("the add completes", || f.is_done());
+    f.on_ready(where_callback(&fired, &on_worker, &freed)); // queued for process_events
+    let other = context(EvalMode::Eager, CapturePolicy::Off);
+    let g = call_in(&other, "neg", vec![i32s(&[1], &[1])], EvalMode::Deferred);
+    let released_on_worker = counter();
+    let (last, r) = (Arc::new(Mutex::new(Some(ctx))), released_on_worker.clone());
+    let l = last.clone();
+    g.on_ready(Box::new(move |_| {
+        if ndx::exec::on_worker() {
+            r.fetch_add(1, Ordering::SeqCst);
+        }
+        drop(l.lock().unwrap().take()); // the last reference
+    }));
+    g.poll(); // runs it on a worker, with its callback
+    spin_until("the other context's callback releases it", || {
+        last.lock().unwrap().is_none()
+    });
+    spin_until("the queued callback is let go", || {
+        freed.load(Ordering::SeqCst) == 1
+    });
+    assert_eq!(
+        released_on_worker.load(Ordering::SeqCst),
+        1,
+        "released on a worker"
+    );
+    assert_eq!(fired.load(Ordering::SeqCst), 0, "dropped uncalled");
+    assert_eq!(on_worker.load(Ordering::SeqCst), 0);
+}

@@ -4,7 +4,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::{Condvar, Mutex};
 
@@ -195,6 +195,10 @@ struct Tracker {
 pub struct ContextInner {
     /// Public references ([`Context`] values) alive; the last one gone releases it.
     handles: AtomicUsize,
+    /// Set once no thread will run this context's queued callbacks any more (it was
+    /// released): in process-events mode, callbacks of work completing later are
+    /// dropped uncalled, never run on the worker that completes it.
+    closed: AtomicBool,
     settings: Mutex<Arc<Settings>>,
     registry: Registry,
     seq: AtomicU64,
@@ -250,6 +254,7 @@ pub fn new_context(settings: Settings, threads: usize) -> Context {
     pool::init(threads);
     let inner = Arc::new(ContextInner {
         handles: AtomicUsize::new(1),
+        closed: AtomicBool::new(false),
         settings: Mutex::new(Arc::new(settings.clone())),
         registry: Registry::new(),
         seq: AtomicU64::new(0),
@@ -492,6 +497,11 @@ impl ContextInner {
         self.events.lock().push_back(event);
     }
 
+    /// Whether no thread will run queued callbacks any more (released).
+    pub(crate) fn closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
     /// Runs the queued callbacks and host operators (process-events mode); returns
     /// how many ran.
     pub fn run_events(&self) -> usize {
@@ -565,8 +575,15 @@ impl ContextInner {
     /// Releases the context (its last public reference went, on this thread): cancels
     /// what has not started and waits for what is running (unless this thread is a
     /// worker, a callback or a host operator, where it does not wait). Queued
-    /// callbacks still run, here.
+    /// callbacks still run, here, except process-events ones on an ndx worker or a
+    /// device's completion thread: those, and (in process-events mode) the callbacks
+    /// of work that completes after a release that did not wait, are dropped uncalled.
     fn release(&self) {
+        let worker = pool::on_worker() || crate::cuda::completion::on_completion_thread();
+        let events_mode = self.settings.lock().events_mode;
+        if worker && events_mode {
+            self.closed.store(true, Ordering::Release);
+        }
         let mut pending: Vec<Arc<Node>> = {
             let mut t = self.tracker.lock();
             let recorded = std::mem::take(&mut t.recorded);
@@ -589,9 +606,14 @@ impl ContextInner {
             self.registry.release_host_data();
         }
         let events: Vec<_> = self.events.lock().drain(..).collect();
-        for event in events {
-            as_callback(event);
+        if self.closed() {
+            drop(events); // process-events callbacks never run on a worker
+        } else {
+            for event in events {
+                as_callback(event);
+            }
         }
+        self.closed.store(true, Ordering::Release);
     }
 }
 

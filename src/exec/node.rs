@@ -1289,10 +1289,17 @@ impl Node {
         }
     }
 
+    /// Runs (or queues, in process-events mode) a callback at completion.
     fn fire(self: &Arc<Self>, cb: Callback, ctx: Option<&Arc<ContextInner>>) {
         let node = self.clone();
         match ctx {
-            Some(ctx) if self.events => ctx.push_event(Box::new(move || cb(&node))),
+            Some(ctx) if self.events && !ctx.closed() => {
+                ctx.push_event(Box::new(move || cb(&node)));
+            }
+            // Its context was released without waiting for this work: no thread will
+            // process its events any more, and a process-events callback never runs
+            // on the thread completing the work. Dropped uncalled (its user_free runs).
+            _ if self.events => drop(cb),
             _ => as_callback(|| cb(&node)),
         }
     }
@@ -1308,8 +1315,15 @@ impl Node {
                 return;
             }
         }
-        let ctx = self.ctx.upgrade();
-        self.fire(cb, ctx.as_ref());
+        // Complete: queued for process-events while someone processes them, else run
+        // at once on the registering thread.
+        match self.ctx.upgrade() {
+            Some(ctx) if self.events && !ctx.closed() => {
+                let node = self.clone();
+                ctx.push_event(Box::new(move || cb(&node)));
+            }
+            _ => as_callback(|| cb(self)),
+        }
     }
 
     /// Cancels the node if it has not started: it fails with `NDX_ERROR_CANCELLED`.

@@ -1510,6 +1510,89 @@ static NDX_TEST_NOINLINE void test_release_inside_process_events(void) {
   NDX_TEST_CONTEXT(NULL);
 }
 
+typedef struct {
+  int fired;   /* atomic */
+  int on_main; /* atomic */
+  int freed;   /* atomic */
+} where_state;
+
+static void cb_where(void* user, const ndx_future_t* f) {
+  where_state* w = (where_state*)user;
+  (void)f;
+  if (pthread_equal(pthread_self(), main_thread)) inc_int(&w->on_main);
+  inc_int(&w->fired);
+}
+static void cb_where_free(void* user) { inc_int(&((where_state*)user)->freed); }
+
+static ndx_context_t* worker_released_ctx;
+static int worker_released; /* atomic: set once released, 2 when on the main thread */
+static void cb_release_on_worker(void* user, const ndx_future_t* f) {
+  (void)user;
+  (void)f;
+  ndx_context_release(worker_released_ctx);
+  inc_int(&worker_released);
+  if (pthread_equal(pthread_self(), main_thread)) inc_int(&worker_released);
+}
+
+/* Process-events callbacks never run on an ndx worker, whoever releases the context:
+ * released by this thread while its work runs on a worker, the callback runs here
+ * during the release (it used to run on the worker completing the work); released on a
+ * worker (a callback of another context), the queued callback is dropped uncalled and
+ * its user_free runs (it used to run there). */
+static NDX_TEST_NOINLINE void test_events_callbacks_never_on_a_worker(void) {
+  NDX_TEST_CONTEXT("process-events context released with work running");
+  enum { N = 1 << 20, ITERS = 3 };
+  int32_t* big = (int32_t*)calloc(N, sizeof(int32_t));
+  int64_t shape[1] = {N};
+  ndx_tensor_t* tb = ndx_test_tensor(big, NDX_DTYPE_INT32, 1, shape);
+  ndx_input_t in2[2] = {ndx_test_in(tb), ndx_test_in(tb)};
+  where_state w;
+  memset(&w, 0, sizeof w);
+  for (int i = 0; i < ITERS; i++) {
+    ndx_context_t* ctx = make_events_ctx();
+    ndx_future_t* f = NULL;
+    CHECK_OK(ndx_invoke(ctx, "add", in2, 2, NULL, NULL, &f));
+    CHECK_OK(ndx_future_on_ready(f, cb_where, &w, cb_where_free));
+    ndx_future_release(f);
+    sleep_ms(2); /* let a worker start it */
+    ndx_context_release(ctx);
+  }
+  CHECK(load_int(&w.fired) == ITERS, "each callback ran during its release: %d", load_int(&w.fired));
+  CHECK(load_int(&w.on_main) == ITERS, "on the releasing thread: %d", load_int(&w.on_main));
+  CHECK(load_int(&w.freed) == ITERS, "user_free once each: %d", load_int(&w.freed));
+  ndx_tensor_release(tb);
+  free(big);
+
+  NDX_TEST_CONTEXT("process-events context released on a worker");
+  memset(&w, 0, sizeof w);
+  worker_released = 0;
+  ndx_context_t* ctx = make_events_ctx();
+  ndx_context_t* other = make_ctx(NDX_EVAL_EAGER, NDX_CAPTURE_OFF, NULL);
+  ndx_tensor_t* a = t_i32(kA);
+  ndx_input_t in[1] = {ndx_test_in(a)};
+  ndx_future_t *f = NULL, *g = NULL;
+  CHECK_OK(ndx_invoke(ctx, "neg", in, 1, NULL, NULL, &f));
+  CHECK_OK(ndx_future_wait(f, 5000 * MS)); /* complete; nothing queued yet */
+  CHECK_OK(ndx_future_on_ready(f, cb_where, &w, cb_where_free)); /* queued */
+  worker_released_ctx = ctx;
+  ndx_invoke_options_t deferred = mode_opts(NDX_EVAL_DEFERRED);
+  CHECK_OK(ndx_invoke(other, "neg", in, 1, NULL, &deferred, &g));
+  CHECK_OK(ndx_future_on_ready(g, cb_release_on_worker, NULL, NULL));
+  (void)ndx_future_poll(g); /* runs it, and its callback, on a worker */
+  CHECK(spin_until(&worker_released, 1, 5000), "the other context's callback released it");
+  CHECK(spin_until(&w.freed, 1, 5000), "the queued callback's user_free ran");
+  sleep_ms(20);
+  CHECK(load_int(&worker_released) == 1, "released on a worker: %d", load_int(&worker_released));
+  CHECK(load_int(&w.fired) == 0, "the queued callback was dropped uncalled: %d",
+        load_int(&w.fired));
+  CHECK(load_int(&w.freed) == 1, "its user_free ran once: %d", load_int(&w.freed));
+  ndx_future_release(f);
+  ndx_future_release(g);
+  ndx_tensor_release(a);
+  ndx_context_release(other);
+  NDX_TEST_CONTEXT(NULL);
+}
+
 /* A host operator needs no metadata of its inputs: invoking one on the pending output of
  * another must not run (DEFERRED) or wait for (EAGER) the upstream one, and the
  * upstream's failure travels in the downstream future, not out of ndx_invoke. */
@@ -2140,6 +2223,7 @@ int main(void) {
   RUN(test_release_waits_running());
   RUN(test_release_joins_while_a_worker_holds_the_context());
   RUN(test_release_inside_process_events());
+  RUN(test_events_callbacks_never_on_a_worker());
   RUN(test_host_op_chains());
   RUN(test_host_user_free());
   RUN(test_user_free_on_failure());
