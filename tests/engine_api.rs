@@ -1167,3 +1167,44 @@ fn process_events_callbacks_never_run_on_a_worker_when_the_context_is_released()
     assert_eq!(fired.load(Ordering::SeqCst), 0, "dropped uncalled");
     assert_eq!(on_worker.load(Ordering::SeqCst), 0);
 }
+
+#[test]
+fn process_events_waits_keep_their_timeout_and_start_no_work_after_it() {
+    let ctx = events_context();
+    let counter = || Arc::new(AtomicUsize::new(0));
+    let (started, done, released) = (counter(), counter(), counter());
+    let slow = |ms| {
+        Arc::new(SlowCounted(
+            Duration::from_millis(ms),
+            started.clone(),
+            done.clone(),
+            released.clone(),
+        ))
+    };
+    host_op(&ctx, "slow", slow(300));
+    host_op(&ctx, "quick", slow(0));
+    // A host operator waits for process-events; a wait of 0 does not run it.
+    let h = call(&ctx, "slow", vec![i32s(&[1], &[1])]);
+    let t0 = std::time::Instant::now();
+    let e = h.wait(Some(Duration::ZERO)).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+    assert!(e.message().contains("did not complete within"), "{e}");
+    assert!(
+        t0.elapsed() < Duration::from_millis(200),
+        "{:?}",
+        t0.elapsed()
+    );
+    assert_eq!(started.load(Ordering::SeqCst), 0, "nothing started");
+    // Waiting 50 ms for an operator queued behind the slow one: the slow one starts
+    // (time was left), the quick one does not once the time ran out.
+    let q = call(&ctx, "quick", vec![i32s(&[1], &[1])]);
+    let e = q.wait(Some(Duration::from_millis(50))).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+    assert_eq!(done.load(Ordering::SeqCst), 1, "the slow one ran");
+    assert!(
+        !q.is_done(),
+        "the quick one was not started after the time ran out"
+    );
+    q.wait(None).unwrap();
+    assert!(h.is_done() && q.is_done());
+}

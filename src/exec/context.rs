@@ -505,8 +505,16 @@ impl ContextInner {
     /// Runs the queued callbacks and host operators (process-events mode); returns
     /// how many ran.
     pub fn run_events(&self) -> usize {
+        self.run_events_until(None)
+    }
+
+    /// [`ContextInner::run_events`], starting none once `deadline` has passed.
+    pub(crate) fn run_events_until(&self, deadline: Option<std::time::Instant>) -> usize {
         let mut n = 0;
         loop {
+            if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+                return n;
+            }
             let Some(event) = self.events.lock().pop_front() else {
                 return n;
             };

@@ -477,14 +477,10 @@ impl Node {
             if state.phase == Phase::Done {
                 break;
             }
-            if let Some(ctx) = &ctx {
-                drop(state);
-                ctx.run_events();
-                state = self.state.lock();
-            }
+            // Time is looked at before running queued work, which may take long and
+            // is not started once time ran out.
             if let Some(d) = deadline
                 && Instant::now() >= d
-                && state.phase != Phase::Done
             {
                 return Err(Error::new(
                     ErrorKind::Timeout,
@@ -495,6 +491,11 @@ impl Node {
                         timeout.unwrap_or_default()
                     ),
                 ));
+            }
+            if let Some(ctx) = &ctx {
+                drop(state);
+                ctx.run_events_until(deadline);
+                state = self.state.lock();
             }
         }
         Ok(())

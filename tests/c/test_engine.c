@@ -1593,6 +1593,34 @@ static NDX_TEST_NOINLINE void test_events_callbacks_never_on_a_worker(void) {
   NDX_TEST_CONTEXT(NULL);
 }
 
+/* In the process-events mode a wait runs queued host operators itself, but keeps its
+ * timeout: a wait of 0 on a queued 300 ms operator times out at once without starting
+ * it (it used to run it and return after 300 ms). */
+static NDX_TEST_NOINLINE void test_events_wait_timeout(void) {
+  NDX_TEST_CONTEXT("process-events wait with a timeout");
+  ndx_context_t* ctx = make_events_ctx();
+  host_state hs;
+  memset(&hs, 0, sizeof hs);
+  hs.sleep_ms = 300;
+  register_op(ctx, "slow_copy", k_copy, &hs);
+  ndx_tensor_t* a = t_i32(kA);
+  ndx_input_t in[1] = {ndx_test_in(a)};
+  ndx_future_t* f = NULL;
+  CHECK_OK(ndx_invoke(ctx, "slow_copy", in, 1, NULL, NULL, &f));
+  double t0 = now_ms();
+  expect_error(ndx_future_wait(f, 0), NDX_ERROR_TIMEOUT, "did not complete within");
+  double dt = now_ms() - t0;
+  CHECK(dt < 150.0, "wait(0) returned at once: %.1f ms", dt);
+  CHECK(load_int(&hs.started) == 0, "and started nothing: %d", load_int(&hs.started));
+  CHECK_OK(ndx_future_wait(f, -1));
+  CHECK(load_int(&hs.calls) == 1, "ran once in the last wait: %d", load_int(&hs.calls));
+  CHECK(pthread_equal(hs.thread, main_thread), "on the waiting thread");
+  ndx_future_release(f);
+  ndx_tensor_release(a);
+  ndx_context_release(ctx);
+  NDX_TEST_CONTEXT(NULL);
+}
+
 /* A host operator needs no metadata of its inputs: invoking one on the pending output of
  * another must not run (DEFERRED) or wait for (EAGER) the upstream one, and the
  * upstream's failure travels in the downstream future, not out of ndx_invoke. */
@@ -2224,6 +2252,7 @@ int main(void) {
   RUN(test_release_joins_while_a_worker_holds_the_context());
   RUN(test_release_inside_process_events());
   RUN(test_events_callbacks_never_on_a_worker());
+  RUN(test_events_wait_timeout());
   RUN(test_host_op_chains());
   RUN(test_host_user_free());
   RUN(test_user_free_on_failure());
