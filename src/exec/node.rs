@@ -1306,16 +1306,24 @@ impl Node {
     }
 
     /// Registers `cb` to run once on completion; at once (on this thread) when done.
+    /// A deferred node is handed to the workers (recorded as a poll's flush): a
+    /// callback waits for nothing else.
     pub fn on_ready(self: &Arc<Self>, cb: Callback) {
-        {
+        let registered = {
             let mut s = self.state.lock();
             // The result is set just before the phase turns Done: once it is set (as
             // a wait that returned has seen), the callback runs here and now.
             if s.phase != Phase::Done && self.result.get().is_none() {
                 s.callbacks.push(cb);
-                return;
+                None
+            } else {
+                Some(cb)
             }
-        }
+        };
+        let Some(cb) = registered else {
+            self.submit_as(Why::new(Flush::Poll));
+            return;
+        };
         // Complete: queued for process-events while someone processes them, else run
         // at once on the registering thread.
         match self.ctx.upgrade() {

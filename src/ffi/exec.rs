@@ -1221,9 +1221,8 @@ pub extern "C" fn ndx_future_batch(
 /// when this call fails (before it returns; NULL future or callback). The callback
 /// may call ndx (poll, read
 /// errors and outputs, invoke) but must not wait: waits there return
-/// NDX_ERROR_RUNTIME. Registering does not run DEFERRED work (poll, wait or evaluate
-/// does), so callbacks can be attached to a recorded graph before it is run or
-/// released.
+/// NDX_ERROR_RUNTIME. Registering on a DEFERRED future hands its graph to the workers,
+/// like a poll: a callback waits for nothing else. Thread-safe.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_future_on_ready(
     future: *const ndx_future_t,
