@@ -1458,13 +1458,14 @@ ndx_error_t *ndx_future_batch(const ndx_future_t *future, size_t index, ndx_batc
  * Calls `callback(user, future)` exactly once when the future completes: on the ndx
  * worker thread that completes it, at once on this thread if it is already complete,
  * or — with `process_events_callbacks` — inside `ndx_context_process_events` or a
- * wait (never on a worker: see `ndx_context_release` for callbacks a release drops
- * uncalled). Then `user_free(user)` if not NULL: it is called exactly once, also
- * when this call fails (before it returns; NULL future or callback). The callback
- * may call ndx (poll, read
- * errors and outputs, invoke) but must not wait: waits there return
- * NDX_ERROR_RUNTIME. Registering on a DEFERRED future hands its graph to the workers,
- * like a poll: a callback waits for nothing else. Thread-safe.
+ * wait, never on a worker (so a process-events callback is dropped uncalled when its
+ * context is released from a callback, a host operator or a worker before it could
+ * run: see `ndx_context_release`). Then `user_free(user)` if not NULL: it is called
+ * exactly once in every case, also when this call fails (before it returns; NULL
+ * future or callback). The callback may call ndx (poll, read errors and outputs,
+ * invoke) but must not wait: waits there return NDX_ERROR_RUNTIME. Registering on a
+ * DEFERRED future hands its graph to the workers, like a poll: a callback waits for
+ * nothing else. Thread-safe.
  */
 ndx_error_t *ndx_future_on_ready(const ndx_future_t *future,
                                  ndx_future_callback_t callback,
