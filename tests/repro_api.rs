@@ -155,3 +155,28 @@ fn arguments_round_trip_and_the_cap_leaves_the_bytes_out() {
     let bad = repro::parse("{\"ndx_repro\": 9}").err().unwrap();
     assert!(bad.message().contains("format 9 is not supported"), "{bad}");
 }
+
+/// A bad input shape is named as the document's field, not as an "output".
+#[test]
+fn a_bad_input_shape_names_the_document_field() {
+    let doc = |shape: &str| {
+        format!(
+            "{{\"ndx_repro\": 1, \"op\": \"neg\", \"args\": [], \"mode\": \"sync_cpu\", \
+             \"inputs\": [{{\"dtype\": \"int8\", \"shape\": {shape}, \"bytes\": \"00\"}}]}}"
+        )
+    };
+    let e = repro::parse(&doc("[-1, 3]")).err().unwrap();
+    assert_eq!(e.kind(), ErrorKind::Value);
+    assert_eq!(
+        e.message(),
+        "repro document: inputs[0].shape[0] is -1, expected a non-negative size (shape [-1, 3])"
+    );
+    let e = repro::parse(&doc("[4611686018427387904, 4]"))
+        .err()
+        .unwrap();
+    assert!(
+        e.message()
+            .starts_with("repro document: inputs[0]: shape [4611686018427387904, 4]"),
+        "{e}"
+    );
+}

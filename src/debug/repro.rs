@@ -224,6 +224,21 @@ fn input_of(t: &Value, i: usize) -> Result<Arc<Tensor>> {
     let dtype =
         DType::from_name(name).ok_or_else(|| bad(format!("{at}: unknown dtype '{name}'")))?;
     let shape = ints_of(field(t, "shape", &at)?, &format!("{at}.shape"))?;
+    // Checked here so that errors name the document's field, not an "output".
+    if let Some((k, d)) = shape.iter().enumerate().find(|(_, d)| **d < 0) {
+        return Err(bad(format!(
+            "{at}.shape[{k}] is {d}, expected a non-negative size (shape {})",
+            crate::tensor::dims(&shape)
+        )));
+    }
+    crate::tensor::validate_geometry(
+        &format!("repro document: {at}"),
+        1,
+        &shape,
+        None,
+        dtype.itemsize(),
+        0,
+    )?;
     let layout = t.get("layout").and_then(Value::as_str).unwrap_or("");
     let hexed = field(t, "bytes", &at)?.as_str().ok_or_else(|| {
         bad(format!(

@@ -117,6 +117,14 @@ static void test_cap_and_bad_documents(void) {
   expect_error(ndx_repro_run(ctx, "{\"ndx_repro\": 1}", &r), NDX_ERROR_VALUE,
                "the document has no \"op\"");
   expect_error(ndx_repro_run(ctx, NULL, &r), NDX_ERROR_VALUE, "argument 'json' is NULL");
+  /* A bad input shape is named as the document's field, not as an "output". */
+  expect_error(ndx_repro_run(ctx,
+                             "{\"ndx_repro\": 1, \"op\": \"neg\", \"args\": [], \"mode\": "
+                             "\"sync_cpu\", \"inputs\": [{\"dtype\": \"int8\", \"shape\": [-1, 3], "
+                             "\"bytes\": \"00\"}]}",
+                             &r),
+               NDX_ERROR_VALUE, "repro document: inputs[0].shape[0] is -1");
+  CHECK(r == NULL, "no future");
   free(doc);
   free(doc2);
   ndx_error_free(e);
