@@ -418,6 +418,128 @@ fn user_free_runs_once_when_the_registering_call_fails() {
     assert_eq!(USER_FREES.load(SeqCst), 1, "nothing more at release");
 }
 
+/// A too-small struct_size says what to set (sizeof, this header's) and the least
+/// accepted; schema array errors name the schema's fields.
+#[test]
+fn struct_size_and_schema_errors_name_the_right_thing() {
+    use std::mem::{offset_of, size_of};
+    let expect = |what: &str, ty: &str, full: usize| {
+        format!("{what}->struct_size is 0: set it to sizeof({ty}), which is {full} (at least ")
+    };
+    let io = ndx_import_options_t {
+        struct_size: 0,
+        layout: std::ptr::null(),
+        read_only: false,
+        stream: std::ptr::null_mut(),
+    };
+    let (v, mut t) = ([1.0f32], std::ptr::null_mut());
+    common::expect_err(
+        ndx_tensor_from_host(
+            v.as_ptr().cast(),
+            ndx_dtype_t::NDX_DTYPE_FLOAT32 as i32,
+            0,
+            std::ptr::null(),
+            std::ptr::null(),
+            &io,
+            &mut t,
+        ),
+        ndx_error_kind_t::NDX_ERROR_VALUE,
+        &format!(
+            "{}{}, the fields of the oldest layout",
+            expect(
+                "opts",
+                "ndx_import_options_t",
+                size_of::<ndx_import_options_t>()
+            ),
+            offset_of!(ndx_import_options_t, stream)
+        ),
+    );
+    let co = ndx_context_options_t {
+        struct_size: 0,
+        ..Default::default()
+    };
+    let mut ctx = std::ptr::null_mut();
+    common::expect_err(
+        ndx_context_new(&co, &mut ctx),
+        ndx_error_kind_t::NDX_ERROR_VALUE,
+        &expect(
+            "opts",
+            "ndx_context_options_t",
+            size_of::<ndx_context_options_t>(),
+        ),
+    );
+    let ctx = context(ndx_capture_policy_t::NDX_CAPTURE_OFF);
+    let io = ndx_invoke_options_t {
+        struct_size: 0,
+        ..Default::default()
+    };
+    let t = scalar();
+    let ins = [ndx_input_t {
+        tensor: t,
+        batch: std::ptr::null(),
+    }];
+    let mut f = std::ptr::null_mut();
+    common::expect_err(
+        ndx_invoke(
+            ctx,
+            c"neg".as_ptr(),
+            ins.as_ptr(),
+            1,
+            std::ptr::null(),
+            &io,
+            &mut f,
+        ),
+        ndx_error_kind_t::NDX_ERROR_VALUE,
+        &expect(
+            "opts",
+            "ndx_invoke_options_t",
+            size_of::<ndx_invoke_options_t>(),
+        ),
+    );
+    let mut schema = ndx_op_schema_t {
+        struct_size: 0,
+        n_inputs: 1,
+        n_outputs: 1,
+        n_args: 2,
+        arg_names: std::ptr::null(),
+        arg_types: std::ptr::null(),
+        output_dtypes: std::ptr::null(),
+        output_ndims: std::ptr::null(),
+        output_layouts: std::ptr::null(),
+        flags: 0,
+    };
+    let register = |s: &ndx_op_schema_t| {
+        ndx_register_op(
+            ctx,
+            c"mine".as_ptr(),
+            s,
+            Some(noop_kernel),
+            std::ptr::null_mut(),
+            None,
+        )
+    };
+    common::expect_err(
+        register(&schema),
+        ndx_error_kind_t::NDX_ERROR_VALUE,
+        &expect("schema", "ndx_op_schema_t", size_of::<ndx_op_schema_t>()),
+    );
+    schema.struct_size = size_of::<ndx_op_schema_t>();
+    common::expect_err(
+        register(&schema),
+        ndx_error_kind_t::NDX_ERROR_VALUE,
+        "schema->arg_names is NULL but schema->n_args is 2",
+    );
+    let names = [c"a".as_ptr(), c"b".as_ptr()];
+    schema.arg_names = names.as_ptr();
+    common::expect_err(
+        register(&schema),
+        ndx_error_kind_t::NDX_ERROR_VALUE,
+        "schema->arg_types is NULL but schema->n_args is 2",
+    );
+    ndx_tensor_release(t);
+    ndx_context_release(ctx);
+}
+
 #[test]
 fn args_round_trip_through_the_builder_and_getters() {
     let mut args = std::ptr::null_mut();

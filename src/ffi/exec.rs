@@ -688,14 +688,14 @@ fn set_arg(
     Ok(())
 }
 
-fn slice_arg<'a, T>(data: *const T, n: usize) -> Result<&'a [T]> {
+/// `n` values at `data`, an array argument named `what` whose length is named `n_name`
+/// in messages.
+fn slice_arg<'a, T>(data: *const T, n: usize, what: &str, n_name: &str) -> Result<&'a [T]> {
     if n == 0 {
         return Ok(&[]);
     }
     if data.is_null() {
-        return Err(Error::value(format!(
-            "argument 'values' is NULL but n is {n}"
-        )));
+        return Err(Error::value(format!("{what} is NULL but {n_name} is {n}")));
     }
     // SAFETY: non-NULL; the caller promises `n` values.
     Ok(unsafe { std::slice::from_raw_parts(data, n) })
@@ -763,7 +763,9 @@ pub extern "C" fn ndx_args_set_int_array(
 ) -> *mut ndx_error_t {
     boundary("ndx_args_set_int_array", || {
         set_arg(args, name, || {
-            Ok(ArgValue::Ints(slice_arg(values, n)?.to_vec()))
+            Ok(ArgValue::Ints(
+                slice_arg(values, n, "argument 'values'", "n")?.to_vec(),
+            ))
         })
     })
 }
@@ -778,7 +780,9 @@ pub extern "C" fn ndx_args_set_float_array(
 ) -> *mut ndx_error_t {
     boundary("ndx_args_set_float_array", || {
         set_arg(args, name, || {
-            Ok(ArgValue::Floats(slice_arg(values, n)?.to_vec()))
+            Ok(ArgValue::Floats(
+                slice_arg(values, n, "argument 'values'", "n")?.to_vec(),
+            ))
         })
     })
 }
@@ -1295,10 +1299,23 @@ struct CKernel {
 /// The output promises of a full-size schema.
 fn schema_contract(s: &ndx_op_schema_t) -> Result<Contract> {
     let n = s.n_outputs;
-    let optional = |p: *const i32| (!p.is_null()).then(|| slice_arg(p, n)).transpose();
-    let (dtypes, ndims) = (optional(s.output_dtypes)?, optional(s.output_ndims)?);
+    // Each is optional (NULL: not declared), so never NULL here.
+    let optional = |p: *const i32, what: &str| {
+        (!p.is_null())
+            .then(|| slice_arg(p, n, what, "schema->n_outputs"))
+            .transpose()
+    };
+    let dtypes = optional(s.output_dtypes, "schema->output_dtypes")?;
+    let ndims = optional(s.output_ndims, "schema->output_ndims")?;
     let layouts = (!s.output_layouts.is_null())
-        .then(|| slice_arg(s.output_layouts, n))
+        .then(|| {
+            slice_arg(
+                s.output_layouts,
+                n,
+                "schema->output_layouts",
+                "schema->n_outputs",
+            )
+        })
         .transpose()?;
     if s.flags & !(ndx_op_flags_t::NDX_OP_OUTPUTS_MAY_ALIAS as u32) != 0 {
         return Err(Error::value(format!(
@@ -1453,6 +1470,7 @@ pub extern "C" fn ndx_register_op(
         size_check(
             size,
             std::mem::offset_of!(ndx_op_schema_t, output_dtypes),
+            std::mem::size_of::<ndx_op_schema_t>(),
             "schema",
             "ndx_op_schema_t",
         )?;
@@ -1469,8 +1487,8 @@ pub extern "C" fn ndx_register_op(
                 "schema->n_outputs is 0: an operator needs at least one output",
             ));
         }
-        let names = slice_arg(s.arg_names, s.n_args)?;
-        let types = slice_arg(s.arg_types, s.n_args)?;
+        let names = slice_arg(s.arg_names, s.n_args, "schema->arg_names", "schema->n_args")?;
+        let types = slice_arg(s.arg_types, s.n_args, "schema->arg_types", "schema->n_args")?;
         let args = names
             .iter()
             .zip(types)

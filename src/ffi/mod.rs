@@ -234,7 +234,7 @@ pub(crate) fn read_options<T: Options>(opts: *const T, min: usize) -> Result<T> 
         .rsplit("::")
         .next()
         .unwrap_or("options");
-    size_check(size, min, "opts", name)?;
+    size_check(size, min, std::mem::size_of::<T>(), "opts", name)?;
     let mut o = T::zeroed();
     // SAFETY: the caller's struct holds `size` bytes; we copy no more than that, and
     // no more than ours, over a valid value whose remaining fields stay zero.
@@ -248,10 +248,21 @@ pub(crate) fn read_options<T: Options>(opts: *const T, min: usize) -> Result<T> 
     Ok(o)
 }
 
-pub(crate) fn size_check(size: usize, min: usize, what: &str, type_name: &str) -> Result<()> {
+/// Checks a caller's `struct_size` against `min`, the size of the fields of the oldest
+/// layout still accepted; `full` is this header's `sizeof(type_name)`, what a caller
+/// should set.
+pub(crate) fn size_check(
+    size: usize,
+    min: usize,
+    full: usize,
+    what: &str,
+    type_name: &str,
+) -> Result<()> {
     if size < min {
         return Err(Error::value(format!(
-            "{what}->struct_size is {size}, expected at least {min} (sizeof({type_name}))"
+            "{what}->struct_size is {size}: set it to sizeof({type_name}), which is {full} \
+             (at least {min}, the fields of the oldest layout, is accepted from callers built \
+             against an older header)"
         )));
     }
     Ok(())

@@ -1902,6 +1902,58 @@ static NDX_TEST_NOINLINE void test_user_free_on_failure(void) {
   NDX_TEST_CONTEXT(NULL);
 }
 
+/* A too-small struct_size says what to set (sizeof, this header's) and the least accepted;
+ * schema array errors name the schema's fields. */
+static NDX_TEST_NOINLINE void test_struct_size_messages(void) {
+  NDX_TEST_CONTEXT("struct_size messages");
+  char want[256];
+  ndx_import_options_t io;
+  memset(&io, 0, sizeof io);
+  const float v = 1.0f;
+  ndx_tensor_t* t = NULL;
+  snprintf(want, sizeof want,
+           "opts->struct_size is 0: set it to sizeof(ndx_import_options_t), which is %zu (at "
+           "least %zu, the fields of the oldest layout",
+           sizeof(ndx_import_options_t), offsetof(ndx_import_options_t, stream));
+  expect_error(ndx_tensor_from_host(&v, NDX_DTYPE_FLOAT32, 0, NULL, NULL, &io, &t),
+               NDX_ERROR_VALUE, want);
+
+  ndx_context_options_t co;
+  memset(&co, 0, sizeof co);
+  ndx_context_t* ctx = NULL;
+  snprintf(want, sizeof want,
+           "opts->struct_size is 0: set it to sizeof(ndx_context_options_t), which is %zu",
+           sizeof(ndx_context_options_t));
+  expect_error(ndx_context_new(&co, &ctx), NDX_ERROR_VALUE, want);
+
+  ctx = make_ctx(NDX_EVAL_SYNC_CPU, NDX_CAPTURE_OFF, NULL);
+  ndx_tensor_t* a = t_i32(kA);
+  ndx_input_t in[1] = {ndx_test_in(a)};
+  ndx_invoke_options_t o;
+  memset(&o, 0, sizeof o);
+  ndx_future_t* f = NULL;
+  snprintf(want, sizeof want,
+           "opts->struct_size is 0: set it to sizeof(ndx_invoke_options_t), which is %zu",
+           sizeof(ndx_invoke_options_t));
+  expect_error(ndx_invoke(ctx, "neg", in, 1, NULL, &o, &f), NDX_ERROR_VALUE, want);
+
+  ndx_op_schema_t schema;
+  memset(&schema, 0, sizeof schema);
+  schema.n_inputs = 1;
+  schema.n_outputs = 1;
+  schema.n_args = 2;
+  snprintf(want, sizeof want,
+           "schema->struct_size is 0: set it to sizeof(ndx_op_schema_t), which is %zu",
+           sizeof(ndx_op_schema_t));
+  expect_error(ndx_register_op(ctx, "mine", &schema, k_copy, NULL, NULL), NDX_ERROR_VALUE, want);
+  schema.struct_size = sizeof schema;
+  expect_error(ndx_register_op(ctx, "mine", &schema, k_copy, NULL, NULL), NDX_ERROR_VALUE,
+               "schema->arg_names is NULL but schema->n_args is 2");
+  ndx_tensor_release(a);
+  ndx_context_release(ctx);
+  NDX_TEST_CONTEXT(NULL);
+}
+
 /* ---- on_ready ------------------------------------------------------------------------------------ */
 
 static ndx_future_t* g_block_on; /* a pending future a callback must not wait on */
@@ -2326,6 +2378,7 @@ int main(void) {
   RUN(test_host_op_chains());
   RUN(test_host_user_free());
   RUN(test_user_free_on_failure());
+  RUN(test_struct_size_messages());
   RUN(test_on_ready());
   for (int m = 0; m < 4; m++) {
     RUN(test_noexcept(kModes[m]));
