@@ -1498,7 +1498,8 @@ void ndx_future_release(const ndx_future_t *future);
  * is released (after its running work finished), or later when the last invocation
  * of the operator is gone if the context was released from a callback or host
  * operator; it is called exactly once, also when this call fails (before it returns).
- * NDX_ERROR_VALUE when the name is taken or the schema is invalid.
+ * NDX_ERROR_VALUE when the name is taken or the schema is invalid (argument names
+ * must be distinct).
  */
 ndx_error_t *ndx_register_op(const ndx_context_t *ctx,
                              const char *name,

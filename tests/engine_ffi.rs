@@ -540,6 +540,46 @@ fn struct_size_and_schema_errors_name_the_right_thing() {
     ndx_context_release(ctx);
 }
 
+/// A schema whose argument names repeat is invalid: both indices are named.
+#[test]
+fn a_schema_with_a_repeated_argument_name_is_refused() {
+    let ctx = context(ndx_capture_policy_t::NDX_CAPTURE_OFF);
+    let names = [c"a".as_ptr(), c"b".as_ptr(), c"a".as_ptr()];
+    let types = [ndx_arg_type_t::NDX_ARG_INT as i32; 3];
+    let mut schema = ndx_op_schema_t {
+        struct_size: std::mem::size_of::<ndx_op_schema_t>(),
+        n_inputs: 1,
+        n_outputs: 1,
+        n_args: 3,
+        arg_names: names.as_ptr(),
+        arg_types: types.as_ptr(),
+        output_dtypes: std::ptr::null(),
+        output_ndims: std::ptr::null(),
+        output_layouts: std::ptr::null(),
+        flags: 0,
+    };
+    let register = |s: &ndx_op_schema_t| {
+        ndx_register_op(
+            ctx,
+            c"dup".as_ptr(),
+            s,
+            Some(noop_kernel),
+            std::ptr::null_mut(),
+            None,
+        )
+    };
+    common::expect_err(
+        register(&schema),
+        ndx_error_kind_t::NDX_ERROR_VALUE,
+        "schema->arg_names[0] and schema->arg_names[2] are both \"a\": argument names must be \
+         distinct",
+    );
+    // Distinct names register (the failed call did not take the name).
+    schema.n_args = 2;
+    ok(register(&schema));
+    ndx_context_release(ctx);
+}
+
 #[test]
 fn args_round_trip_through_the_builder_and_getters() {
     let mut args = std::ptr::null_mut();

@@ -1443,7 +1443,8 @@ impl HostKernel for CKernel {
 /// is released (after its running work finished), or later when the last invocation
 /// of the operator is gone if the context was released from a callback or host
 /// operator; it is called exactly once, also when this call fails (before it returns).
-/// NDX_ERROR_VALUE when the name is taken or the schema is invalid.
+/// NDX_ERROR_VALUE when the name is taken or the schema is invalid (argument names
+/// must be distinct).
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_register_op(
     ctx: *const ndx_context_t,
@@ -1495,7 +1496,7 @@ pub extern "C" fn ndx_register_op(
             .enumerate()
             .map(|(i, (&n, &t))| {
                 Ok(crate::ops::ArgSpec {
-                    name: host_str(n, "schema->arg_names[]")?,
+                    name: host_str(n, &format!("schema->arg_names[{i}]"))?,
                     ty: ArgType::from_raw(t).ok_or_else(|| {
                         Error::value(format!(
                             "schema->arg_types[{i}] is {t}, not an ndx_arg_type_t value"
@@ -1505,6 +1506,16 @@ pub extern "C" fn ndx_register_op(
                 })
             })
             .collect::<Result<Vec<_>>>()?;
+        let mut seen = std::collections::HashMap::with_capacity(args.len());
+        for (i, a) in args.iter().enumerate() {
+            if let Some(first) = seen.insert(a.name.as_str(), i) {
+                return Err(Error::value(format!(
+                    "schema->arg_names[{first}] and schema->arg_names[{i}] are both \"{}\": \
+                     argument names must be distinct",
+                    a.name
+                )));
+            }
+        }
         let contract = if full {
             schema_contract(s)?
         } else {

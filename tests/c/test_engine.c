@@ -1949,6 +1949,16 @@ static NDX_TEST_NOINLINE void test_struct_size_messages(void) {
   schema.struct_size = sizeof schema;
   expect_error(ndx_register_op(ctx, "mine", &schema, k_copy, NULL, NULL), NDX_ERROR_VALUE,
                "schema->arg_names is NULL but schema->n_args is 2");
+  /* Repeated argument names make an invalid schema: both indices are named. */
+  const char* names[3] = {"a", "b", "a"};
+  const int32_t types[3] = {NDX_ARG_INT, NDX_ARG_INT, NDX_ARG_INT};
+  schema.n_args = 3;
+  schema.arg_names = names;
+  schema.arg_types = types;
+  expect_error(ndx_register_op(ctx, "mine", &schema, k_copy, NULL, NULL), NDX_ERROR_VALUE,
+               "schema->arg_names[0] and schema->arg_names[2] are both \"a\"");
+  schema.n_args = 2;
+  CHECK_OK(ndx_register_op(ctx, "mine", &schema, k_copy, NULL, NULL));
   ndx_tensor_release(a);
   ndx_context_release(ctx);
   NDX_TEST_CONTEXT(NULL);
