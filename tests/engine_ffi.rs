@@ -580,6 +580,28 @@ fn a_schema_with_a_repeated_argument_name_is_refused() {
     ndx_context_release(ctx);
 }
 
+/// "Errors of invocations that failed while running carry one [repro document]": an
+/// injected runtime failure too.
+#[test]
+fn an_injected_runtime_error_carries_a_repro_document() {
+    let ctx = context(ndx_capture_policy_t::NDX_CAPTURE_OFF);
+    let (e, _) = failing_add(ctx, std::ptr::null());
+    let n = ndx_error_repro(e, std::ptr::null_mut(), 0);
+    assert!(n > 0, "no repro document");
+    let mut buf = vec![0u8; n + 1];
+    assert_eq!(ndx_error_repro(e, buf.as_mut_ptr().cast(), n + 1), n);
+    let doc = String::from_utf8_lossy(&buf[..n]).into_owned();
+    for fragment in [
+        "\"op\": \"add\"",
+        "inject_runtime_error:add",
+        "injected runtime error in operator 'add'",
+    ] {
+        assert!(doc.contains(fragment), "{doc} lacks {fragment}");
+    }
+    ndx_error_free(e);
+    ndx_context_release(ctx);
+}
+
 #[test]
 fn args_round_trip_through_the_builder_and_getters() {
     let mut args = std::ptr::null_mut();

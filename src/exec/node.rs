@@ -851,16 +851,6 @@ impl Node {
                 }
             }
         }
-        if let Backend::InjectRuntime(op) = &self.backend
-            && *op == self.op.name
-        {
-            return Err(self.backend_wrap(Error::new(
-                ErrorKind::Runtime,
-                format!(
-                    "injected runtime error in operator '{op}' (backend inject_runtime_error:{op})"
-                ),
-            )));
-        }
         let active = self.checks.active();
         let mut raised: Vec<checks::Raised> = Vec::new();
         let mut run = |tensors: Vec<Arc<Tensor>>, sample: Option<usize>| {
@@ -978,6 +968,17 @@ impl Node {
         tensors: &[Arc<Tensor>],
         sample: Option<usize>,
     ) -> Result<Vec<Arc<Tensor>>> {
+        // Fails where a kernel would, so the error carries the repro document too.
+        if let Backend::InjectRuntime(op) = &self.backend
+            && *op == self.op.name
+        {
+            return Err(Error::new(
+                ErrorKind::Runtime,
+                format!(
+                    "injected runtime error in operator '{op}' (backend inject_runtime_error:{op})"
+                ),
+            ));
+        }
         if self.op.name == "to_device"
             || tensors
                 .iter()

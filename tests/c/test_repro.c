@@ -136,8 +136,35 @@ static void test_cap_and_bad_documents(void) {
   ndx_context_release(ctx);
 }
 
+/* "Errors of invocations that failed while running carry one": an injected runtime
+ * failure too. */
+static void test_injected_runtime_error_has_a_document(void) {
+  ndx_context_t* ctx = NULL;
+  CHECK_OK(ndx_context_new(NULL, &ctx));
+  CHECK_OK(ndx_context_set_backend(ctx, "inject_runtime_error:neg"));
+  const int32_t v[3] = {5, 6, 7};
+  const int64_t n = 3;
+  ndx_tensor_t* a = ndx_test_tensor(v, NDX_DTYPE_INT32, 1, &n);
+  ndx_input_t in[1] = {ndx_test_in(a)};
+  ndx_future_t* f = NULL;
+  CHECK_OK(ndx_invoke(ctx, "neg", in, 1, NULL, NULL, &f));
+  ndx_error_t* e = ndx_future_wait(f, -1);
+  CHECK_LINK(e, NDX_ERROR_RUNTIME, "injected runtime error in operator 'neg'", "neg", 1);
+  char* doc = repro_of(e);
+  CHECK(doc != NULL, "the injected failure carries a repro document");
+  CHECK_CONTAINS(doc, "\"op\": \"neg\"");
+  CHECK_CONTAINS(doc, "inject_runtime_error:neg");
+  CHECK_CONTAINS(doc, "injected runtime error in operator 'neg'");
+  free(doc);
+  ndx_error_free(e);
+  ndx_future_release(f);
+  ndx_tensor_release(a);
+  ndx_context_release(ctx);
+}
+
 int main(void) {
   test_replay_of_a_kernel_failure();
   test_cap_and_bad_documents();
+  test_injected_runtime_error_has_a_document();
   return NDX_TEST_SUMMARY("test_repro");
 }
