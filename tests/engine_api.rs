@@ -475,6 +475,24 @@ fn deferred_runs_on_evaluate_and_reports_unobserved_failures_once() {
 }
 
 #[test]
+fn evaluate_reports_unobserved_failures_in_enqueue_order() {
+    // Independent failures complete in any order on the workers; evaluate lists them
+    // as they were enqueued, like the check group.
+    for mode in [EvalMode::Deferred, EvalMode::Eager] {
+        let ctx = context(mode, CapturePolicy::Off);
+        let seqs: Vec<u64> = (0..8)
+            .map(|k| {
+                let f = call(&ctx, "div", vec![i32s(&[k], &[1]), i32s(&[0], &[1])]);
+                f.seq()
+            })
+            .collect();
+        let e = ctx.evaluate().unwrap_err();
+        let got: Vec<u64> = e.related().iter().filter_map(|r| r.sequence()).collect();
+        assert_eq!(got, seqs, "{mode:?}");
+    }
+}
+
+#[test]
 fn poll_hands_deferred_work_to_the_workers() {
     let ctx = context(EvalMode::Deferred, CapturePolicy::Off);
     let f = call(&ctx, "add", vec![i32s(&[1], &[1]), i32s(&[2], &[1])]);

@@ -549,7 +549,9 @@ impl ContextInner {
         if events {
             self.run_events();
         }
-        let failed = std::mem::take(&mut self.tracker.lock().failed);
+        let mut failed = std::mem::take(&mut self.tracker.lock().failed);
+        // In enqueue order, as the check group is: not in the order they completed.
+        failed.sort_by_key(|n| n.seq());
         let unobserved: Vec<Error> = failed
             .iter()
             .filter(|n| !n.observed())

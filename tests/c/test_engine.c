@@ -994,9 +994,13 @@ static NDX_TEST_NOINLINE void test_evaluate_reports_once(void) {
     size_t n = ndx_error_related_count(e);
     CHECK(n == 3, "#1, #2 and #7: %zu related", n);
     int seen[8] = {0};
+    uint64_t prev = 0;
     for (size_t i = 0; i < n; i++) {
       const ndx_error_t* r = ndx_error_related(e, i);
       uint64_t seq = ndx_error_sequence(r);
+      CHECK(seq > prev, "in enqueue order: #%llu after #%llu", (unsigned long long)seq,
+            (unsigned long long)prev);
+      prev = seq;
       CHECK_LINK(r, NDX_ERROR_VALUE, "integer division by zero", "div", seq);
       if (CHECK(seq == 1 || seq == 2 || seq == 7, "unexpected related #%llu",
                 (unsigned long long)seq)) {
