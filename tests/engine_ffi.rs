@@ -335,24 +335,33 @@ unsafe extern "C" fn noop_kernel(
 
 unsafe extern "C" fn noop_callback(_: *mut c_void, _: *const ndx_future_t) {}
 
+/// A one-input, one-output schema with `n_args` arguments.
+fn one_in_one_out(
+    n_args: usize,
+    arg_names: *const *const c_char,
+    arg_types: *const i32,
+) -> ndx_op_schema_t {
+    ndx_op_schema_t {
+        struct_size: std::mem::size_of::<ndx_op_schema_t>(),
+        n_inputs: 1,
+        n_outputs: 1,
+        n_args,
+        arg_names,
+        arg_types,
+        output_dtypes: std::ptr::null(),
+        output_ndims: std::ptr::null(),
+        output_layouts: std::ptr::null(),
+        flags: 0,
+    }
+}
+
 /// Functions taking `user`/`user_free` own `user` in every case: `user_free` runs
 /// exactly once, also when the call fails (before it returns).
 #[test]
 fn user_free_runs_once_when_the_registering_call_fails() {
     use std::sync::atomic::Ordering::SeqCst;
     let ctx = context(ndx_capture_policy_t::NDX_CAPTURE_OFF);
-    let schema = ndx_op_schema_t {
-        struct_size: std::mem::size_of::<ndx_op_schema_t>(),
-        n_inputs: 1,
-        n_outputs: 1,
-        n_args: 0,
-        arg_names: std::ptr::null(),
-        arg_types: std::ptr::null(),
-        output_dtypes: std::ptr::null(),
-        output_ndims: std::ptr::null(),
-        output_layouts: std::ptr::null(),
-        flags: 0,
-    };
+    let schema = one_in_one_out(0, std::ptr::null(), std::ptr::null());
     let user = 0x1234usize as *mut c_void;
     type Call<'a> = &'a dyn Fn() -> *mut ndx_error_t;
     let cases: [(&str, Call, &str); 4] = [
@@ -498,15 +507,7 @@ fn struct_size_and_schema_errors_name_the_right_thing() {
     );
     let mut schema = ndx_op_schema_t {
         struct_size: 0,
-        n_inputs: 1,
-        n_outputs: 1,
-        n_args: 2,
-        arg_names: std::ptr::null(),
-        arg_types: std::ptr::null(),
-        output_dtypes: std::ptr::null(),
-        output_ndims: std::ptr::null(),
-        output_layouts: std::ptr::null(),
-        flags: 0,
+        ..one_in_one_out(2, std::ptr::null(), std::ptr::null())
     };
     let register = |s: &ndx_op_schema_t| {
         ndx_register_op(
@@ -546,18 +547,7 @@ fn a_schema_with_a_repeated_argument_name_is_refused() {
     let ctx = context(ndx_capture_policy_t::NDX_CAPTURE_OFF);
     let names = [c"a".as_ptr(), c"b".as_ptr(), c"a".as_ptr()];
     let types = [ndx_arg_type_t::NDX_ARG_INT as i32; 3];
-    let mut schema = ndx_op_schema_t {
-        struct_size: std::mem::size_of::<ndx_op_schema_t>(),
-        n_inputs: 1,
-        n_outputs: 1,
-        n_args: 3,
-        arg_names: names.as_ptr(),
-        arg_types: types.as_ptr(),
-        output_dtypes: std::ptr::null(),
-        output_ndims: std::ptr::null(),
-        output_layouts: std::ptr::null(),
-        flags: 0,
-    };
+    let mut schema = one_in_one_out(3, names.as_ptr(), types.as_ptr());
     let register = |s: &ndx_op_schema_t| {
         ndx_register_op(
             ctx,
