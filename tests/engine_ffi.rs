@@ -335,6 +335,22 @@ unsafe extern "C" fn noop_kernel(
 
 unsafe extern "C" fn noop_callback(_: *mut c_void, _: *const ndx_future_t) {}
 
+/// `ndx_register_op` of `schema` as `name`, with a kernel that does nothing.
+fn register_noop(
+    ctx: *const ndx_context_t,
+    name: &CStr,
+    schema: &ndx_op_schema_t,
+) -> *mut ndx_error_t {
+    ndx_register_op(
+        ctx,
+        name.as_ptr(),
+        schema,
+        Some(noop_kernel),
+        std::ptr::null_mut(),
+        None,
+    )
+}
+
 /// A one-input, one-output schema with `n_args` arguments.
 fn one_in_one_out(
     n_args: usize,
@@ -509,16 +525,7 @@ fn struct_size_and_schema_errors_name_the_right_thing() {
         struct_size: 0,
         ..one_in_one_out(2, std::ptr::null(), std::ptr::null())
     };
-    let register = |s: &ndx_op_schema_t| {
-        ndx_register_op(
-            ctx,
-            c"mine".as_ptr(),
-            s,
-            Some(noop_kernel),
-            std::ptr::null_mut(),
-            None,
-        )
-    };
+    let register = |s: &ndx_op_schema_t| register_noop(ctx, c"mine", s);
     common::expect_err(
         register(&schema),
         ndx_error_kind_t::NDX_ERROR_VALUE,
@@ -548,16 +555,7 @@ fn a_schema_with_a_repeated_argument_name_is_refused() {
     let names = [c"a".as_ptr(), c"b".as_ptr(), c"a".as_ptr()];
     let types = [ndx_arg_type_t::NDX_ARG_INT as i32; 3];
     let mut schema = one_in_one_out(3, names.as_ptr(), types.as_ptr());
-    let register = |s: &ndx_op_schema_t| {
-        ndx_register_op(
-            ctx,
-            c"dup".as_ptr(),
-            s,
-            Some(noop_kernel),
-            std::ptr::null_mut(),
-            None,
-        )
-    };
+    let register = |s: &ndx_op_schema_t| register_noop(ctx, c"dup", s);
     common::expect_err(
         register(&schema),
         ndx_error_kind_t::NDX_ERROR_VALUE,
