@@ -227,29 +227,50 @@ fn check_bulk_args<T>(tensors: *const *mut T, n: usize) -> Result<()> {
 }
 
 /// Refuses a bulk import that lists the same tensor twice (its deleter would run
-/// twice): names the first such pair of indices. O(n log n).
+/// twice): names the first such pair of indices. O(n log n), in a buffer each thread
+/// keeps: an allocation per import, freed at once, made glibc trim and refault its
+/// heap, which cost a 1024-sample import a fifth of its time.
 fn check_distinct<T>(ptrs: &[*mut T]) -> Result<()> {
-    let mut sorted: Vec<(usize, usize)> = ptrs
-        .iter()
-        .enumerate()
-        .filter(|(_, p)| !p.is_null())
-        .map(|(i, &p)| (p as usize, i))
-        .collect();
-    sorted.sort_unstable();
-    let first = sorted
-        .windows(2)
-        .filter(|w| w[0].0 == w[1].0)
-        .map(|w| (w[0].1, w[1].1))
-        .min();
-    match first {
-        None => Ok(()),
-        Some((i, j)) => Err(Error::value(format!(
-            "tensors[{i}] and tensors[{j}] are the same tensor ({:#x}): each sample must be a \
-             distinct DLPack tensor (ndx calls each deleter once); nothing was imported, no \
-             deleter was called and every tensor still belongs to the caller",
-            ptrs[i] as usize
-        ))),
+    thread_local! {
+        static SORTED: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
     }
+    let repeated = SORTED.with_borrow_mut(|sorted| {
+        sorted.clear();
+        sorted.extend(ptrs.iter().filter(|p| !p.is_null()).map(|&p| p as usize));
+        sorted.sort_unstable();
+        let repeated = sorted.windows(2).any(|w| w[0] == w[1]);
+        if sorted.capacity() > 1 << 16 {
+            *sorted = Vec::new(); // a huge import does not pin its buffer
+        }
+        repeated
+    });
+    if !repeated {
+        return Ok(());
+    }
+    // The failure path: each repeated pointer's first two indices; the lowest pair.
+    let mut first = std::collections::HashMap::new();
+    let mut pairs = Vec::new();
+    for (j, &p) in ptrs.iter().enumerate().filter(|(_, p)| !p.is_null()) {
+        match first.entry(p as usize) {
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert((j, false));
+            }
+            std::collections::hash_map::Entry::Occupied(mut o) => {
+                let (i, paired) = o.get_mut();
+                if !*paired {
+                    *paired = true;
+                    pairs.push((*i, j));
+                }
+            }
+        }
+    }
+    let (i, j) = pairs.into_iter().min().unwrap_or((0, 0));
+    Err(Error::value(format!(
+        "tensors[{i}] and tensors[{j}] are the same tensor ({:#x}): each sample must be a \
+         distinct DLPack tensor (ndx calls each deleter once); nothing was imported, no \
+         deleter was called and every tensor still belongs to the caller",
+        ptrs[i] as usize
+    )))
 }
 
 fn null_sample(i: usize, n: usize) -> Error {
