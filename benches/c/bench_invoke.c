@@ -1,7 +1,8 @@
 /*
  * bench_invoke.c - per-invocation overheads of ndx measured from C through the real
  * ABI (libndx.so), printed from one run. Build: the CMake target `bench_invoke`
- * (not a test: timings are never asserted). Run: ./build/bench_invoke
+ * (not a test: timings are never asserted). Run: ./build/bench_invoke. Also times a
+ * bulk import of 1024 host DLPack tensors as one batch.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
@@ -31,6 +32,10 @@ static int cmp(const void* a, const void* b) {
 }
 
 #define ROUNDS 15
+#define BULK 1024
+
+/* The deleter of the benchmark's DLPack tensors: their memory is static. */
+static void keep(DLManagedTensorVersioned* m) { (void)m; }
 
 /* Median over ROUNDS of the mean time per iteration of `body`. */
 #define BENCH(result, iters, setup, body, teardown)                  \
@@ -116,5 +121,32 @@ int main(void) {
   ndx_future_release(done);
   ndx_context_release(ctx);
   ndx_tensor_release(t);
+
+  /* Bulk import of BULK host DLPack tensors as one batch, and its release. */
+  static float bulk_data[BULK][16];
+  static int64_t bulk_shape[1] = {16};
+  static DLManagedTensorVersioned bulk[BULK];
+  static DLManagedTensorVersioned* bulk_ptrs[BULK];
+  for (int i = 0; i < BULK; i++) {
+    memset(&bulk[i], 0, sizeof bulk[i]);
+    bulk[i].version.major = DLPACK_MAJOR_VERSION;
+    bulk[i].version.minor = DLPACK_MINOR_VERSION;
+    bulk[i].deleter = keep;
+    bulk[i].dl_tensor.data = bulk_data[i];
+    bulk[i].dl_tensor.device.device_type = kDLCPU;
+    bulk[i].dl_tensor.ndim = 1;
+    bulk[i].dl_tensor.dtype.code = kDLFloat;
+    bulk[i].dl_tensor.dtype.bits = 32;
+    bulk[i].dl_tensor.dtype.lanes = 1;
+    bulk[i].dl_tensor.shape = bulk_shape;
+    bulk_ptrs[i] = &bulk[i];
+  }
+  double bulk_import;
+  BENCH(bulk_import, 200, (void)0, {
+    ndx_batch_t* b = NULL;
+    check(ndx_batch_from_dlpack_versioned(bulk_ptrs, BULK, NULL, &b), "bulk import");
+    ndx_batch_release(b);
+  }, (void)0);
+  printf("  bulk import of %d host tensors + release (us)   %8.1f\n", BULK, bulk_import / 1e3);
   return 0;
 }
