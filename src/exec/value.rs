@@ -20,6 +20,28 @@ enum Source<T> {
 }
 
 impl<T> Source<T> {
+    /// The data if it exists now, without forcing anything (`pick` takes this kind of
+    /// output, a `kind`, out of the producer's). An internal lookup: a failure it finds
+    /// does not count as observed by the user.
+    fn ready(
+        &self,
+        kind: &str,
+        pick: impl Fn(&Data) -> Option<&Arc<T>>,
+    ) -> Option<Result<&Arc<T>>> {
+        match self {
+            Source::Ready(x) => Some(Ok(x)),
+            Source::Pending(node, i) => Some(match node.outcome()? {
+                Ok(outputs) => outputs.get(*i).and_then(pick).ok_or_else(|| {
+                    Error::internal(format!(
+                        "output {i} of '{}' is not a {kind}",
+                        node.op_name()
+                    ))
+                }),
+                Err(e) => Err(e.clone()),
+            }),
+        }
+    }
+
     /// The output of a producer whose GPU work is enqueued but may still be running
     /// (see [`Node::launched_output`]); `None` before that, or for ready data.
     fn launched(&self) -> Option<&Data> {
@@ -121,19 +143,10 @@ impl TensorRef {
     /// The data if it exists now, without forcing anything. An internal lookup: a
     /// failure it finds does not count as observed by the user.
     pub(crate) fn ready_data(&self) -> Option<Result<&Arc<Tensor>>> {
-        match &self.source {
-            Source::Ready(t) => Some(Ok(t)),
-            Source::Pending(node, i) => Some(match node.outcome()? {
-                Ok(outputs) => match outputs.get(*i) {
-                    Some(Data::Tensor(t)) => Ok(t),
-                    _ => Err(Error::internal(format!(
-                        "output {i} of '{}' is not a tensor",
-                        node.op_name()
-                    ))),
-                },
-                Err(e) => Err(e.clone()),
-            }),
-        }
+        self.source.ready("tensor", |d| match d {
+            Data::Tensor(t) => Some(t),
+            Data::Batch(_) => None,
+        })
     }
 
     /// The output of a producer whose GPU work is enqueued but may still be running
@@ -290,19 +303,10 @@ impl BatchRef {
     /// The data if it exists now, without forcing anything. An internal lookup: a
     /// failure it finds does not count as observed by the user.
     pub(crate) fn ready_data(&self) -> Option<Result<&Arc<Batch>>> {
-        match &self.source {
-            Source::Ready(b) => Some(Ok(b)),
-            Source::Pending(node, i) => Some(match node.outcome()? {
-                Ok(outputs) => match outputs.get(*i) {
-                    Some(Data::Batch(b)) => Ok(b),
-                    _ => Err(Error::internal(format!(
-                        "output {i} of '{}' is not a batch",
-                        node.op_name()
-                    ))),
-                },
-                Err(e) => Err(e.clone()),
-            }),
-        }
+        self.source.ready("batch", |d| match d {
+            Data::Batch(b) => Some(b),
+            Data::Tensor(_) => None,
+        })
     }
 
     /// [`TensorRef::launched_data`] for a batch output: its samples' GPU work is
