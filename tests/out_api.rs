@@ -610,3 +610,82 @@ fn batch_to_tensor_stacks_a_batch_or_tensors_into_an_out_tensor() {
     );
     ndx_batch_release(b);
 }
+
+/// A host kernel with two float32 [3] outputs that makes output 1 before output 0:
+/// output 0 is [1, 2, 3], output 1 is [4, 5, 6].
+unsafe extern "C" fn second_output_first(
+    _user: *mut c_void,
+    _inputs: *const *const ndx_tensor_t,
+    _n_inputs: usize,
+    _args: *const ndx_args_t,
+    outputs: *mut *mut ndx_tensor_t,
+    _n_outputs: usize,
+) -> *mut ndx_error_t {
+    let n = 3i64;
+    let make = |values: &[f32; 3], k: usize| {
+        // SAFETY: ndx passes `n_outputs` (2) output slots.
+        let slot = unsafe { &mut *outputs.add(k) };
+        let (strides, opts) = (std::ptr::null(), std::ptr::null());
+        ndx_tensor_from_host(values.as_ptr().cast(), F32, 1, &n, strides, opts, slot)
+    };
+    let e = make(&[4., 5., 6.], 1);
+    if !e.is_null() {
+        return e;
+    }
+    make(&[1., 2., 3.], 0)
+}
+
+#[test]
+fn a_host_kernel_making_its_outputs_out_of_order_fills_each_out_tensor() {
+    for mode in [SYNC, EAGER, DEFERRED] {
+        let ctx = Ctx::new(mode);
+        let schema = ndx_op_schema_t {
+            struct_size: std::mem::size_of::<ndx_op_schema_t>(),
+            n_inputs: 1,
+            n_outputs: 2,
+            n_args: 0,
+            arg_names: std::ptr::null(),
+            arg_types: std::ptr::null(),
+            output_dtypes: std::ptr::null(),
+            output_ndims: std::ptr::null(),
+            output_layouts: std::ptr::null(),
+            flags: 0,
+        };
+        ok(ndx_register_op(
+            ctx.0,
+            c"two".as_ptr(),
+            &schema,
+            Some(second_output_first),
+            std::ptr::null_mut(),
+            None,
+        ));
+        let x = T::copy(&[0f32], F32, &[1]);
+        let (mut first, mut second) = (vec![0f32; 3], vec![0f32; 3]);
+        let o0 = T::wrap(&mut first, F32, &[3], None);
+        let o1 = T::wrap(&mut second, F32, &[3], None);
+        let f = invoke(
+            &ctx,
+            c"two",
+            &[x.input()],
+            std::ptr::null(),
+            &[o0.out(), o1.out()],
+            0,
+        )
+        .unwrap();
+        ok(ndx_future_wait(f, -1));
+        let mut r1 = std::ptr::null_mut();
+        ok(ndx_future_tensor(f, 1, &mut r1));
+        let r1 = T(r1);
+        assert_eq!(values_f32(r1.0), [4., 5., 6.], "mode {mode}");
+        assert_eq!(data_address(&r1), second.as_ptr() as usize, "mode {mode}");
+        ndx_future_release(f);
+        drop((r1, o0, o1));
+        // Output 1 was made in the out tensor of output 0 and must be copied out of
+        // it before output 0 is copied in.
+        assert_eq!(
+            (first, second),
+            (vec![1., 2., 3.], vec![4., 5., 6.]),
+            "mode {mode}"
+        );
+    }
+}

@@ -149,35 +149,60 @@ fn fingerprint(t: &Tensor) -> u64 {
     h.finish()
 }
 
-/// Puts each kernel output that has an out tensor there: one the kernel wrote in place
-/// already is that view; another is copied in (checked for dtype and shape first, for
-/// operators that could not infer them) and the result is the out view with the
-/// output's layout.
-fn place(outs: Vec<Arc<Tensor>>, dests: &[Option<Arc<Tensor>>]) -> Result<Vec<Arc<Tensor>>> {
-    if dests.is_empty() {
-        return Ok(outs);
+/// Checks each kernel output that has an out tensor against it, for operators that
+/// could not infer their outputs: same dtype and shape, unless the kernel wrote it in
+/// place already.
+fn check_fit(outs: &[Arc<Tensor>], dests: &[Option<Arc<Tensor>>]) -> Result<()> {
+    for (k, (t, d)) in outs.iter().zip(dests).enumerate() {
+        let Some(d) = d else { continue };
+        if !same_view(t, d) && (t.dtype() != d.dtype() || t.shape() != d.shape()) {
+            return Err(Error::value(format!(
+                "output {k} is {} {}, but its out tensor is {} {}",
+                t.dtype().name(),
+                crate::tensor::dims(t.shape()),
+                d.dtype().name(),
+                crate::tensor::dims(d.shape())
+            )));
+        }
     }
-    outs.into_iter()
-        .zip(dests)
-        .enumerate()
-        .map(|(k, (t, d))| {
-            let Some(d) = d else { return Ok(t) };
-            if same_view(&t, d) {
-                return Ok(t);
+    Ok(())
+}
+
+/// Puts kernel outputs into their out tensors (pairs of an output and its out tensor,
+/// if any, fitting as [`check_fit`] says): one the kernel wrote in place already is
+/// that view; another is copied in and the result is the out view with the output's
+/// layout. Every output is read before any out tensor is written, so an output that
+/// lives in another's out tensor (a host kernel that made its outputs in another
+/// order, an output passing through an input that is another's out tensor) is not
+/// overwritten before it is copied.
+fn place(pairs: Vec<(Arc<Tensor>, Option<Arc<Tensor>>)>) -> Result<Vec<Arc<Tensor>>> {
+    let copied =
+        |t: &Tensor, d: &Option<Arc<Tensor>>| d.as_ref().filter(|d| !same_view(t, d)).cloned();
+    let targets: Vec<Arc<Tensor>> = pairs.iter().filter_map(|(t, d)| copied(t, d)).collect();
+    if !targets.is_empty() {
+        let sources = pairs
+            .iter()
+            .map(|(t, d)| match copied(t, d) {
+                None => Ok(None),
+                Some(_) if targets.iter().any(|x| t.overlaps(x)) => {
+                    t.to_bytes().map(|b| Some(std::borrow::Cow::Owned(b)))
+                }
+                Some(_) => t.compact_bytes().map(Some),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        for ((t, d), bytes) in pairs.iter().zip(&sources) {
+            if let (Some(d), Some(bytes)) = (copied(t, d), bytes) {
+                d.write_compact(bytes)?;
             }
-            if t.dtype() != d.dtype() || t.shape() != d.shape() {
-                return Err(Error::value(format!(
-                    "output {k} is {} {}, but its out tensor is {} {}",
-                    t.dtype().name(),
-                    crate::tensor::dims(t.shape()),
-                    d.dtype().name(),
-                    crate::tensor::dims(d.shape())
-                )));
-            }
-            d.copy_from(&t)?;
-            Ok(Arc::new((**d).clone().with_layout(t.c_layout().to_owned())))
+        }
+    }
+    Ok(pairs
+        .into_iter()
+        .map(|(t, d)| match copied(&t, &d) {
+            Some(d) => Arc::new((*d).clone().with_layout(t.c_layout().to_owned())),
+            None => t,
         })
-        .collect()
+        .collect())
 }
 
 /// Whether two tensors are the same view of the same storage.
@@ -877,8 +902,14 @@ impl Node {
                     outs
                 }
             });
-            outs.and_then(|outs| place(outs, &dests))
-                .map_err(|e| self.with_repro(e, &tensors, sample))
+            outs.and_then(|outs| {
+                check_fit(&outs, &dests)?;
+                if dests.is_empty() {
+                    return Ok(outs);
+                }
+                place(outs.into_iter().zip(dests).collect())
+            })
+            .map_err(|e| self.with_repro(e, &tensors, sample))
         };
         let result = match self.batch_len {
             None => {

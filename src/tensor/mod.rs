@@ -445,27 +445,22 @@ impl Tensor {
         Some((span, self.byte_offset as isize - self.storage.span_start()))
     }
 
-    /// Writes `src`'s elements (same dtype and shape) into this view, which must be
-    /// writable host memory (an out tensor). A `src` sharing bytes with this view is
-    /// read completely before anything is written.
-    pub(crate) fn copy_from(&self, src: &Tensor) -> Result<()> {
-        if src.dtype != self.dtype || src.shape != self.shape {
-            return Err(Error::value(format!(
-                "cannot write {} {} into {} {}",
-                src.dtype.name(),
-                dims(&src.shape),
+    /// Writes `bytes`, this view's elements compacted in row-major order, into this
+    /// view, which must be writable host memory (an out tensor). `bytes` must not be
+    /// memory this view touches.
+    pub(crate) fn write_compact(&self, bytes: &[u8]) -> Result<()> {
+        if bytes.len() != self.nbytes() {
+            return Err(Error::internal(format!(
+                "{} bytes given for the {} {} out tensor of {} bytes",
+                bytes.len(),
                 self.dtype.name(),
-                dims(&self.shape)
+                dims(&self.shape),
+                self.nbytes()
             )));
         }
         if self.numel == 0 {
             return Ok(());
         }
-        let bytes = if self.overlaps(src) {
-            std::borrow::Cow::Owned(src.to_bytes()?)
-        } else {
-            src.compact_bytes()?
-        };
         let item = self.dtype.itemsize();
         let (lo, len) = self.byte_range();
         if self.read_only {

@@ -2,7 +2,8 @@
  * reads its own array) in SYNC_CPU, EAGER and DEFERRED; a strided out view is written
  * element by element; an input may be its own out tensor; mismatches are refused at
  * ndx_invoke naming the out tensor; a host operator, which infers nothing, fails its
- * future on a mismatch; batch_to_tensor stacks tensors into an out tensor; an options
+ * future on a mismatch, and its outputs land in their out tensors whatever order it
+ * made them in; batch_to_tensor stacks tensors into an out tensor; an options
  * struct from an older header (no out fields) is still accepted. */
 #include <stddef.h>
 #include <stdint.h>
@@ -195,6 +196,58 @@ static void test_host_operator(void) {
   ndx_context_release(ctx);
 }
 
+/* A host kernel with two float32 [3] outputs that makes output 1 before output 0. */
+static ndx_error_t* k_second_first(void* user, const ndx_tensor_t* const* inputs,
+                                   size_t n_inputs, const ndx_args_t* args,
+                                   ndx_tensor_t** outputs, size_t n_outputs) {
+  (void)user; (void)inputs; (void)n_inputs; (void)args; (void)n_outputs;
+  const float first[3] = {1, 2, 3}, second[3] = {4, 5, 6};
+  const int64_t n = 3;
+  ndx_error_t* e = ndx_tensor_from_host(second, NDX_DTYPE_FLOAT32, 1, &n, NULL, NULL,
+                                        &outputs[1]);
+  if (e) return e;
+  return ndx_tensor_from_host(first, NDX_DTYPE_FLOAT32, 1, &n, NULL, NULL, &outputs[0]);
+}
+
+/* Output 1 is made in the out tensor of output 0 (the first allocation of its dtype
+ * and shape takes it), and must be copied out before output 0 is copied in. */
+static void test_host_outputs_made_out_of_order(void) {
+  const int32_t modes[3] = {NDX_EVAL_SYNC_CPU, NDX_EVAL_EAGER, NDX_EVAL_DEFERRED};
+  for (int m = 0; m < 3; m++) {
+    ndx_context_options_t co;
+    memset(&co, 0, sizeof co);
+    co.struct_size = sizeof co;
+    co.eval_mode = modes[m];
+    ndx_context_t* ctx = NULL;
+    CHECK_OK(ndx_context_new(&co, &ctx));
+    ndx_op_schema_t s;
+    memset(&s, 0, sizeof s);
+    s.struct_size = sizeof s;
+    s.n_inputs = 1;
+    s.n_outputs = 2;
+    CHECK_OK(ndx_register_op(ctx, "two", &s, k_second_first, NULL, NULL));
+    const float xv[1] = {0};
+    const int64_t n1 = 1, n3 = 3;
+    ndx_tensor_t* x = ndx_test_tensor(xv, NDX_DTYPE_FLOAT32, 1, &n1);
+    ndx_input_t in[1] = {ndx_test_in(x)};
+    float first[3] = {0}, second[3] = {0};
+    ndx_tensor_t* o0 = wrap(first, 1, &n3, NULL);
+    ndx_tensor_t* o1 = wrap(second, 1, &n3, NULL);
+    ndx_output_t outs[2] = {out_of(o0), out_of(o1)};
+    ndx_invoke_options_t o = with_outputs(outs, 2);
+    ndx_future_t* f = NULL;
+    CHECK_OK(ndx_invoke(ctx, "two", in, 1, NULL, &o, &f));
+    CHECK_OK(ndx_future_wait(f, -1));
+    CHECK(first[0] == 1 && first[1] == 2 && first[2] == 3, "output 0 in its out tensor");
+    CHECK(second[0] == 4 && second[1] == 5 && second[2] == 6, "output 1 in its out tensor");
+    ndx_future_release(f);
+    ndx_tensor_release(o0);
+    ndx_tensor_release(o1);
+    ndx_tensor_release(x);
+    ndx_context_release(ctx);
+  }
+}
+
 static void test_batch_to_tensor(void) {
   ndx_context_t* ctx = NULL;
   CHECK_OK(ndx_context_new(NULL, &ctx));
@@ -246,6 +299,7 @@ int main(void) {
   test_strided_and_in_place();
   test_refusals();
   test_host_operator();
+  test_host_outputs_made_out_of_order();
   test_batch_to_tensor();
   test_old_options_struct();
   return NDX_TEST_SUMMARY("test_out");
