@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use ndx::error::{Error, ErrorKind};
 use ndx::exec::{
-    ArgValue, Args, Backend, CallSite, CapturePolicy, Context, Data, EvalMode, Input, Node,
-    Settings, Status, TensorRef, new_context, output_tensor,
+    ArgValue, Args, Backend, BatchRef, CallSite, CapturePolicy, Context, Data, EvalMode, Input,
+    Node, Settings, Status, TensorRef, new_context, output_tensor,
 };
 use ndx::ops::{HostKernel, Kernel, OpDef};
-use ndx::tensor::{DType, Tensor};
+use ndx::tensor::{Batch, DType, Tensor};
 
 const MODES: [EvalMode; 4] = [
     EvalMode::SyncCpu,
@@ -337,6 +337,23 @@ fn noexcept_wraps_execution_failures_only() {
     let cause = e.cause().expect("original as cause");
     assert_eq!(cause.kind(), ErrorKind::Value);
     assert_eq!(cause.op(), Some("div"));
+    // A per-sample invocation (a batch input) is wrapped too.
+    let samples = (0..2)
+        .map(|_| match i32s(&[1], &[1]) {
+            Input::Tensor(t) => t.resolve().expect("ready").clone(),
+            Input::Batch(_) => unreachable!(),
+        })
+        .collect();
+    let batch = Input::Batch(Arc::new(BatchRef::ready(Arc::new(
+        Batch::new(samples).expect("batch"),
+    ))));
+    let f = call(&ctx, "div", vec![batch, i32s(&[0], &[1])]);
+    let e = failure(&f);
+    assert_eq!(
+        (e.kind(), e.message()),
+        (ErrorKind::Backend, "unexpected error when running div")
+    );
+    assert_eq!(e.cause().map(Error::kind), Some(ErrorKind::Value));
     // Call-time errors are not execution failures: unchanged.
     let e = ctx
         .invoke("nope", vec![], Args::new(), None, here())

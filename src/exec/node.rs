@@ -924,7 +924,8 @@ impl Node {
                     .collect();
                 run(tensors, None).map(|outs| outs.into_iter().map(Data::Tensor).collect())
             }
-            Some(n) => {
+            // A closure, so a failing sample goes through `backend_wrap` below too.
+            Some(n) => (|| -> Result<Vec<Data>> {
                 let mut per_output: Vec<Vec<Arc<Tensor>>> =
                     vec![Vec::with_capacity(n); self.op.n_outputs];
                 for s in 0..n {
@@ -944,7 +945,7 @@ impl Node {
                     .into_iter()
                     .map(|samples| Batch::new(samples).map(|b| Data::Batch(Arc::new(b))))
                     .collect()
-            }
+            })(),
         };
         let result = result.map_err(|e| self.backend_wrap(e))?;
         Ok((result, raised))

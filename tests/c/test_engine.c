@@ -2192,6 +2192,35 @@ static NDX_TEST_NOINLINE void test_noexcept(int32_t mode) {
     CHECK(fx == NULL, "out-param cleared");
     ndx_tensor_release(f32);
   }
+  /* A per-sample invocation (a batch input) fails like any other: wrapped. */
+  {
+    int deleted[2] = {0, 0};
+    const int64_t n1 = 1;
+    const int32_t one = 1, zero = 0;
+    DLManagedTensorVersioned* v[2] = {
+        ndx_test_versioned(&deleted[0], NDX_TEST_DL_I32, 1, &n1, NULL, &one, sizeof one),
+        ndx_test_versioned(&deleted[1], NDX_TEST_DL_I32, 1, &n1, NULL, &one, sizeof one)};
+    ndx_batch_t* b = NULL;
+    if (CHECK_OK(ndx_batch_from_dlpack_versioned(v, 2, NULL, &b))) {
+      ndx_tensor_t* z = ndx_test_tensor(&zero, NDX_DTYPE_INT32, 1, &n1);
+      ndx_input_t per_sample[2] = {{NULL, b}, ndx_test_in(z)};
+      ndx_future_t* fb = NULL;
+      if (CHECK_OK(ndx_invoke(ctx, "div", per_sample, 2, NULL, NULL, &fb))) {
+        ndx_error_t* w = ndx_future_wait(fb, -1);
+        CHECK(ndx_error_kind(w) == NDX_ERROR_BACKEND, "per sample: kind %d", ndx_error_kind(w));
+        CHECK_STR_EQ(ndx_error_message(w), "unexpected error when running div");
+        const ndx_error_t* c = ndx_error_cause(w);
+        CHECK(c && ndx_error_kind(c) == NDX_ERROR_VALUE, "per sample: the original is the cause");
+        ndx_error_free(w);
+      }
+      ndx_future_release(fb);
+      ndx_tensor_release(z);
+      ndx_batch_release(b);
+    } else {
+      ndx_test_drop_versioned(v[0]);
+      ndx_test_drop_versioned(v[1]);
+    }
+  }
   /* Success is unaffected. */
   if (CHECK_OK(ndx_invoke(ctx, "div", good, 2, NULL, NULL, &fok))) {
     tok = ndx_test_output(fok, 0);
