@@ -689,3 +689,84 @@ fn a_host_kernel_making_its_outputs_out_of_order_fills_each_out_tensor() {
         );
     }
 }
+
+/// A batch of f32 samples over caller memory: `(first element, length)` each. The
+/// producer tensors' deleters free only their own bookkeeping.
+fn batch_over(samples: &[(*mut f32, i64)]) -> (*mut ndx_batch_t, Vec<Count>) {
+    let (managed, counts): (Vec<_>, Vec<_>) = samples
+        .iter()
+        .map(|&(data, n)| {
+            let (m, count) = Spec::f32s(&vec![0.; n as usize], &[n]).versioned();
+            // SAFETY: a fresh producer tensor; the test keeps `data` alive and in
+            // bounds until the batch is released.
+            unsafe { (*m).dl_tensor.data = data.cast() };
+            (m, count)
+        })
+        .unzip();
+    let mut b = std::ptr::null_mut();
+    ok(ndx_batch_from_dlpack_versioned(
+        managed.as_ptr(),
+        managed.len(),
+        std::ptr::null(),
+        &mut b,
+    ));
+    (b, counts)
+}
+
+#[test]
+fn a_samples_out_tensor_may_be_another_samples_input() {
+    for mode in [SYNC, EAGER, DEFERRED] {
+        let ctx = Ctx::new(mode);
+        // neg over the two halves of one buffer, each written over the other half.
+        let mut buf = vec![1f32, 2., 3., 4.];
+        let (lo, hi) = (buf.as_mut_ptr(), buf[2..].as_mut_ptr());
+        let (input, _) = batch_over(&[(lo, 2), (hi, 2)]);
+        let (out, _) = batch_over(&[(hi, 2), (lo, 2)]);
+        let f = invoke(
+            &ctx,
+            c"neg",
+            &[batch_in(input)],
+            std::ptr::null(),
+            &[batch_out(out)],
+            0,
+        )
+        .unwrap();
+        ok(ndx_future_wait(f, -1));
+        ndx_future_release(f);
+        assert_eq!(sample_values(out, 0), [-1., -2.], "mode {mode}");
+        for b in [input, out] {
+            ndx_batch_release(b);
+        }
+        drop(ctx);
+        assert_eq!(buf, [-3., -4., -1., -2.], "mode {mode}");
+
+        // A tensor input every sample reads, overwritten by sample 0's out tensor.
+        let ctx = Ctx::new(mode);
+        let mut shared = vec![10f32, 20.];
+        let t = T::wrap(&mut shared, F32, &[2], None);
+        let mut x = vec![1f32, 2., 3., 4.];
+        let mut second = vec![0f32; 2];
+        let (input, _) = batch_over(&[(x.as_mut_ptr(), 2), (x[2..].as_mut_ptr(), 2)]);
+        let (out, _) = batch_over(&[(shared.as_mut_ptr(), 2), (second.as_mut_ptr(), 2)]);
+        let f = invoke(
+            &ctx,
+            c"add",
+            &[batch_in(input), t.input()],
+            std::ptr::null(),
+            &[batch_out(out)],
+            0,
+        )
+        .unwrap();
+        ok(ndx_future_wait(f, -1));
+        ndx_future_release(f);
+        for b in [input, out] {
+            ndx_batch_release(b);
+        }
+        drop((t, ctx));
+        assert_eq!(
+            (shared, second),
+            (vec![11., 22.], vec![13., 24.]),
+            "mode {mode}"
+        );
+    }
+}

@@ -205,6 +205,34 @@ fn place(pairs: Vec<(Arc<Tensor>, Option<Arc<Tensor>>)>) -> Result<Vec<Arc<Tenso
         .collect())
 }
 
+/// Whether an out tensor of one sample of a per-sample run shares memory with an
+/// input that another sample reads (`inputs`: each input's host extent, with its
+/// sample, or `None` for a tensor every sample reads; `dests`: each out tensor's
+/// extent and sample). Running the samples one after another would then overwrite
+/// that input before it is read.
+fn crosses_samples(
+    mut inputs: Vec<((usize, usize), Option<usize>)>,
+    dests: &[((usize, usize), usize)],
+    n: usize,
+) -> bool {
+    inputs.sort_unstable_by_key(|((start, _), _)| *start);
+    // The furthest end among the inputs up to each one, to stop the walk back early.
+    let reach: Vec<usize> = inputs
+        .iter()
+        .scan(0, |m, ((_, end), _)| {
+            *m = (*m).max(*end);
+            Some(*m)
+        })
+        .collect();
+    dests.iter().any(|&((start, end), s)| {
+        let below = inputs.partition_point(|((a, _), _)| *a < end);
+        (0..below).rev().take_while(|&j| reach[j] > start).any(|j| {
+            let ((_, e), sample) = inputs[j];
+            e > start && sample.map_or(n > 1, |r| r != s)
+        })
+    })
+}
+
 /// Whether two tensors are the same view of the same storage.
 fn same_view(a: &Tensor, b: &Tensor) -> bool {
     Arc::ptr_eq(a.storage(), b.storage())
@@ -878,12 +906,16 @@ impl Node {
         }
         let active = self.checks.active();
         let mut raised: Vec<checks::Raised> = Vec::new();
-        let mut run = |tensors: Vec<Arc<Tensor>>, sample: Option<usize>| {
+        // Runs the kernel on one set of inputs (sample `sample` of a per-sample run):
+        // its outputs placed in their out tensors, or with `later`, the outputs and
+        // their out tensors to place once every sample has run (nothing lent).
+        type Pairs = Vec<(Arc<Tensor>, Option<Arc<Tensor>>)>;
+        let mut run = |tensors: Vec<Arc<Tensor>>, sample: Option<usize>, later: bool| {
             let dests = self.destinations(sample)?;
             let lent = dests
                 .iter()
                 .flatten()
-                .filter(|d| d.is_compact() && !tensors.iter().any(|t| t.overlaps(d)))
+                .filter(|d| !later && d.is_compact() && !tensors.iter().any(|t| t.overlaps(d)))
                 .cloned()
                 .collect();
             let outs = crate::tensor::dest::with_lent(lent, || {
@@ -904,10 +936,16 @@ impl Node {
             });
             outs.and_then(|outs| {
                 check_fit(&outs, &dests)?;
-                if dests.is_empty() {
-                    return Ok(outs);
+                let pairs: Pairs = if dests.is_empty() {
+                    outs.into_iter().map(|t| (t, None)).collect()
+                } else {
+                    outs.into_iter().zip(dests).collect()
+                };
+                if later {
+                    Ok(pairs)
+                } else {
+                    place(pairs).map(|o| o.into_iter().map(|t| (t, None)).collect())
                 }
-                place(outs.into_iter().zip(dests).collect())
             })
             .map_err(|e| self.with_repro(e, &tensors, sample))
         };
@@ -922,12 +960,36 @@ impl Node {
                     })
                     .cloned()
                     .collect();
-                run(tensors, None).map(|outs| outs.into_iter().map(Data::Tensor).collect())
+                run(tensors, None, false)
+                    .map(|outs| outs.into_iter().map(|(t, _)| Data::Tensor(t)).collect())
             }
             // A closure, so a failing sample goes through `backend_wrap` below too.
             Some(n) => (|| -> Result<Vec<Data>> {
+                // When a sample's out tensor is another sample's input, every sample
+                // runs before anything is written.
+                let later = !self.outputs.is_empty() && {
+                    let inputs = ready
+                        .iter()
+                        .flat_map(|d| match d {
+                            In::T(t) => vec![(t.host_extent(), None)],
+                            In::B(b) => (b.samples().iter())
+                                .enumerate()
+                                .map(|(s, t)| (t.host_extent(), Some(s)))
+                                .collect(),
+                        })
+                        .filter_map(|(e, s)| Some((e?, s)))
+                        .collect();
+                    let mut dests = Vec::new();
+                    for s in 0..n {
+                        for d in self.destinations(Some(s))?.iter().flatten() {
+                            dests.extend(d.host_extent().map(|e| (e, s)));
+                        }
+                    }
+                    crosses_samples(inputs, &dests, n)
+                };
                 let mut per_output: Vec<Vec<Arc<Tensor>>> =
                     vec![Vec::with_capacity(n); self.op.n_outputs];
+                let mut unplaced = Vec::new();
                 for s in 0..n {
                     let tensors = ready
                         .iter()
@@ -936,9 +998,19 @@ impl Node {
                             In::B(b) => b.sample(s).cloned(),
                         })
                         .collect::<Result<Vec<_>>>()?;
-                    let outs = run(tensors, Some(s))?;
-                    for (k, t) in outs.into_iter().enumerate() {
+                    let outs = run(tensors, Some(s), later)?;
+                    if later {
+                        unplaced.extend(outs);
+                        continue;
+                    }
+                    for (k, (t, _)) in outs.into_iter().enumerate() {
                         per_output[k].push(t);
+                    }
+                }
+                if later {
+                    let k = self.op.n_outputs.max(1);
+                    for (i, t) in place(unplaced)?.into_iter().enumerate() {
+                        per_output[i % k].push(t);
                     }
                 }
                 per_output

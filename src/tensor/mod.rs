@@ -529,15 +529,19 @@ impl Tensor {
     /// Whether this view and `other` may share bytes (the byte ranges they touch
     /// intersect).
     pub fn overlaps(&self, other: &Tensor) -> bool {
-        let (Some(x), Some(y)) = (self.storage.host_bytes(), other.storage.host_bytes()) else {
-            return false;
-        };
-        let ((xo, xn), (yo, yn)) = (self.byte_range(), other.byte_range());
-        if xn == 0 || yn == 0 {
-            return false;
+        match (self.host_extent(), other.host_extent()) {
+            (Some((xs, xe)), Some((ys, ye))) => xs < ye && ys < xe,
+            _ => false,
         }
-        let (xs, ys) = (x.as_ptr() as usize + xo, y.as_ptr() as usize + yo);
-        xs < ys + yn && ys < xs + xn
+    }
+
+    /// The host addresses `[start, end)` of the bytes this view touches; `None` when
+    /// it touches none or the host cannot read its memory.
+    pub(crate) fn host_extent(&self) -> Option<(usize, usize)> {
+        let span = self.storage.host_bytes()?;
+        let (offset, len) = self.byte_range();
+        let start = span.as_ptr() as usize + offset;
+        (len > 0).then_some((start, start + len))
     }
 
     /// Whether two indices of this view may name one element (a zero stride, or

@@ -3,8 +3,9 @@
  * element by element; an input may be its own out tensor; mismatches are refused at
  * ndx_invoke naming the out tensor; a host operator, which infers nothing, fails its
  * future on a mismatch, and its outputs land in their out tensors whatever order it
- * made them in; batch_to_tensor stacks tensors into an out tensor; an options
- * struct from an older header (no out fields) is still accepted. */
+ * made them in; a sample's out tensor may be another sample's input; batch_to_tensor
+ * stacks tensors into an out tensor; an options struct from an older header (no out
+ * fields) is still accepted. */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -248,6 +249,66 @@ static void test_host_outputs_made_out_of_order(void) {
   }
 }
 
+/* A batch of two float32 [2] samples over caller memory at `a` and `b`. */
+static ndx_batch_t* batch_over(float* a, float* b) {
+  const int64_t n2 = 2;
+  const float zeros[2] = {0, 0};
+  DLManagedTensorVersioned* v[2] = {
+      ndx_test_versioned(NULL, NDX_TEST_DL_F32, 1, &n2, NULL, zeros, sizeof zeros),
+      ndx_test_versioned(NULL, NDX_TEST_DL_F32, 1, &n2, NULL, zeros, sizeof zeros)};
+  v[0]->dl_tensor.data = a;
+  v[1]->dl_tensor.data = b;
+  ndx_batch_t* batch = NULL;
+  CHECK_OK(ndx_batch_from_dlpack_versioned(v, 2, NULL, &batch));
+  return batch;
+}
+
+/* Per-sample runs where one sample's out tensor is another sample's input: every
+ * input is read before anything is written, as NumPy would compute it. */
+static void test_batch_out_over_another_samples_input(void) {
+  const int32_t modes[3] = {NDX_EVAL_SYNC_CPU, NDX_EVAL_EAGER, NDX_EVAL_DEFERRED};
+  for (int m = 0; m < 3; m++) {
+    ndx_context_options_t co;
+    memset(&co, 0, sizeof co);
+    co.struct_size = sizeof co;
+    co.eval_mode = modes[m];
+    ndx_context_t* ctx = NULL;
+    CHECK_OK(ndx_context_new(&co, &ctx));
+    /* neg over the two halves of one buffer, each written over the other half. */
+    float buf[4] = {1, 2, 3, 4};
+    ndx_batch_t* in = batch_over(buf, buf + 2);
+    ndx_batch_t* out = batch_over(buf + 2, buf);
+    ndx_input_t ins[1] = {{NULL, in}};
+    ndx_output_t outs[1] = {{NULL, out}};
+    ndx_invoke_options_t o = with_outputs(outs, 1);
+    ndx_future_t* f = NULL;
+    CHECK_OK(ndx_invoke(ctx, "neg", ins, 1, NULL, &o, &f));
+    CHECK_OK(ndx_future_wait(f, -1));
+    CHECK(buf[0] == -3 && buf[1] == -4 && buf[2] == -1 && buf[3] == -2,
+          "swapped halves: %g %g %g %g", buf[0], buf[1], buf[2], buf[3]);
+    ndx_future_release(f);
+    ndx_batch_release(in);
+    ndx_batch_release(out);
+    /* A tensor every sample reads, overwritten by sample 0's out tensor. */
+    float shared[2] = {10, 20}, x[4] = {1, 2, 3, 4}, second[2] = {0, 0};
+    const int64_t n2 = 2;
+    ndx_tensor_t* t = wrap(shared, 1, &n2, NULL);
+    in = batch_over(x, x + 2);
+    out = batch_over(shared, second);
+    ndx_input_t ins2[2] = {{NULL, in}, ndx_test_in(t)};
+    outs[0].batch = out;
+    CHECK_OK(ndx_invoke(ctx, "add", ins2, 2, NULL, &o, &f));
+    CHECK_OK(ndx_future_wait(f, -1));
+    CHECK(shared[0] == 11 && shared[1] == 22 && second[0] == 13 && second[1] == 24,
+          "shared input: %g %g, %g %g", shared[0], shared[1], second[0], second[1]);
+    ndx_future_release(f);
+    ndx_batch_release(in);
+    ndx_batch_release(out);
+    ndx_tensor_release(t);
+    ndx_context_release(ctx);
+  }
+}
+
 static void test_batch_to_tensor(void) {
   ndx_context_t* ctx = NULL;
   CHECK_OK(ndx_context_new(NULL, &ctx));
@@ -300,6 +361,7 @@ int main(void) {
   test_refusals();
   test_host_operator();
   test_host_outputs_made_out_of_order();
+  test_batch_out_over_another_samples_input();
   test_batch_to_tensor();
   test_old_options_struct();
   return NDX_TEST_SUMMARY("test_out");
