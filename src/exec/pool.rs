@@ -55,9 +55,13 @@ pub fn init(requested: usize) -> usize {
 
 /// Queues a job on the pool, first come first served. A panic in the job stops there
 /// (reported on stderr): rayon would abort the process on it, and a panic must not
-/// kill the host process.
+/// kill the host process. The job starts with no out tensor lent to its allocations
+/// (`tensor::dest`): a worker waiting for the pieces of a kernel runs queued jobs
+/// itself, inside that kernel's lending, and one of them (another invocation's
+/// callbacks, say) must not allocate in the kernel's out tensor.
 pub fn submit(job: impl FnOnce() + Send + 'static) {
     pool(0).spawn_fifo(move || {
+        let job = || crate::tensor::dest::with_lent(Vec::new(), job);
         if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)) {
             eprintln!(
                 "ndx: internal error: a job on an ndx worker panicked: {}",
@@ -79,4 +83,48 @@ pub(crate) fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 /// (directly when called from a worker).
 pub fn install<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     pool(0).install(f)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::mpsc;
+
+    use crate::tensor::{DType, Tensor, dest};
+
+    /// A job that runs nested on a worker while an out tensor is lent there (a kernel
+    /// waiting for its pieces runs queued jobs, and with them other invocations'
+    /// callbacks) allocates its own memory, not the lent out tensor.
+    #[test]
+    fn a_job_run_while_an_out_tensor_is_lent_does_not_take_it() {
+        let fresh = || Tensor::new_host(DType::F32, &[4], Default::default(), |_| Ok(())).unwrap();
+        let out = Arc::new(fresh());
+        // Until the job runs on the lending thread itself (an idle worker may steal it).
+        for _ in 0..1000 {
+            let (tx, rx) = mpsc::channel();
+            let lent = out.clone();
+            let nested = super::install(move || {
+                let here = std::thread::current().id();
+                dest::with_lent(vec![lent.clone()], || {
+                    let out = lent;
+                    super::submit(move || {
+                        let t = fresh();
+                        let took = Arc::ptr_eq(t.storage(), out.storage());
+                        let _ = tx.send((std::thread::current().id(), took));
+                    });
+                    loop {
+                        if let Ok((thread, took)) = rx.try_recv() {
+                            return (thread == here).then_some(took);
+                        }
+                        rayon::yield_local();
+                    }
+                })
+            });
+            if let Some(took) = nested {
+                assert!(!took, "the nested job took the lent out tensor");
+                return;
+            }
+        }
+        panic!("the job never ran on the lending worker");
+    }
 }
