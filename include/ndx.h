@@ -1224,8 +1224,10 @@ ndx_error_t *ndx_context_retain(const ndx_context_t *ctx);
 /**
  * Drops a reference to `ctx`. The last one cancels work that has not started (its
  * futures fail with NDX_ERROR_CANCELLED and their callbacks still fire once), waits
- * for work that is running (unless called from a callback or host operator, where it
- * does not wait), and runs callbacks still queued for process-events. From a callback
+ * for work that is running and until the workers let go of what its work held, so no
+ * deleter of a tensor that work held runs on a worker after it returns (unless
+ * called from a callback or host operator, where it does not wait), and runs
+ * callbacks still queued for process-events. From a callback
  * run by `ndx_context_process_events`, `ndx_context_evaluate` or a wait (process-events
  * mode), the release happens when that call returns, on its thread. In the
  * process-events mode callbacks never run on an ndx worker: a release that does not
@@ -1597,7 +1599,9 @@ ndx_error_t *ndx_context_set_repro_max_bytes(const ndx_context_t *ctx, uint64_t 
  * Imports a versioned DLPack tensor (DLPack >= 1.0) without copying.
  *
  * On success ndx owns `tensor` and calls its deleter exactly once, when the last
- * reference to `*out` is released (on that thread). On failure the caller still owns
+ * reference to `*out` is released (on that thread; invocations that use it hold
+ * references too, and a worker finishing one may release the last just after a wait
+ * returned: `ndx_context_release` waits for that). On failure the caller still owns
  * `tensor` — except when its major version is not 1: then, as the DLPack
  * specification requires, ndx calls its deleter and says so in the error.
  * The READ_ONLY flag is honoured (ndx never writes such memory) and IS_COPIED kept.
@@ -1662,7 +1666,7 @@ ndx_error_t *ndx_tensor_from_host(const void *data,
 /**
  * A tensor over the caller's host memory, without copying. On success ndx calls
  * `deleter(data, user)` (if not NULL) exactly once, when the last reference goes, on
- * the thread that releases it; on failure it is not called and the caller keeps
+ * the thread that releases it (as for `ndx_tensor_from_dlpack_versioned`); on failure it is not called and the caller keeps
  * `data`. ndx writes into wrapped memory only when it is passed as an out tensor
  * (`ndx_output_t`); the caller must not write into it while work that reads it is
  * pending. Thread-safe.

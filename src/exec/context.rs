@@ -205,6 +205,10 @@ pub struct ContextInner {
     tracker: Mutex<Tracker>,
     idle: Condvar,
     events: Mutex<VecDeque<Box<dyn FnOnce() + Send>>>,
+    /// Jobs on workers and completion threads that hold an invocation of this context
+    /// ([`JobHold`]); a release that waits waits for them to let go.
+    jobs: Mutex<usize>,
+    jobs_done: Condvar,
     /// Raised check flags waiting to be reported (COLLECT).
     flags: Mutex<crate::checks::Collector>,
     /// Check flags raised since creation (every policy).
@@ -265,11 +269,37 @@ pub fn new_context(settings: Settings, threads: usize) -> Context {
         checked_runs: AtomicU64::new(0),
         stats: Mutex::new(Default::default()),
         events: Mutex::new(VecDeque::new()),
+        jobs: Mutex::new(0),
+        jobs_done: Condvar::new(),
     });
     Context { inner }
 }
 
+/// A job queued on a worker or a device's completion thread that holds an invocation
+/// of a context: dropped after the job's own reference to the invocation, so a
+/// release that waits for running work also waits until no worker still holds what
+/// that work held (out tensors, results; dropping the last reference calls a
+/// producer's deleter), and no deleter runs on a worker after it returned.
+pub(crate) struct JobHold(Arc<ContextInner>);
+
+impl Drop for JobHold {
+    fn drop(&mut self) {
+        let mut n = self.0.jobs.lock();
+        *n -= 1;
+        if *n == 0 {
+            self.0.jobs_done.notify_all();
+        }
+    }
+}
+
 impl ContextInner {
+    /// Counts a job that holds one of this context's invocations until it drops the
+    /// hold.
+    pub(crate) fn hold_job(self: &Arc<Self>) -> JobHold {
+        *self.jobs.lock() += 1;
+        JobHold(self.clone())
+    }
+
     /// A new public reference, unless the context was released already.
     pub(crate) fn handle(self: &Arc<Self>) -> Option<Context> {
         let mut n = self.handles.load(Ordering::Acquire);
@@ -612,6 +642,12 @@ impl ContextInner {
             for node in running {
                 node.wait_finished();
             }
+            // The workers that ran (or would have run) its work let go of it.
+            let mut jobs = self.jobs.lock();
+            while *jobs > 0 {
+                self.jobs_done.wait(&mut jobs);
+            }
+            drop(jobs);
             // Nothing of this context runs any more: host operators' user data can go.
             self.registry.release_host_data();
         }
@@ -951,5 +987,38 @@ pub fn output_batch(node: &Arc<Node>, index: usize) -> Result<BatchRef> {
             node.op_name(),
             node.out_meta().len()
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    use super::{Settings, new_context};
+
+    /// Dropping the last public reference waits until every job holding one of the
+    /// context's invocations let go of it: a job still finishing (its node, and what
+    /// that holds, dropped just after) is not left to drop it after the release.
+    #[test]
+    fn a_release_waits_for_jobs_that_still_hold_its_work() {
+        let ctx = new_context(Settings::default(), 1);
+        let hold = ctx.hold_job();
+        let let_go = Arc::new(AtomicBool::new(false));
+        let job = {
+            let let_go = let_go.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(200));
+                let_go.store(true, Ordering::SeqCst);
+                drop(hold);
+            })
+        };
+        drop(ctx);
+        assert!(
+            let_go.load(Ordering::SeqCst),
+            "the release returned while a job still held the context's work"
+        );
+        job.join().unwrap();
     }
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use super::args::Args;
-use super::context::{Backend, ContextInner, EvalMode};
+use super::context::{Backend, ContextInner, EvalMode, JobHold};
 use super::pool;
 use super::value::{BatchRef, TensorRef};
 use crate::checks;
@@ -679,6 +679,12 @@ impl Node {
         self.execute();
     }
 
+    /// Counts a job about to hold this node on a worker or completion thread (see
+    /// [`JobHold`]); nothing when its context is gone.
+    fn hold_job(&self) -> Option<JobHold> {
+        self.ctx.upgrade().map(|c| c.hold_job())
+    }
+
     fn dispatch(self: &Arc<Self>) {
         let node = self.clone();
         let host_op = matches!(self.op.kernel, Kernel::Host(_));
@@ -689,6 +695,7 @@ impl Node {
             ctx.push_event(Box::new(move || node.execute()));
             return;
         }
+        let hold = self.hold_job();
         pool::submit(move || {
             // A panic outside the kernel (caught in `execute`) still completes the
             // node, so no one waits for it forever.
@@ -697,6 +704,8 @@ impl Node {
             {
                 node.complete(Err(node.panic_error("running", p)));
             }
+            drop(node);
+            drop(hold);
         });
     }
 
@@ -754,9 +763,14 @@ impl Node {
             _ => None,
         };
         let node = self.clone();
+        let hold = self.hold_job();
         crate::cuda::completion::submit(
             device,
-            Box::new(move || node.finish_device(inputs, outcome, work)),
+            Box::new(move || {
+                node.finish_device(inputs, outcome, work);
+                drop(node);
+                drop(hold);
+            }),
         );
         if let Some(data) = launched {
             self.release_stream_consumers(data);
@@ -1380,7 +1394,11 @@ impl Node {
         // callbacks the rest runs here, so the node lets go of what it holds at once
         // (an allocation waiting in `completion::drain` counts on that).
         if !callbacks_empty && crate::cuda::completion::on_completion_thread() {
-            pool::submit(rest);
+            let hold = self.hold_job();
+            pool::submit(move || {
+                rest();
+                drop(hold);
+            });
         } else {
             rest();
         }

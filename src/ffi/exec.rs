@@ -469,8 +469,10 @@ pub extern "C" fn ndx_context_retain(ctx: *const ndx_context_t) -> *mut ndx_erro
 
 /// Drops a reference to `ctx`. The last one cancels work that has not started (its
 /// futures fail with NDX_ERROR_CANCELLED and their callbacks still fire once), waits
-/// for work that is running (unless called from a callback or host operator, where it
-/// does not wait), and runs callbacks still queued for process-events. From a callback
+/// for work that is running and until the workers let go of what its work held, so no
+/// deleter of a tensor that work held runs on a worker after it returns (unless
+/// called from a callback or host operator, where it does not wait), and runs
+/// callbacks still queued for process-events. From a callback
 /// run by `ndx_context_process_events`, `ndx_context_evaluate` or a wait (process-events
 /// mode), the release happens when that call returns, on its thread. In the
 /// process-events mode callbacks never run on an ndx worker: a release that does not

@@ -161,7 +161,9 @@ fn host_view(
 /// Imports a versioned DLPack tensor (DLPack >= 1.0) without copying.
 ///
 /// On success ndx owns `tensor` and calls its deleter exactly once, when the last
-/// reference to `*out` is released (on that thread). On failure the caller still owns
+/// reference to `*out` is released (on that thread; invocations that use it hold
+/// references too, and a worker finishing one may release the last just after a wait
+/// returned: `ndx_context_release` waits for that). On failure the caller still owns
 /// `tensor` — except when its major version is not 1: then, as the DLPack
 /// specification requires, ndx calls its deleter and says so in the error.
 /// The READ_ONLY flag is honoured (ndx never writes such memory) and IS_COPIED kept.
@@ -305,7 +307,7 @@ pub extern "C" fn ndx_tensor_from_host(
 
 /// A tensor over the caller's host memory, without copying. On success ndx calls
 /// `deleter(data, user)` (if not NULL) exactly once, when the last reference goes, on
-/// the thread that releases it; on failure it is not called and the caller keeps
+/// the thread that releases it (as for `ndx_tensor_from_dlpack_versioned`); on failure it is not called and the caller keeps
 /// `data`. ndx writes into wrapped memory only when it is passed as an out tensor
 /// (`ndx_output_t`); the caller must not write into it while work that reads it is
 /// pending. Thread-safe.

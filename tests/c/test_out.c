@@ -5,7 +5,8 @@
  * future on a mismatch, and its outputs land in their out tensors whatever order it
  * made them in; a sample's out tensor may be another sample's input; batch_to_tensor
  * stacks tensors into an out tensor; an options struct from an older header (no out
- * fields) is still accepted. */
+ * fields) is still accepted; an out tensor's deleter has run once the context release
+ * that follows the wait returned. */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -355,6 +356,52 @@ static void test_old_options_struct(void) {
   ndx_context_release(ctx);
 }
 
+static int n_out_freed;
+static void count_out_free(void* data, void* user) {
+  (void)data;
+  (void)user;
+  __atomic_fetch_add(&n_out_freed, 1, __ATOMIC_SEQ_CST);
+}
+
+/* Once the caller waited for an EAGER invocation, released everything it holds and
+ * released the context, the out tensor's deleter has run: the worker that finished the
+ * invocation let go of it before ndx_context_release returned. */
+static void test_deleter_ran_when_the_context_release_returns(void) {
+  for (int i = 0; i < 300; i++) {
+    ndx_context_options_t co;
+    memset(&co, 0, sizeof co);
+    co.struct_size = sizeof co;
+    co.eval_mode = NDX_EVAL_EAGER;
+    ndx_context_t* ctx = NULL;
+    CHECK_OK(ndx_context_new(&co, &ctx));
+    static float av[4096], buf[4096];
+    for (int k = 0; k < 4096; k++) av[k] = (float)k;
+    memset(buf, 0, sizeof buf);
+    const int64_t shape[1] = {4096};
+    ndx_tensor_t* a = ndx_test_tensor(av, NDX_DTYPE_FLOAT32, 1, shape);
+    ndx_tensor_t* out = NULL;
+    CHECK_OK(ndx_tensor_wrap_host(buf, NDX_DTYPE_FLOAT32, 1, shape, NULL, count_out_free,
+                                  NULL, NULL, &out));
+    ndx_input_t in[2] = {ndx_test_in(a), ndx_test_in(a)};
+    ndx_output_t outs[1] = {out_of(out)};
+    ndx_invoke_options_t o = with_outputs(outs, 1);
+    ndx_future_t* f = NULL;
+    CHECK_OK(ndx_invoke(ctx, "add", in, 2, NULL, &o, &f));
+    CHECK_OK(ndx_future_wait(f, -1));
+    ndx_future_release(f);
+    ndx_tensor_release(out);
+    ndx_tensor_release(a);
+    ndx_context_release(ctx);
+    int freed = __atomic_load_n(&n_out_freed, __ATOMIC_SEQ_CST);
+    if (freed != i + 1) {
+      CHECK(0, "run %d: the out tensor's deleter ran %d times by the time "
+               "ndx_context_release returned, want %d", i, freed, i + 1);
+      return;
+    }
+    CHECK(buf[4095] == 8190.0f, "the add wrote its out tensor (buf[4095] = %g)", buf[4095]);
+  }
+}
+
 int main(void) {
   test_modes();
   test_strided_and_in_place();
@@ -364,5 +411,6 @@ int main(void) {
   test_batch_out_over_another_samples_input();
   test_batch_to_tensor();
   test_old_options_struct();
+  test_deleter_ran_when_the_context_release_returns();
   return NDX_TEST_SUMMARY("test_out");
 }
