@@ -277,6 +277,43 @@ fn dependency_failure_two_levels_deep_chains_every_site() {
     }
 }
 
+/// A failure passed down a pipeline of N dependent invocations makes N links in all:
+/// each dependent's error shares the chain behind it with its input's error instead
+/// of copying it (a copy per link made N²/2 links: gigabytes for a few thousand ops).
+#[test]
+fn a_failure_passed_down_a_long_pipeline_shares_the_chain_behind_it() {
+    const DEPTH: usize = 64;
+    for mode in [EvalMode::Deferred, EvalMode::Eager] {
+        let ctx = context(mode, CapturePolicy::Off);
+        let mut nodes = vec![call(&ctx, "div", vec![i32s(&[4], &[1]), i32s(&[0], &[1])])];
+        for _ in 0..DEPTH {
+            let prev = out(nodes.last().unwrap());
+            nodes.push(call(&ctx, "add", vec![prev, i32s(&[1], &[1])]));
+        }
+        nodes.last().unwrap().wait(None).expect("wait");
+        let errors: Vec<&Error> = nodes
+            .iter()
+            .map(|n| match n.result() {
+                Some(Err(e)) => e,
+                _ => panic!("#{} did not fail", n.seq()),
+            })
+            .collect();
+        let last = errors[DEPTH];
+        assert_eq!(last.chain().count(), DEPTH + 1, "{}", last.traceback());
+        for k in 2..=DEPTH {
+            let behind_k = errors[k].cause().and_then(Error::cause).unwrap();
+            let behind_prev = errors[k - 1].cause().unwrap();
+            assert!(
+                std::ptr::eq(behind_k, behind_prev),
+                "#{}'s chain is a copy of #{}'s ({mode:?})",
+                k + 1,
+                k
+            );
+        }
+        assert_eq!(last.chain().last().unwrap().op(), Some("div"));
+    }
+}
+
 #[test]
 fn host_op_error_keeps_its_own_cause_and_gets_the_enqueue_site() {
     for mode in MODES {

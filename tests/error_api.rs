@@ -302,3 +302,36 @@ fn related_errors_are_reachable_and_formatted() {
     assert!(format(raw).contains("| IndexError: second"));
     ndx_error_free(raw);
 }
+
+/// Host code may chain `ndx_error_new` as deep as it likes: a chain of 100 000 links is
+/// walked, cloned and freed on a 256 KiB stack (freeing or cloning it one stack frame
+/// per link overflowed the stack and killed the process).
+#[test]
+fn a_very_long_cause_chain_is_cloned_and_freed_without_recursion() {
+    const LINKS: usize = 100_000;
+    let run = || {
+        let mut e: *mut ndx_error_t = std::ptr::null_mut();
+        for i in 0..LINKS {
+            let msg = std::ffi::CString::new(format!("link {i}")).unwrap();
+            e = ndx_error_new(ndx_error_kind_t::NDX_ERROR_VALUE as i32, msg.as_ptr(), e);
+        }
+        let copy = ndx_error_clone(e);
+        ndx_error_free(e);
+        let mut n = 0;
+        let mut link: *const ndx_error_t = copy;
+        let mut last = String::new();
+        while !link.is_null() {
+            n += 1;
+            last = cstr(ndx_error_message(link));
+            link = ndx_error_cause(link);
+        }
+        assert_eq!((n, last.as_str()), (LINKS, "link 0"));
+        ndx_error_free(copy);
+    };
+    std::thread::Builder::new()
+        .stack_size(256 * 1024)
+        .spawn(run)
+        .unwrap()
+        .join()
+        .expect("the chain is freed without overflowing the stack");
+}

@@ -89,14 +89,17 @@ impl ErrorKind {
     }
 }
 
-/// An ndx error. Cloning is cheap for the site (shared, resolved once) and deep for
-/// the rest, so a clone is an independent owned value, as the C API promises.
+/// An ndx error. An error never changes once made, so a clone shares what is costly
+/// to copy — the site (resolved once) and the chain of causes — and copies the rest:
+/// it is an independent owned value, as the C API promises (freeing one leaves the
+/// other intact). Sharing the causes keeps a failure that travelled through N
+/// dependent invocations at N links in all, where copying them would make N²/2.
 #[derive(Clone)]
 pub struct Error {
     kind: ErrorKind,
     message: CString,
     site: Option<Arc<Site>>,
-    cause: Option<Box<Error>>,
+    cause: Option<Arc<Error>>,
     related: Vec<Error>,
     op: Option<CString>,
     sequence: Option<u64>,
@@ -166,7 +169,7 @@ impl Error {
 
     /// Sets the direct cause (replacing any).
     pub fn with_cause(mut self, cause: Error) -> Error {
-        self.cause = Some(Box::new(cause));
+        self.cause = Some(Arc::new(cause));
         self
     }
 
@@ -274,6 +277,20 @@ impl Error {
     }
 }
 
+/// Drops the chain one link at a time: a chain thousands of links long (a failure
+/// passed down a long dependent pipeline, or host code chaining `ndx_error_new` in a
+/// loop) would otherwise be dropped recursively, one stack frame per link, and
+/// overflow the stack.
+impl Drop for Error {
+    fn drop(&mut self) {
+        let mut next = self.cause.take();
+        while let Some(link) = next {
+            // A link still shared with another error is that error's to drop.
+            next = Arc::into_inner(link).and_then(|mut e| e.cause.take());
+        }
+    }
+}
+
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: {}", self.kind.name(), self.message())
@@ -287,7 +304,15 @@ impl fmt::Debug for Error {
             .field("message", &self.message())
             .field("op", &self.op())
             .field("sequence", &self.sequence)
-            .field("cause", &self.cause)
+            // The causes' texts, not their Debug: that would recurse once per link.
+            .field(
+                "causes",
+                &self
+                    .chain()
+                    .skip(1)
+                    .map(|e| e.to_string())
+                    .collect::<Vec<_>>(),
+            )
             .field("related", &self.related.len())
             .finish()
     }

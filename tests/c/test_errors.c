@@ -8,6 +8,7 @@
  * that owns them. NDX_TEST_HOOKS comes from CMake (the ndx::ndx target's interface
  * definitions) when the library is built with the cargo feature test-hooks; without
  * it the panic-boundary case is skipped. */
+#define _POSIX_C_SOURCE 200809L /* pthread attributes: the long-chain test's small stack */
 #include "ndx_test.h"
 
 static const char* const kind_names[13] = {
@@ -171,6 +172,47 @@ static NDX_TEST_NOINLINE void test_clone_is_independent(void) {
   ndx_error_free(c2);
 
   CHECK(ndx_error_clone(NULL) == NULL, "clone(NULL) is NULL");
+}
+
+/* A cause chain as long as host code cares to make: 20000 links, cloned, walked and
+ * freed on a thread with a 256 KiB stack (freeing or cloning one stack frame per link
+ * overflowed it and killed the process). */
+typedef struct {
+  size_t links, walked;
+  int root_ok, clone_ok;
+} long_chain_t;
+
+static void* long_chain_main(void* arg) {
+  long_chain_t* r = (long_chain_t*)arg;
+  ndx_error_t* e = NULL;
+  char msg[32];
+  for (size_t i = 0; i < r->links; i++) {
+    snprintf(msg, sizeof msg, "link %zu", i);
+    e = ndx_error_new(NDX_ERROR_VALUE, msg, e);
+  }
+  ndx_error_t* copy = ndx_error_clone(e);
+  r->clone_ok = copy != NULL && copy != e;
+  ndx_error_free(e);
+  r->walked = ndx_test_chain_length(copy);
+  const ndx_error_t* root = ndx_test_chain_link(copy, r->links - 1);
+  r->root_ok = root != NULL && strcmp(ndx_error_message(root), "link 0") == 0;
+  ndx_error_free(copy);
+  return NULL;
+}
+
+static NDX_TEST_NOINLINE void test_long_cause_chain(void) {
+  long_chain_t r = {20000, 0, 0, 0};
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, 256 * 1024);
+  pthread_t t;
+  int rc = pthread_create(&t, &attr, long_chain_main, &r);
+  pthread_attr_destroy(&attr);
+  if (!CHECK(rc == 0, "pthread_create: %d", rc)) return;
+  pthread_join(t, NULL);
+  CHECK(r.clone_ok, "the chain was cloned");
+  CHECK(r.walked == r.links, "the clone has %zu links, expected %zu", r.walked, r.links);
+  CHECK(r.root_ok, "the root cause of the clone is the first error made");
 }
 
 static NDX_TEST_NOINLINE void test_null_safety(void) {
@@ -528,6 +570,7 @@ int main(void) {
   test_invalid_kind_and_null_message();
   test_cause_chain();
   test_clone_is_independent();
+  test_long_cause_chain();
   test_null_safety();
   test_frame_arguments();
   test_native_frames();
