@@ -544,7 +544,7 @@ class NdxError(Exception):
     `frames` is a list of `Frame(function, file, line, origin)`, innermost first;
     `cause` the next link of the chain (also set as `__cause__`, so Python prints
     the chain); `related` the errors this one groups; `traceback_text` the text of
-    `ndx_error_format` for the whole chain; `check_info` a `CheckInfo` when the
+    `ndx_error_format` for the chain from this link on (read when first asked); `check_info` a `CheckInfo` when the
     error is one raised check flag, else None; `repro` the repro document (JSON text)
     of the invocation that failed first in the chain, else None. Instances of the kind's subclass (e.g.
     `NdxValueError`) are also instances of the matching built-in exception.
@@ -559,7 +559,7 @@ class NdxError(Exception):
         related=(),
         op: Optional[str] = None,
         sequence: int = 0,
-        traceback_text: str = "",
+        traceback_text: Optional[str] = "",
         check_info: Optional[CheckInfo] = None,
         repro: Optional[str] = None,
     ):
@@ -572,7 +572,8 @@ class NdxError(Exception):
         self.related = list(related)
         self.op = op
         self.sequence = sequence
-        self.traceback_text = traceback_text
+        self._traceback_text = traceback_text
+        self._source = None
         self.check_info = check_info
         self.repro = repro
         if cause is not None:
@@ -589,9 +590,49 @@ class NdxError(Exception):
             yield e
             e = e.cause
 
+    @property
+    def traceback_text(self) -> str:
+        """`ndx_error_format` of this link's chain (read from ndx when first asked)."""
+        if self._traceback_text is None:
+            _owner, ptr = self._source
+            self._traceback_text = format_error(ptr)
+            self._source = None
+        return self._traceback_text
+
+    @traceback_text.setter
+    def traceback_text(self, text: str) -> None:
+        self._traceback_text = text
+
     @classmethod
     def from_borrowed(cls, ptr: int) -> "NdxError":
-        """Builds an exception from an `ndx_error_t*` without freeing it."""
+        """Builds an exception from an `ndx_error_t*` without freeing it (from an
+        owned copy, which the exception keeps for its text)."""
+        return cls.from_ptr(lib.ndx_error_clone(ptr))
+
+    @classmethod
+    def from_ptr(cls, ptr: int) -> "NdxError":
+        """Builds an exception from an owned `ndx_error_t*`, which it takes: it is freed
+        when no exception built from it (its causes included) is left."""
+        return cls._chain(ptr, _OwnedError(ptr))
+
+    @classmethod
+    def _chain(cls, ptr: int, owner: "_OwnedError") -> "NdxError":
+        """The exceptions of `ptr`'s chain, built from the root cause outwards: a loop,
+        not a recursion per link, as a failure passed down a long pipeline has a link
+        per invocation."""
+        links = []
+        while ptr:
+            links.append(ptr)
+            ptr = lib.ndx_error_cause(ptr)
+        cause = None
+        for link in reversed(links):
+            cause = cls._link(link, owner, cause)
+        return cause
+
+    @classmethod
+    def _link(cls, ptr: int, owner: "_OwnedError", cause: Optional["NdxError"]) -> "NdxError":
+        """The exception of one link of a chain (borrowed from `owner`), whose cause is
+        already built."""
         kind = lib.ndx_error_kind(ptr)
         message = _text(lib.ndx_error_message(ptr)) or ""
         frames = []
@@ -602,20 +643,17 @@ class NdxError(Exception):
             if e:  # cannot happen for i < count; do not lose it if it does
                 raise NdxError.from_ptr(e)
             frames.append(Frame(_text(fr.function), _text(fr.file), fr.line, fr.origin))
-        cause_ptr = lib.ndx_error_cause(ptr)
-        cause = cls.from_borrowed(cause_ptr) if cause_ptr else None
         related = [
-            cls.from_borrowed(lib.ndx_error_related(ptr, i))
+            cls._chain(lib.ndx_error_related(ptr, i), owner)
             for i in range(lib.ndx_error_related_count(ptr))
         ]
-        text = format_error(ptr)
         info = ndx_check_info_t()
         info.struct_size = ctypes.sizeof(ndx_check_info_t)
         check_info = None
         if lib.ndx_error_check_info(ptr, byref(info)):
             check_info = CheckInfo(*(getattr(info, f) for f in CheckInfo._fields))
         klass = _KIND_CLASSES.get(kind, NdxError)
-        return klass(
+        err = klass(
             kind,
             message,
             frames,
@@ -623,17 +661,26 @@ class NdxError(Exception):
             related,
             _text(lib.ndx_error_op(ptr)),
             lib.ndx_error_sequence(ptr),
-            text,
+            None,
             check_info,
             repro_document(ptr),
         )
+        # Formatting every link's chain up front would cost N^2/2 links for N links.
+        err._source = (owner, ptr)
+        return err
 
-    @classmethod
-    def from_ptr(cls, ptr: int) -> "NdxError":
-        """Builds an exception from an owned `ndx_error_t*` and frees it."""
-        try:
-            return cls.from_borrowed(ptr)
-        finally:
+
+class _OwnedError:
+    """An owned `ndx_error_t*`, freed when the last exception built from it goes."""
+
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+    def __del__(self):
+        ptr, self.ptr = self.ptr, None
+        if ptr and lib is not None:
             lib.ndx_error_free(ptr)
 
 

@@ -264,6 +264,34 @@ def test_call_time_error_carries_python_frame(ctx):
     )
 
 
+def test_a_failure_down_a_long_pipeline_becomes_one_exception_chain(ctx):
+    """A failure passed down 1500 dependent invocations: the exception has all 1501
+    links, built without recursing once per link (a RecursionError replaced the real
+    error) and without formatting the whole chain again for every link."""
+    ctx.set_frame_provider()
+    ctx.set_capture_policy(ndx.NDX_CAPTURE_HOST)  # host frames: nothing to symbolise
+    a, b = div_by_zero_inputs()
+    depth = 1500
+    futs = [ctx.invoke("div", [a, b], mode=ndx.NDX_EVAL_DEFERRED)]
+    for _ in range(depth):
+        futs.append(ctx.invoke("add", [futs[-1].tensor(0), a], mode=ndx.NDX_EVAL_DEFERRED))
+    err = expect_failure(futs[-1])
+    chain = list(err.chain())
+    assert len(chain) == depth + 1
+    assert [e.sequence for e in chain] == list(range(depth + 1, 0, -1))
+    root = chain[-1]
+    assert root.op == "div" and "division by zero" in root.message and root.cause is None
+    assert chain[-2].__cause__ is root
+    # Each link's text is its own chain's: the root's alone, the top's all of them.
+    assert root.traceback_text.rstrip().endswith(f"ValueError: {root.message}")
+    assert "direct cause" not in root.traceback_text
+    sep = "The above exception was the direct cause of the following exception:"
+    assert err.traceback_text.count(sep) == depth
+    assert chain[1].traceback_text.count(sep) == depth - 1
+    for f in futs:
+        f.release()
+
+
 def test_provider_lifetime(ctx):
     """ndx's user_free releases the CFUNCTYPE when replaced and when the context goes."""
     before = ndx.live_provider_count()
