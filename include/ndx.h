@@ -1275,7 +1275,8 @@ ndx_error_t *ndx_context_set_backend(const ndx_context_t *ctx, const char *name)
  * called on the invoking thread during `ndx_invoke` when the capture policy is HOST
  * or ALL. `user_free(user)` (if not NULL) is called exactly once: when the provider
  * is replaced or removed or the context is freed; at once when `provider` is NULL;
- * and also when this call fails (before it returns). Thread-safe.
+ * and also when this call fails (before it returns). Run for a replaced or removed
+ * provider, `user_free` may call ndx, on this context too. Thread-safe.
  */
 ndx_error_t *ndx_context_set_frame_provider(const ndx_context_t *ctx,
                                             ndx_frame_provider_t provider,

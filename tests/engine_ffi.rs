@@ -245,6 +245,54 @@ fn the_provider_is_asked_for_the_current_depth() {
     ndx_context_release(ctx);
 }
 
+static REENTERED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// A `user_free` that calls back into the context it was registered on (its `user`).
+unsafe extern "C" fn user_free_reenters(user: *mut c_void) {
+    let e = ndx_context_set_capture_policy(
+        user.cast_const().cast(),
+        ndx_capture_policy_t::NDX_CAPTURE_ALL as i32,
+        0,
+    );
+    if e.is_null() {
+        REENTERED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+    ndx_error_free(e);
+}
+
+/// Replacing a frame provider runs the old one's `user_free` after the context's
+/// settings are unlocked: one that calls into the same context completes (it
+/// deadlocked on the settings lock).
+#[test]
+fn a_replaced_providers_user_free_may_call_into_its_context() {
+    let ctx = context(ndx_capture_policy_t::NDX_CAPTURE_HOST);
+    ok(ndx_context_set_frame_provider(
+        ctx,
+        Some(capacity_probe),
+        ctx.cast(),
+        Some(user_free_reenters),
+    ));
+    let shared = ctx as usize;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let ctx = shared as *const ndx_context_t;
+        let e = ndx_context_set_frame_provider(ctx, None, std::ptr::null_mut(), None);
+        tx.send(e.is_null()).unwrap();
+        ndx_error_free(e);
+    });
+    let removed = rx
+        .recv_timeout(std::time::Duration::from_secs(30))
+        .expect("removing the provider returns: its user_free called into the context");
+    assert!(removed);
+    assert_eq!(REENTERED.load(std::sync::atomic::Ordering::SeqCst), 1);
+    // The re-entrant call took effect: ALL records the native frames outwards of the
+    // caller, where HOST without a provider records the caller frame alone.
+    let (e, _) = failing_add(ctx, std::ptr::null());
+    assert!(ndx_error_frame_count(e) > 1, "{}", ndx_error_frame_count(e));
+    ndx_error_free(e);
+    ndx_context_release(ctx);
+}
+
 static DEPTH_PROBE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 unsafe extern "C" fn depth_probe(_: *mut c_void, f: *mut ndx_host_frame_t, cap: usize) -> usize {

@@ -327,10 +327,15 @@ impl ContextInner {
     }
     /// Changes the settings for later invocations.
     pub fn update(&self, f: impl FnOnce(&mut Settings)) {
-        let mut guard = self.settings.lock();
-        let mut next = Settings::clone(&guard);
-        f(&mut next);
-        *guard = Arc::new(next);
+        let previous = {
+            let mut guard = self.settings.lock();
+            let mut next = Settings::clone(&guard);
+            f(&mut next);
+            std::mem::replace(&mut *guard, Arc::new(next))
+        };
+        // Dropped after the lock: the last reference to a replaced frame provider runs
+        // its `user_free`, which may call back into ndx on this context.
+        drop(previous);
     }
     /// Changes the check settings for later invocations (flags already collected
     /// stay until reported).

@@ -550,7 +550,8 @@ pub extern "C" fn ndx_context_set_backend(
 /// called on the invoking thread during `ndx_invoke` when the capture policy is HOST
 /// or ALL. `user_free(user)` (if not NULL) is called exactly once: when the provider
 /// is replaced or removed or the context is freed; at once when `provider` is NULL;
-/// and also when this call fails (before it returns). Thread-safe.
+/// and also when this call fails (before it returns). Run for a replaced or removed
+/// provider, `user_free` may call ndx, on this context too. Thread-safe.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_context_set_frame_provider(
     ctx: *const ndx_context_t,

@@ -1906,6 +1906,28 @@ static NDX_TEST_NOINLINE void test_user_free_on_failure(void) {
   NDX_TEST_CONTEXT(NULL);
 }
 
+/* A user_free may call ndx on the context it was registered on: replacing the provider
+ * runs the old one's user_free after the context's settings are unlocked (it deadlocked
+ * on them). */
+static int reentered;
+static void user_free_reenters(void* user) {
+  ndx_error_t* e = ndx_context_set_capture_policy((const ndx_context_t*)user, NDX_CAPTURE_ALL, 0);
+  if (e == NULL) inc_int(&reentered);
+  ndx_error_free(e);
+}
+
+static NDX_TEST_NOINLINE void test_user_free_reenters_its_context(void) {
+  NDX_TEST_CONTEXT("a provider's user_free calls into its context");
+  ndx_context_t* ctx = make_ctx(NDX_EVAL_SYNC_CPU, NDX_CAPTURE_HOST, NULL);
+  reentered = 0;
+  CHECK_OK(ndx_context_set_frame_provider(ctx, no_frames, ctx, user_free_reenters));
+  /* Replaces it: a hang here is the deadlock (the watchdog reports it). */
+  CHECK_OK(ndx_context_set_frame_provider(ctx, no_frames, NULL, NULL));
+  CHECK(load_int(&reentered) == 1, "user_free's call succeeded %d times", load_int(&reentered));
+  ndx_context_release(ctx);
+  NDX_TEST_CONTEXT(NULL);
+}
+
 /* A too-small struct_size says what to set (sizeof, this header's) and the least accepted;
  * schema array errors name the schema's fields. */
 static NDX_TEST_NOINLINE void test_struct_size_messages(void) {
@@ -2421,6 +2443,7 @@ int main(void) {
   RUN(test_host_op_chains());
   RUN(test_host_user_free());
   RUN(test_user_free_on_failure());
+  RUN(test_user_free_reenters_its_context());
   RUN(test_struct_size_messages());
   RUN(test_on_ready());
   for (int m = 0; m < 4; m++) {
