@@ -766,3 +766,96 @@ fn batch_chains_on_a_gpu_are_pipelined_and_fail_with_their_producers() {
         assert_eq!(calls(c), 1);
     }
 }
+
+/// Reruns test `name` of this binary in a child process on the emulated driver's
+/// asynchronous streams with slow kernels (read at `cuInit`, so only a new process
+/// gets them; a real driver ignores them), with `child_var` set; fails with the
+/// child's output unless its one test passed.
+fn rerun_with_slow_kernels(name: &str, child_var: &str) {
+    let exe = std::env::current_exe().expect("the test binary");
+    let out = std::process::Command::new(exe)
+        .args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .env(child_var, "1")
+        .env("NDX_EMU_ASYNC", "1")
+        .env("NDX_EMU_KERNEL_DELAY_MS", "300")
+        .output()
+        .expect("rerun the test");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("1 passed"), "{text}");
+}
+
+#[test]
+fn managed_memory_is_read_by_the_host_only_after_its_producers_stream() {
+    let _device = shared_device();
+    // Needs a device. kDLCUDAManaged memory is host-accessible, so ndx reads it on the
+    // host (ndx_tensor_copy_to, CPU operators): imported with a producer's stream, it
+    // must wait for that stream to reach the import's event first. The producer here is
+    // ndx's own stream with an `add` still running (slow, asynchronous kernels of the
+    // emulated driver), whose output is exported and imported back as managed memory.
+    skip_without_driver!();
+    const CHILD: &str = "NDX_TEST_MANAGED_CHILD";
+    if std::env::var_os(CHILD).is_none() {
+        rerun_with_slow_kernels(
+            "managed_memory_is_read_by_the_host_only_after_its_producers_stream",
+            CHILD,
+        );
+        return;
+    }
+    let values: Vec<f32> = (1..=256).map(|i| i as f32).collect();
+    let doubled: Vec<f32> = values.iter().map(|v| 2.0 * v).collect();
+    let (m, count) = Spec::f32s(&values, &[256]).versioned();
+    let mut host = std::ptr::null_mut();
+    ok(ndx_tensor_from_dlpack_versioned(
+        m,
+        std::ptr::null(),
+        &mut host,
+    ));
+    let ctx = Ctx::new(ndx_eval_mode_t::NDX_EVAL_SYNC_CPU as i32);
+    let up = invoke(&ctx, c"to_device", &[host], &[]).expect("to_device");
+    let d = out0(up);
+    let stream = ndx::cuda::device(0).expect("device 0").stream();
+    // A managed tensor whose contents an `add` on ndx's stream is still writing.
+    let pending_managed = || {
+        let sum = invoke(&ctx, c"add", &[d, d], &[]).expect("add"); // SYNC_CPU: enqueued
+        let s = out0(sum);
+        let mut exported = std::ptr::null_mut();
+        ok(ndx_tensor_to_dlpack_versioned_stream(
+            s,
+            NO_SYNC as *mut std::ffi::c_void,
+            &mut exported,
+        ));
+        // SAFETY: a live export this test owns until the import below takes it.
+        unsafe { (*exported).dl_tensor.device.device_type = DLDeviceType::CUDAMANAGED };
+        let mut t = std::ptr::null_mut();
+        ok(ndx_tensor_from_dlpack_versioned(
+            exported,
+            &import_opts(stream),
+            &mut t,
+        ));
+        ndx_tensor_release(s);
+        ndx_future_release(sum);
+        t
+    };
+    // Read by ndx_tensor_copy_to.
+    let t = pending_managed();
+    assert_eq!(values_f32(t), doubled);
+    ndx_tensor_release(t);
+    // Read by a CPU operator (a managed input next to a host one runs on the host).
+    let t = pending_managed();
+    let f = invoke(&ctx, c"add", &[t, host], &[]).expect("add on the host");
+    let r = out0(f);
+    let tripled: Vec<f32> = values.iter().map(|v| 3.0 * v).collect();
+    assert_eq!(values_f32(r), tripled);
+    for x in [t, r, d, host] {
+        ndx_tensor_release(x);
+    }
+    ndx_future_release(f);
+    ndx_future_release(up);
+    drop(ctx);
+    assert_eq!(calls(&count), 1);
+}

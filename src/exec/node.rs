@@ -1086,6 +1086,21 @@ impl Node {
         tensors: &[Arc<Tensor>],
         sample: Option<usize>,
     ) -> Result<Vec<Arc<Tensor>>> {
+        // Host-accessible CUDA memory (managed) is read by the host below (CPU kernels,
+        // host operators, `to_device`'s upload): first its producer's stream must have
+        // reached the import's event.
+        for (i, t) in tensors.iter().enumerate() {
+            t.storage().wait_host_readable().map_err(|e| {
+                Error::new(
+                    e.kind(),
+                    format!(
+                        "input {i} ({}): waiting for its producer's stream: {}",
+                        t.device(),
+                        e.message()
+                    ),
+                )
+            })?;
+        }
         // Fails where a kernel would, so the error carries the repro document too.
         if let Backend::InjectRuntime(op) = &self.backend
             && *op == self.op.name

@@ -68,7 +68,9 @@ pub struct ndx_import_options_t {
     pub read_only: bool,
     /// For CUDA memory (kDLCUDA, kDLCUDAManaged): the `CUstream` on which the
     /// producer's writes to it are ordered. ndx records an event there and orders its
-    /// own work after it (no device-wide synchronisation). NULL is the legacy default
+    /// own work after it (no device-wide synchronisation); kDLCUDAManaged memory, which
+    /// the host reads directly, is read by host work (CPU operators, `to_device`,
+    /// `ndx_tensor_copy_to`) once that event has completed. NULL is the legacy default
     /// stream (CUDA's stream 0), also what callers of an older, shorter struct get;
     /// `NDX_STREAM_NO_SYNC` means the memory is ready as is. Ignored for host memory
     /// and where no CUDA driver is present (nothing can be pending then). Translating

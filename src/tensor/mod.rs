@@ -370,6 +370,7 @@ impl Tensor {
         if nbytes == 0 {
             return Ok(());
         }
+        self.storage.wait_host_readable()?;
         let src = self.storage.host_bytes().ok_or_else(|| {
             Error::value(format!(
                 "the tensor lives in {} device memory, which the host cannot read; ndx_tensor_copy_to reads host-accessible memory only",

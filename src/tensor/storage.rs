@@ -320,6 +320,22 @@ impl Storage {
         self.ready.lock().clone()
     }
 
+    /// Blocks until the host may read this memory: for host-accessible CUDA memory
+    /// (kDLCUDAManaged) imported with a producer's stream, until the producer's work
+    /// before the import's event has completed. Nothing to wait for elsewhere: device
+    /// memory (kDLCUDA) is read only by work ordered on a stream, and host memory
+    /// carries no event.
+    pub fn wait_host_readable(&self) -> Result<()> {
+        if !self.device.host_accessible() {
+            return Ok(());
+        }
+        let ready = self.ready.lock().clone();
+        match ready {
+            Some(event) => event.synchronize(),
+            None => Ok(()),
+        }
+    }
+
     /// Sets the event after which CUDA memory is valid.
     pub fn set_ready_event(&self, event: Option<std::sync::Arc<crate::cuda::Event>>) {
         *self.ready.lock() = event;

@@ -211,6 +211,69 @@ def test_an_import_is_ordered_after_the_producers_stream_with_a_negative_control
     assert "DELETED 2" in out, out
 
 
+MANAGED = textwrap.dedent(
+    """\
+    import ctypes
+    import numpy as np
+    import cuda_driver as cd
+    import ndx_ctypes as ndx
+
+    n = 512
+    cu = cd.Context()
+    add = cu.load_ptx("src/cuda/ptx/binary.ptx").function("ndx_add_f32")
+    a, b = cu.upload(np.full(n, 1, np.float32)), cu.upload(np.full(n, 2, np.float32))
+    out = cu.alloc(4 * n)
+    producer = cu.stream()
+    shape = (ctypes.c_int64 * 1)(n)
+    ctx = ndx.Context(mode=ndx.NDX_EVAL_SYNC_CPU)
+    zeros = ndx.tensor_from_numpy(np.zeros(n, np.float32))
+    keep = []
+
+    def produce_then_read(stream, read):
+        cu.memset8(out, 0)
+        # The producer's kernel runs late (NDX_EMU_KERNEL_DELAY_MS) on its own stream.
+        cu.launch(add, 2, 256, [out, a, b, n, 0, 0], stream=producer)
+        m = ndx.DLManagedTensorVersioned()
+        m.version.major = 1
+        m.dl_tensor.data = out.ptr
+        # kDLCUDAManaged: memory the host reads directly (the emulator's device memory is).
+        m.dl_tensor.device.device_type, m.dl_tensor.device.device_id = 13, 0
+        m.dl_tensor.ndim = 1
+        m.dl_tensor.dtype.code, m.dl_tensor.dtype.bits, m.dl_tensor.dtype.lanes = 2, 32, 1
+        m.dl_tensor.shape = shape
+        m.deleter = ndx.DLManagedTensorVersionedDeleter(lambda p: None)
+        keep.append(m)
+        opts = ndx.ndx_import_options_t(ctypes.sizeof(ndx.ndx_import_options_t), None, False, stream)
+        t = ctypes.c_void_p()
+        ndx.check(ndx.lib.ndx_tensor_from_dlpack_versioned(ctypes.addressof(m), ctypes.byref(opts), ctypes.byref(t)))
+        t = ndx.Tensor(t.value)
+        got = read(t)
+        t.release()
+        producer.synchronize()
+        return got
+
+    reads = {
+        "copy_to": lambda t: t.numpy(),
+        "cpu_op": lambda t: ctx.invoke("add", [t, zeros]).result(),
+        "to_device": lambda t: ctx.invoke("to_host", [ctx.invoke("to_device", [t]).tensor()]).result(),
+    }
+    for name, read in reads.items():
+        print("ORDERED", name, float(produce_then_read(producer.handle.value, read).min()))
+    print("UNORDERED", float(produce_then_read(ndx.STREAM_NO_SYNC, reads["copy_to"]).max()))
+    """
+)
+
+
+def test_managed_memory_is_read_by_the_host_after_the_producers_stream(tmp_path):
+    out = run_script(tmp_path, "managed.py", MANAGED, NDX_EMU_KERNEL_DELAY_MS="500")
+    # kDLCUDAManaged memory is read on the host: by ndx_tensor_copy_to, by a CPU
+    # operator and by to_device's upload. Each waits for the producer's late kernel.
+    for read in ("copy_to", "cpu_op", "to_device"):
+        assert f"ORDERED {read} 3.0" in out, out
+    # The negative control: told not to order, the read comes before the kernel ran.
+    assert "UNORDERED 0.0" in out, out
+
+
 def test_the_gpu_benchmark_runs_end_to_end_on_tiny_sizes():
     # Keeps benches/cuda_bench.py working where no GPU is; its figures mean nothing here.
     r = cuda_emu.run_under_emu(
