@@ -761,6 +761,8 @@ typedef struct {
  * strides give each index its own element; it may be strided, and it may be an input
  * of the same invocation (the result is then computed aside and copied in). Out
  * tensors must hold data: a still-pending output of another invocation is refused.
+ * An invocation on CUDA tensors, whose outputs live in device memory, takes none
+ * (NDX_ERROR_NOT_IMPLEMENTED at `ndx_invoke`): copy its output with `to_host`.
  *
  * The work writes into it when it runs (at once in the SYNC modes, later in EAGER and
  * DEFERRED): do not read, write or pass it to other invocations until the future

@@ -859,3 +859,75 @@ fn managed_memory_is_read_by_the_host_only_after_its_producers_stream() {
     drop(ctx);
     assert_eq!(calls(&count), 1);
 }
+
+#[test]
+fn an_out_tensor_for_an_invocation_on_the_device_is_refused_at_invoke() {
+    let _device = shared_device();
+    // Needs a device: the outputs of an invocation on CUDA tensors live in device
+    // memory, so a (host) out tensor cannot take them; ndx_invoke says so, in every
+    // mode, and nothing is written. `to_host`, whose output is host memory, takes one.
+    skip_without_driver!();
+    let (m, count) = Spec::f32s(&[1.0, 2.0, 3.0], &[3]).versioned();
+    let mut host = std::ptr::null_mut();
+    ok(ndx_tensor_from_dlpack_versioned(
+        m,
+        std::ptr::null(),
+        &mut host,
+    ));
+    for mode in [
+        ndx_eval_mode_t::NDX_EVAL_SYNC_CPU,
+        ndx_eval_mode_t::NDX_EVAL_EAGER,
+        ndx_eval_mode_t::NDX_EVAL_DEFERRED,
+    ] {
+        let ctx = Ctx::new(mode as i32);
+        let up = invoke(&ctx, c"to_device", &[host], &[]).expect("to_device");
+        let d = out0(up);
+        let mut sink = [0f32; 3];
+        let mut o = std::ptr::null_mut();
+        let shape = [3i64];
+        ok(ndx_tensor_wrap_host(
+            sink.as_mut_ptr().cast(),
+            ndx_dtype_t::NDX_DTYPE_FLOAT32 as i32,
+            1,
+            shape.as_ptr(),
+            std::ptr::null(),
+            None,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            &mut o,
+        ));
+        let outs = [ndx_output_t {
+            tensor: o,
+            batch: std::ptr::null(),
+        }];
+        let opts = ndx_invoke_options_t {
+            outputs: outs.as_ptr(),
+            n_outputs: 1,
+            ..Default::default()
+        };
+        let inputs = [d, d].map(|tensor| ndx_input_t {
+            tensor,
+            batch: std::ptr::null(),
+        });
+        let e = invoke_with(&ctx, c"add", &inputs, std::ptr::null(), &opts)
+            .expect_err("refused at invoke");
+        expect_err(
+            e,
+            NDX_ERROR_NOT_IMPLEMENTED,
+            "operator 'add': outputs[0] is given, but the invocation runs on kDLCUDA:0 and \
+             out tensors take host results only; leave it NULL and copy the output with \
+             'to_host'",
+        );
+        // to_host writes into it.
+        let f = invoke_with(&ctx, c"to_host", &inputs[..1], std::ptr::null(), &opts)
+            .unwrap_or_else(|e| panic!("{:?}", take_error(e)));
+        ok(ndx_future_wait(f, -1));
+        assert_eq!(sink, [1.0, 2.0, 3.0], "{mode:?}");
+        ndx_future_release(f);
+        ndx_tensor_release(o);
+        ndx_tensor_release(d);
+        ndx_future_release(up);
+    }
+    ndx_tensor_release(host);
+    assert_eq!(calls(&count), 1);
+}

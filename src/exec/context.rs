@@ -478,9 +478,10 @@ impl ContextInner {
         }
         let (out_meta, batch_len) =
             infer(&def, &inputs, &args).map_err(|e| fail(crate::ops::of_operator(op, &e)))?;
-        check_outputs(&out_meta, &outputs).map_err(|e| fail(crate::ops::of_operator(op, &e)))?;
-        let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
         let out_device = output_device(&def, &inputs, &args);
+        check_outputs(&out_meta, &outputs, out_device)
+            .map_err(|e| fail(crate::ops::of_operator(op, &e)))?;
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
         let node = Node::new(NodeSpec {
             out_device,
             seq,
@@ -861,10 +862,26 @@ fn infer_samples(
 
 /// Checks caller-given out tensors against the inferred outputs: their number, kind
 /// (tensor or batch), dtype and shape, that they are writable host memory whose
-/// elements do not overlap, and that no two share memory.
-fn check_outputs(metas: &[OutMeta], outputs: &[Option<Data>]) -> Result<()> {
+/// elements do not overlap, and that no two share memory. `device` is where the
+/// outputs will be made, when known: out tensors take host results only.
+fn check_outputs(
+    metas: &[OutMeta],
+    outputs: &[Option<Data>],
+    device: Option<Device>,
+) -> Result<()> {
     if outputs.is_empty() {
         return Ok(());
+    }
+    if let Some(d) = device.filter(|d| !d.host_accessible())
+        && let Some(i) = outputs.iter().position(Option::is_some)
+    {
+        return Err(Error::new(
+            ErrorKind::NotImplemented,
+            format!(
+                "outputs[{i}] is given, but the invocation runs on {d} and out tensors take \
+                 host results only; leave it NULL and copy the output with 'to_host'"
+            ),
+        ));
     }
     if outputs.len() != metas.len() {
         return Err(Error::value(format!(

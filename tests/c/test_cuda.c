@@ -143,6 +143,24 @@ static void test_to_device(void) {
     CHECK_OK(ndx_invoke(ctx, "add", two, 2, NULL, NULL, &g));
     ndx_tensor_t* s = NULL;
     CHECK_OK(ndx_future_tensor(g, 0, &s));
+    /* The add's output lives on the device: an out tensor (host memory) is refused at
+     * ndx_invoke, not written through a failed copy later. */
+    float sink[3] = {0, 0, 0};
+    ndx_tensor_t* o = NULL;
+    CHECK_OK(ndx_tensor_wrap_host(sink, NDX_DTYPE_FLOAT32, 1, shape, NULL, NULL, NULL, NULL,
+                                  &o));
+    ndx_output_t outs[1] = {{o, NULL}};
+    ndx_invoke_options_t io;
+    memset(&io, 0, sizeof io);
+    io.struct_size = sizeof io;
+    io.outputs = outs;
+    io.n_outputs = 1;
+    ndx_future_t* refused = NULL;
+    expect_error(ndx_invoke(ctx, "add", two, 2, NULL, &io, &refused), NDX_ERROR_NOT_IMPLEMENTED,
+                 "operator 'add': outputs[0] is given, but the invocation runs on kDLCUDA:0");
+    CHECK(refused == NULL, "no future");
+    CHECK(sink[0] == 0.0f, "nothing written");
+    ndx_tensor_release(o);
     ndx_input_t back[1] = {ndx_test_in(s)};
     ndx_future_t* h = NULL;
     CHECK_OK(ndx_invoke(ctx, "to_host", back, 1, NULL, NULL, &h));

@@ -261,6 +261,19 @@ def test_missing_kernels_fail_at_invoke_naming_op_dtype_and_device(ctx):
     assert "operator 'add': input 1 is in host memory (kDLCPU:0) but input 0 is on kDLCUDA:0" in err.value.message
 
 
+def test_an_out_tensor_for_outputs_on_the_device_is_refused_at_invoke(ctx):
+    x = to_dev(ctx, np.arange(3, dtype=np.float32))
+    sink = np.zeros(3, np.float32)
+    with pytest.raises(ndx.NdxError) as err:
+        ctx.invoke("add", [x, x], out=[sink])
+    assert err.value.kind == ndx.NDX_ERROR_NOT_IMPLEMENTED
+    assert "operator 'add': outputs[0] is given, but the invocation runs on kDLCUDA:0" in err.value.message
+    assert not sink.any()
+    # to_host's output is host memory: it takes one.
+    ctx.invoke("to_host", [x], out=[sink]).wait()
+    np.testing.assert_array_equal(sink, [0, 1, 2])
+
+
 def test_to_device_refuses_a_device_that_does_not_exist(ctx):
     n = ndx.lib.ndx_cuda_device_count()
     with pytest.raises(ndx.NdxError) as err:
