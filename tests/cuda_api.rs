@@ -768,16 +768,16 @@ fn batch_chains_on_a_gpu_are_pipelined_and_fail_with_their_producers() {
 }
 
 /// Reruns test `name` of this binary in a child process on the emulated driver's
-/// asynchronous streams with slow kernels (read at `cuInit`, so only a new process
-/// gets them; a real driver ignores them), with `child_var` set; fails with the
-/// child's output unless its one test passed.
-fn rerun_with_slow_kernels(name: &str, child_var: &str) {
+/// asynchronous streams with kernels `delay_ms` late (read at `cuInit`, so only a new
+/// process gets them; a real driver ignores them), with `child_var` set; fails with
+/// the child's output unless its one test passed.
+fn rerun_with_slow_kernels(name: &str, child_var: &str, delay_ms: u32) {
     let exe = std::env::current_exe().expect("the test binary");
     let out = std::process::Command::new(exe)
         .args([name, "--exact", "--nocapture", "--test-threads=1"])
         .env(child_var, "1")
         .env("NDX_EMU_ASYNC", "1")
-        .env("NDX_EMU_KERNEL_DELAY_MS", "300")
+        .env("NDX_EMU_KERNEL_DELAY_MS", delay_ms.to_string())
         .output()
         .expect("rerun the test");
     let text = format!(
@@ -803,6 +803,7 @@ fn managed_memory_is_read_by_the_host_only_after_its_producers_stream() {
         rerun_with_slow_kernels(
             "managed_memory_is_read_by_the_host_only_after_its_producers_stream",
             CHILD,
+            300,
         );
         return;
     }
@@ -930,4 +931,107 @@ fn an_out_tensor_for_an_invocation_on_the_device_is_refused_at_invoke() {
     }
     ndx_tensor_release(host);
     assert_eq!(calls(&count), 1);
+}
+
+/// What the stream of device 0 was doing when the probe deleter ran: -1 not run yet,
+/// 1 idle (every enqueued work done), 0 still busy.
+static STREAM_IDLE_AT_DELETE: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+/// The deleter the probe replaced (ndx's, of an export).
+static EXPORT_DELETER: std::sync::OnceLock<
+    unsafe extern "C" fn(*mut dlpark::ffi::DLManagedTensorVersioned),
+> = std::sync::OnceLock::new();
+
+/// A producer's deleter that notes whether ndx's stream still has work, then releases.
+unsafe extern "C" fn probe_deleter(m: *mut dlpark::ffi::DLManagedTensorVersioned) {
+    let device = ndx::cuda::device(0).expect("device 0");
+    device.bind().expect("bind");
+    // SAFETY: a live stream of ndx's, queried with its context current.
+    let r = unsafe { cudarc::driver::sys::cuStreamQuery(device.stream() as _) };
+    let idle = r == cudarc::driver::sys::CUresult::CUDA_SUCCESS;
+    STREAM_IDLE_AT_DELETE.store(i32::from(idle), std::sync::atomic::Ordering::SeqCst);
+    // SAFETY: the export's own deleter, called once with its tensor.
+    unsafe { EXPORT_DELETER.get().expect("saved")(m) }
+}
+
+#[test]
+fn an_import_read_by_an_invocation_that_failed_part_way_is_released_after_its_work() {
+    let _device = shared_device();
+    // Needs a device. `add` of imported uint8 and float32 first casts the import on the
+    // device, then asks for an output too large for any device (1 TiB): it fails with
+    // NDX_ERROR_MEMORY while the cast kernel reading the import may still be queued
+    // (slow asynchronous kernels of the emulated driver). The producer's deleter may
+    // free the memory, so it must run only once that kernel is done.
+    skip_without_driver!();
+    const CHILD: &str = "NDX_TEST_PART_WAY_CHILD";
+    if std::env::var_os(CHILD).is_none() {
+        rerun_with_slow_kernels(
+            "an_import_read_by_an_invocation_that_failed_part_way_is_released_after_its_work",
+            CHILD,
+            // Longer than the debug build takes from the cast's launch to the release.
+            3000,
+        );
+        return;
+    }
+    let ctx = Ctx::new(ndx_eval_mode_t::NDX_EVAL_SYNC_CPU as i32);
+    let host_tensor = |spec: Spec| {
+        let (m, count) = spec.versioned();
+        let mut t = std::ptr::null_mut();
+        ok(ndx_tensor_from_dlpack_versioned(
+            m,
+            std::ptr::null(),
+            &mut t,
+        ));
+        (t, count)
+    };
+    // The producer's memory: 1 MiB of uint8 [1 << 20, 1], exported by ndx itself.
+    let mut bytes = Spec::f32s(&[], &[0]);
+    bytes.data = vec![7u8; 1 << 20];
+    bytes.dtype = dlpark::ffi::DLDataType {
+        code: dlpark::ffi::DLDataTypeCode::UINT,
+        bits: 8,
+        lanes: 1,
+    };
+    bytes.shape = vec![1 << 20, 1];
+    let (h, hc) = host_tensor(bytes);
+    let up = invoke(&ctx, c"to_device", &[h], &[]).expect("to_device");
+    let d = out0(up);
+    let mut exported = std::ptr::null_mut();
+    ok(ndx_tensor_to_dlpack_versioned_stream(
+        d,
+        NO_SYNC as *mut std::ffi::c_void,
+        &mut exported,
+    ));
+    // SAFETY: a live export this test owns until the import below takes it.
+    unsafe {
+        let _ = EXPORT_DELETER.set((*exported).deleter.expect("deleter"));
+        (*exported).deleter = Some(probe_deleter);
+    }
+    let mut a = std::ptr::null_mut();
+    ok(ndx_tensor_from_dlpack_versioned(
+        exported,
+        &import_opts(NO_SYNC),
+        &mut a,
+    ));
+    let (bh, bc) = host_tensor(Spec::f32s(&vec![1.0; 1 << 18], &[1, 1 << 18]));
+    let bup = invoke(&ctx, c"to_device", &[bh], &[]).expect("to_device");
+    let b = out0(bup);
+    let f = invoke(&ctx, c"add", &[a, b], &[]).expect("enqueued");
+    let (kind, msg) = take_error(ndx_future_wait(f, -1)).expect("out of memory");
+    assert_eq!(kind, NDX_ERROR_MEMORY as i32, "{msg}");
+    assert!(msg.contains("CUDA out of memory on kDLCUDA:0"), "{msg}");
+    ndx_tensor_release(a); // the last reference: the producer's deleter runs
+    assert_eq!(
+        STREAM_IDLE_AT_DELETE.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "the deleter ran while the cast kernel reading the memory was still queued"
+    );
+    ndx_future_release(f);
+    for t in [d, b, h, bh] {
+        ndx_tensor_release(t);
+    }
+    for f in [up, bup] {
+        ndx_future_release(f);
+    }
+    drop(ctx);
+    assert_eq!((calls(&hc), calls(&bc)), (1, 1));
 }

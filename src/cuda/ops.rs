@@ -417,6 +417,13 @@ fn enqueue(
 ) -> Result<Launched> {
     device.bind()?;
     let progress = super::progress::progress(device);
+    // Declared before the turn, so that on an error it records its event after the
+    // turn's tag too.
+    let mut guard = InputsInUse {
+        device,
+        inputs,
+        armed: false,
+    };
     // `to_host` takes no turn: it enqueues no tag, and its copy into pageable memory
     // blocks until the stream reaches it, which must not stop other invocations from
     // enqueueing meanwhile.
@@ -428,6 +435,10 @@ fn enqueue(
             ev.wait_on(device.stream())?;
         }
     }
+    // From here on kernels may read the inputs: should enqueueing fail part way, the
+    // release of imported inputs still waits for what was enqueued. (`to_host` has
+    // nothing left to wait for: its copy has completed when it returns.)
+    guard.armed = inv.op != "to_host";
     // Flags every invocation may watch.
     let watches = plan_watches(inv.op, refs, args, metas);
     let job = Job {
@@ -465,11 +476,8 @@ fn enqueue(
     for t in &outs {
         t.storage().set_ready_event(Some(event.clone()));
     }
-    for t in inputs {
-        if t.device().kind == DeviceKind::Cuda {
-            t.storage().set_last_use(event.clone());
-        }
-    }
+    mark_last_use(inputs, &event);
+    guard.armed = false;
     drop(turn);
     let n_outs = outs.len();
     let outs = outs.into_iter().map(Arc::new).collect();
@@ -497,6 +505,37 @@ fn enqueue(
         outs,
         pending: None,
     })
+}
+
+/// Records `event` (after ndx's work reading them) as the last use of the CUDA inputs:
+/// the deleter of imported memory waits for it.
+fn mark_last_use(inputs: &[Arc<Tensor>], event: &Arc<Event>) {
+    for t in inputs {
+        if t.device().kind == DeviceKind::Cuda {
+            t.storage().set_last_use(event.clone());
+        }
+    }
+}
+
+/// While armed, an invocation's inputs may be read by work it enqueued: on drop (an
+/// error part way through enqueueing) an event recorded after that work becomes their
+/// last use, so a producer's deleter does not free memory a queued kernel still reads.
+struct InputsInUse<'a> {
+    device: &'static DeviceState,
+    inputs: &'a [Arc<Tensor>],
+    armed: bool,
+}
+
+impl Drop for InputsInUse<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            // A driver that cannot record an event (a sticky fault) runs nothing more
+            // anyway: the inputs are then released as before.
+            if let Ok(event) = Event::record(self.device, self.device.stream()) {
+                mark_last_use(self.inputs, &event);
+            }
+        }
+    }
 }
 
 fn layout(m: &TMeta) -> CString {

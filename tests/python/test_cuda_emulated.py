@@ -274,6 +274,63 @@ def test_managed_memory_is_read_by_the_host_after_the_producers_stream(tmp_path)
     assert "UNORDERED 0.0" in out, out
 
 
+PART_WAY = textwrap.dedent(
+    """\
+    import ctypes
+    import numpy as np
+    import cuda_driver as cd
+    import ndx_ctypes as ndx
+
+    emu = ctypes.CDLL("libcuda.so.1")
+    emu.ndx_emu_kernels_run.restype, emu.ndx_emu_kernels_run.argtypes = ctypes.c_ulonglong, []
+    emu.ndx_emu_launch_count.restype, emu.ndx_emu_launch_count.argtypes = ctypes.c_ulonglong, []
+    cu = cd.Context()
+    n = 1024
+    src = cu.upload(np.full(n, 7, np.uint8))
+    shape = (ctypes.c_int64 * 2)(n, 1)
+    seen = []
+
+    def deleter(p):
+        # The cast kernel reading this memory must have run before its owner gets it back.
+        seen.append((emu.ndx_emu_launch_count(), emu.ndx_emu_kernels_run()))
+
+    m = ndx.DLManagedTensorVersioned()
+    m.version.major = 1
+    m.dl_tensor.data = src.ptr
+    m.dl_tensor.device.device_type, m.dl_tensor.device.device_id = 2, 0
+    m.dl_tensor.ndim = 2
+    m.dl_tensor.dtype.code, m.dl_tensor.dtype.bits, m.dl_tensor.dtype.lanes = 1, 8, 1
+    m.dl_tensor.shape = shape
+    m.deleter = ndx.DLManagedTensorVersionedDeleter(deleter)
+    opts = ndx.ndx_import_options_t(ctypes.sizeof(ndx.ndx_import_options_t), None, False, ndx.STREAM_NO_SYNC)
+    t = ctypes.c_void_p()
+    ndx.check(ndx.lib.ndx_tensor_from_dlpack_versioned(ctypes.addressof(m), ctypes.byref(opts), ctypes.byref(t)))
+    a = ndx.Tensor(t.value)
+    ctx = ndx.Context(mode=ndx.NDX_EVAL_SYNC_CPU)
+    b = ctx.invoke("to_device", [np.ones((1, 1 << 18), np.float32)]).tensor()  # 1 MiB
+    f = ctx.invoke("add", [a, b])  # casts a to float32 (a kernel reading a), then 1 GiB for the output
+    try:
+        f.wait()
+        print("no error")
+    except ndx.NdxError as e:
+        print("FAILED", e.kind, e.message)
+    a.release()
+    launched, ran = seen[0]
+    print("AT_DELETE launched", launched, "ran", ran)
+    """
+)
+
+
+def test_an_import_read_by_an_invocation_that_failed_part_way_is_released_after_its_work(tmp_path):
+    # The add casts the uint8 import on the device (a kernel reading it, 1 s late),
+    # then fails for want of memory for its output. The producer's deleter, which may
+    # free the memory, runs only once that kernel has run.
+    out = run_script(tmp_path, "part_way.py", PART_WAY, NDX_EMU_KERNEL_DELAY_MS="1000",
+                     NDX_EMU_MEM_BYTES=str(64 << 20))
+    assert f"FAILED {ndx.NDX_ERROR_MEMORY} CUDA out of memory on kDLCUDA:0" in out, out
+    assert "AT_DELETE launched 1 ran 1" in out, out
+
+
 def test_the_gpu_benchmark_runs_end_to_end_on_tiny_sizes():
     # Keeps benches/cuda_bench.py working where no GPU is; its figures mean nothing here.
     r = cuda_emu.run_under_emu(
