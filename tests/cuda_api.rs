@@ -1035,3 +1035,84 @@ fn an_import_read_by_an_invocation_that_failed_part_way_is_released_after_its_wo
     drop(ctx);
     assert_eq!((calls(&hc), calls(&bc)), (1, 1));
 }
+
+/// The values of an int64 tensor (host memory).
+fn values_i64(t: *const ndx_tensor_t) -> Vec<i64> {
+    let mut n = 0usize;
+    ok(ndx_tensor_numel(t, &mut n));
+    let mut v = vec![0i64; n];
+    ok(ndx_tensor_copy_to(t, v.as_mut_ptr().cast(), n * 8));
+    v
+}
+
+#[test]
+fn the_accuracy_fault_perturbs_outputs_computed_on_the_device() {
+    let _device = shared_device();
+    // Needs a device. `inject_accuracy_error:OP` adds 1 to OP's outputs; on CUDA
+    // tensors as on host ones (float32, an int64 sum of int32, and to_host itself).
+    skip_without_driver!();
+    let (m, count) = Spec::f32s(&[1.0, 2.0, 3.0], &[3]).versioned();
+    let mut host = std::ptr::null_mut();
+    ok(ndx_tensor_from_dlpack_versioned(
+        m,
+        std::ptr::null(),
+        &mut host,
+    ));
+    let mut ints = Spec::f32s(&[], &[0]);
+    ints.data = [5i32, 6, 7].iter().flat_map(|v| v.to_le_bytes()).collect();
+    ints.dtype = i32_dtype();
+    ints.shape = vec![3];
+    let (mi, ci) = ints.versioned();
+    let mut host_i = std::ptr::null_mut();
+    ok(ndx_tensor_from_dlpack_versioned(
+        mi,
+        std::ptr::null(),
+        &mut host_i,
+    ));
+    for mode in [
+        ndx_eval_mode_t::NDX_EVAL_SYNC_CPU,
+        ndx_eval_mode_t::NDX_EVAL_EAGER,
+        ndx_eval_mode_t::NDX_EVAL_DEFERRED,
+    ] {
+        let ctx = Ctx::new(mode as i32);
+        let run = |backend: &std::ffi::CStr, op: &std::ffi::CStr, x: *const ndx_tensor_t| {
+            ok(ndx_context_set_backend(ctx.0, backend.as_ptr()));
+            let up = invoke(&ctx, c"to_device", &[x], &[]).expect("to_device");
+            let d = out0(up);
+            let inputs: Vec<*const ndx_tensor_t> = if op == c"add" { vec![d, d] } else { vec![d] };
+            let f = invoke(&ctx, op, &inputs, &[]).expect("invoke");
+            let y = out0(f);
+            let (g, r) = if op == c"to_host" {
+                (std::ptr::null_mut(), y)
+            } else {
+                let g = invoke(&ctx, c"to_host", &[y], &[]).expect("to_host");
+                (g, out0(g))
+            };
+            ok(ndx_future_wait(f, -1));
+            ndx_tensor_release(d);
+            if y != r {
+                ndx_tensor_release(y);
+            }
+            for f in [up, f, g] {
+                ndx_future_release(f);
+            }
+            r
+        };
+        let r = run(c"inject_accuracy_error:add", c"add", host);
+        assert_eq!(values_f32(r), [3.0, 5.0, 7.0], "{mode:?}");
+        ndx_tensor_release(r);
+        let r = run(c"inject_accuracy_error:sum", c"sum", host_i);
+        assert_eq!(values_i64(r), [19], "{mode:?}");
+        ndx_tensor_release(r);
+        let r = run(c"inject_accuracy_error:to_host", c"to_host", host);
+        assert_eq!(values_f32(r), [2.0, 3.0, 4.0], "{mode:?}");
+        ndx_tensor_release(r);
+        // Another operator's outputs are left alone.
+        let r = run(c"inject_accuracy_error:mul", c"add", host);
+        assert_eq!(values_f32(r), [2.0, 4.0, 6.0], "{mode:?}");
+        ndx_tensor_release(r);
+    }
+    ndx_tensor_release(host);
+    ndx_tensor_release(host_i);
+    assert_eq!((calls(&count), calls(&ci)), (1, 1));
+}

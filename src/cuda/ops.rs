@@ -36,6 +36,9 @@ pub struct Invocation<'a> {
     /// Whether the caller takes the wait as a [`Pending`] to finish elsewhere (EAGER
     /// and DEFERRED: ndx's completion thread does), instead of waiting here.
     pub defer: bool,
+    /// Whether to add 1 to every output (the `inject_accuracy_error:OP` backend), as
+    /// the host kernels' `add_one` does.
+    pub perturb: bool,
 }
 
 /// The outputs of a launch, and the wait still to do when the caller deferred it.
@@ -451,8 +454,14 @@ fn enqueue(
         "to_device" => vec![to_device(device, refs[0], &metas[0])?],
         "to_host" => {
             // Reading into host memory waits for the stream: nothing is left pending.
+            let out = to_host(device, refs[0])?;
+            let out = if inv.perturb {
+                crate::ops::kernels::add_one(&out)?
+            } else {
+                out
+            };
             return Ok(Launched {
-                outs: vec![Arc::new(to_host(device, refs[0])?)],
+                outs: vec![Arc::new(out)],
                 pending: None,
             });
         }
@@ -469,6 +478,13 @@ fn enqueue(
         }
     };
     nan_pass(&job, refs, &outs)?;
+    let outs = if inv.perturb {
+        outs.iter()
+            .map(|t| perturb(device, t))
+            .collect::<Result<Vec<_>>>()?
+    } else {
+        outs
+    };
     if let Some(t) = turn.as_mut() {
         t.mark();
     }
@@ -505,6 +521,14 @@ fn enqueue(
         outs,
         pending: None,
     })
+}
+
+/// `t` plus 1 (the `inject_accuracy_error:OP` backend): the host's `add_one` on a copy,
+/// uploaded again, so every dtype is perturbed exactly as on the host. A debugging
+/// backend, so it may wait for the stream.
+fn perturb(device: &'static DeviceState, t: &Tensor) -> Result<Tensor> {
+    let host = crate::ops::kernels::add_one(&to_host(device, t)?)?;
+    to_device(device, &host, &TMeta::of(t))
 }
 
 /// Records `event` (after ndx's work reading them) as the last use of the CUDA inputs:

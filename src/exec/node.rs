@@ -1179,6 +1179,7 @@ impl Node {
             wait: self.mode != EvalMode::SyncCpu,
             whole_stream: self.mode == EvalMode::SyncFull,
             defer: matches!(self.mode, EvalMode::Eager | EvalMode::Deferred),
+            perturb: matches!(&self.backend, Backend::InjectAccuracy(op) if *op == self.op.name),
         };
         let launched = crate::cuda::ops::run(&inv, tensors, &self.args, &outs)?;
         if let Some(pending) = launched.pending {

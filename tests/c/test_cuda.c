@@ -181,6 +181,46 @@ static void test_to_device(void) {
   ndx_tensor_release(t);
 }
 
+/* inject_accuracy_error:add perturbs an add computed on the device as on the host:
+ * every output element is 1 more. Needs a device. */
+static void test_accuracy_fault_on_the_device(void) {
+  if (ndx_cuda_device_count() == 0) return;
+  const float v[3] = {1.0f, 2.0f, 3.0f};
+  const int64_t shape[1] = {3};
+  ndx_tensor_t* t = NULL;
+  CHECK_OK(ndx_tensor_from_host(v, NDX_DTYPE_FLOAT32, 1, shape, NULL, NULL, &t));
+  ndx_context_t* ctx = NULL;
+  CHECK_OK(ndx_context_new(NULL, &ctx));
+  CHECK_OK(ndx_context_set_backend(ctx, "inject_accuracy_error:add"));
+  ndx_input_t in[1] = {ndx_test_in(t)};
+  ndx_future_t* up = NULL;
+  CHECK_OK(ndx_invoke(ctx, "to_device", in, 1, NULL, NULL, &up));
+  ndx_tensor_t* d = NULL;
+  CHECK_OK(ndx_future_tensor(up, 0, &d));
+  ndx_input_t two[2] = {ndx_test_in(d), ndx_test_in(d)};
+  ndx_future_t* sum = NULL;
+  CHECK_OK(ndx_invoke(ctx, "add", two, 2, NULL, NULL, &sum));
+  ndx_tensor_t* s = NULL;
+  CHECK_OK(ndx_future_tensor(sum, 0, &s));
+  ndx_input_t back[1] = {ndx_test_in(s)};
+  ndx_future_t* down = NULL;
+  CHECK_OK(ndx_invoke(ctx, "to_host", back, 1, NULL, NULL, &down));
+  ndx_tensor_t* r = NULL;
+  CHECK_OK(ndx_future_tensor(down, 0, &r));
+  float got[3] = {0, 0, 0};
+  CHECK_OK(ndx_tensor_copy_to(r, got, sizeof got));
+  CHECK(got[0] == 3.0f && got[1] == 5.0f && got[2] == 7.0f, "perturbed %g %g %g", got[0],
+        got[1], got[2]);
+  ndx_tensor_release(d);
+  ndx_tensor_release(s);
+  ndx_tensor_release(r);
+  ndx_future_release(up);
+  ndx_future_release(sum);
+  ndx_future_release(down);
+  ndx_context_release(ctx);
+  ndx_tensor_release(t);
+}
+
 /* The context's default device for to_device: a negative id refused at
  * ndx_context_new, a missing one at the to_device invocation. */
 static void test_context_device(void) {
@@ -217,6 +257,7 @@ static void test_context_device(void) {
 int main(void) {
   test_discovery();
   test_context_device();
+  test_accuracy_fault_on_the_device();
   test_to_device();
   test_streams();
   test_invoke_on_a_missing_device();

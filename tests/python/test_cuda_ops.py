@@ -274,6 +274,18 @@ def test_an_out_tensor_for_outputs_on_the_device_is_refused_at_invoke(ctx):
     np.testing.assert_array_equal(sink, [0, 1, 2])
 
 
+def test_the_accuracy_fault_perturbs_outputs_on_the_device(ctx):
+    # inject_accuracy_error:OP adds 1 to OP's outputs, on the device as on the host.
+    x = to_dev(ctx, np.array([1, 2, 3], np.int32))
+    ndx.check(ndx.lib.ndx_context_set_backend(ctx.ptr, b"inject_accuracy_error:mul"))
+    np.testing.assert_array_equal(to_np(ctx, ctx.invoke("mul", [x, x]).tensor()), [2, 5, 10])
+    ndx.check(ndx.lib.ndx_context_set_backend(ctx.ptr, b"inject_accuracy_error:mean"))
+    m = to_np(ctx, ctx.invoke("mean", [x]).tensor())
+    assert m.dtype == np.float64 and m == 3.0
+    ndx.check(ndx.lib.ndx_context_set_backend(ctx.ptr, b"default"))
+    np.testing.assert_array_equal(to_np(ctx, ctx.invoke("mul", [x, x]).tensor()), [1, 4, 9])
+
+
 def test_to_device_refuses_a_device_that_does_not_exist(ctx):
     n = ndx.lib.ndx_cuda_device_count()
     with pytest.raises(ndx.NdxError) as err:
