@@ -1116,3 +1116,50 @@ fn the_accuracy_fault_perturbs_outputs_computed_on_the_device() {
     ndx_tensor_release(host_i);
     assert_eq!((calls(&count), calls(&ci)), (1, 1));
 }
+
+#[test]
+fn a_missing_kernel_for_a_promoted_dtype_names_the_inputs_dtypes() {
+    let _device = shared_device();
+    // Needs a device. int32 + float32 promotes to float64, which has no CUDA kernel:
+    // the refusal names float64 and where it came from, not only a dtype the caller
+    // never passed.
+    skip_without_driver!();
+    let (m, count) = Spec::f32s(&[1.0, 2.0], &[2]).versioned();
+    let mut f = std::ptr::null_mut();
+    ok(ndx_tensor_from_dlpack_versioned(
+        m,
+        std::ptr::null(),
+        &mut f,
+    ));
+    let mut ints = Spec::f32s(&[], &[0]);
+    ints.data = [1i32, 2].iter().flat_map(|v| v.to_le_bytes()).collect();
+    ints.dtype = i32_dtype();
+    ints.shape = vec![2];
+    let (mi, ci) = ints.versioned();
+    let mut i = std::ptr::null_mut();
+    ok(ndx_tensor_from_dlpack_versioned(
+        mi,
+        std::ptr::null(),
+        &mut i,
+    ));
+    let ctx = Ctx::new(0);
+    let (uf, ui) = (
+        invoke(&ctx, c"to_device", &[f], &[]).expect("to_device"),
+        invoke(&ctx, c"to_device", &[i], &[]).expect("to_device"),
+    );
+    let (df, di) = (out0(uf), out0(ui));
+    let (kind, msg) = invoke(&ctx, c"add", &[di, df], &[]).unwrap_err();
+    assert_eq!(kind, NDX_ERROR_NOT_IMPLEMENTED as i32, "{msg}");
+    assert_eq!(
+        msg,
+        "operator 'add': no CUDA kernel for float64 on kDLCUDA:0 (int32 and float32 promote to it)"
+    );
+    for t in [df, di, f, i] {
+        ndx_tensor_release(t);
+    }
+    for u in [uf, ui] {
+        ndx_future_release(u);
+    }
+    drop(ctx);
+    assert_eq!((calls(&count), calls(&ci)), (1, 1));
+}

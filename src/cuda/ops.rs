@@ -111,9 +111,15 @@ pub fn supported(op: &str, inputs: &[&TMeta], args: &Args, device: Device) -> Re
     match op {
         "to_host" | "to_device" | "check_shape" => Ok(()),
         "add" | "sub" | "mul" | "div" => {
-            let common = crate::ops::elementwise::promote(inputs[0].dtype, inputs[1].dtype);
+            let (a, b) = (inputs[0].dtype, inputs[1].dtype);
+            let common = crate::ops::elementwise::promote(a, b);
             if suffix(common).is_none() {
-                return refuse(common, "");
+                let why = if (a, b) == (common, common) {
+                    String::new()
+                } else {
+                    format!(" ({} and {} promote to it)", a.name(), b.name())
+                };
+                return refuse(common, &why);
             }
             let ndim = inputs[0].shape.len().max(inputs[1].shape.len());
             if ndim > 8 {

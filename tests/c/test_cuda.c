@@ -161,6 +161,25 @@ static void test_to_device(void) {
     CHECK(refused == NULL, "no future");
     CHECK(sink[0] == 0.0f, "nothing written");
     ndx_tensor_release(o);
+    /* int32 + float32 promotes to float64, which has no CUDA kernel: named with the
+     * inputs' dtypes. */
+    const int32_t iv[3] = {1, 2, 3};
+    ndx_tensor_t* it = NULL;
+    CHECK_OK(ndx_tensor_from_host(iv, NDX_DTYPE_INT32, 1, shape, NULL, NULL, &it));
+    ndx_input_t iin[1] = {ndx_test_in(it)};
+    ndx_future_t* iup = NULL;
+    CHECK_OK(ndx_invoke(ctx, "to_device", iin, 1, NULL, NULL, &iup));
+    ndx_tensor_t* di = NULL;
+    CHECK_OK(ndx_future_tensor(iup, 0, &di));
+    ndx_input_t mixed[2] = {ndx_test_in(di), ndx_test_in(d)};
+    ndx_future_t* none = NULL;
+    expect_error(ndx_invoke(ctx, "add", mixed, 2, NULL, NULL, &none), NDX_ERROR_NOT_IMPLEMENTED,
+                 "operator 'add': no CUDA kernel for float64 on kDLCUDA:0 (int32 and float32 "
+                 "promote to it)");
+    CHECK(none == NULL, "no future");
+    ndx_tensor_release(di);
+    ndx_future_release(iup);
+    ndx_tensor_release(it);
     ndx_input_t back[1] = {ndx_test_in(s)};
     ndx_future_t* h = NULL;
     CHECK_OK(ndx_invoke(ctx, "to_host", back, 1, NULL, NULL, &h));

@@ -250,6 +250,13 @@ def test_missing_kernels_fail_at_invoke_naming_op_dtype_and_device(ctx):
         ctx.invoke("add", [t, t])
     assert err.value.kind == ndx.NDX_ERROR_NOT_IMPLEMENTED
     assert "operator 'add': no CUDA kernel for float64 on kDLCUDA:0" in err.value.message
+    # A dtype the inputs only promote to is named with them.
+    with pytest.raises(ndx.NdxError) as err:
+        ctx.invoke("add", [to_dev(ctx, np.ones(4, np.int32)), to_dev(ctx, np.ones(4, np.float32))])
+    assert err.value.kind == ndx.NDX_ERROR_NOT_IMPLEMENTED
+    assert err.value.message.endswith(
+        "operator 'add': no CUDA kernel for float64 on kDLCUDA:0 (int32 and float32 promote to it)"
+    ), err.value.message
     u = to_dev(ctx, np.ones(4, np.float32))
     with pytest.raises(ndx.NdxError) as err:
         ctx.invoke("sqrt", [u])
