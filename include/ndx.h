@@ -11,9 +11,15 @@
  * - Handles (ndx_tensor_t, ndx_batch_t) are reference counted and thread-safe: every
  *   handle a function returns is a new reference for the caller to _release
  *   (_release accepts NULL). Errors are owned values, not reference counted.
+ *   Handles carry no type tag: a handle of another type, or one already released
+ *   (a second _release or _free included), is undefined behaviour, as with free().
  * - Strings, arrays, frames, causes and related errors returned by accessors are
  *   borrowed from their owner and live as long as it does. Strings passed in are
  *   copied; invalid UTF-8 is replaced.
+ * - Text written into a caller's buffer (`buf`, `cap`) is snprintf-like: at most
+ *   `cap` bytes, NUL-terminated when `cap > 0`, and the return value is the length
+ *   the whole text needs. A cut text ends on a whole UTF-8 character, so it stays
+ *   valid UTF-8 (it may then be up to 3 bytes shorter than `cap - 1`).
  * - Enum values cross the ABI as int32_t and are validated: an unknown value is
  *   NDX_ERROR_VALUE. Options structs begin with struct_size (set it to sizeof).
  */

@@ -291,6 +291,37 @@ fn format_truncates_like_snprintf() {
     ndx_error_free(e);
 }
 
+/// A cut inside a multi-byte character backs off to the character's start: the text
+/// the caller reads stays valid UTF-8.
+#[test]
+fn format_cuts_text_on_a_whole_character() {
+    let e = ndx_error_new(
+        ndx_error_kind_t::NDX_ERROR_VALUE as i32,
+        c"caf\u{e9} \u{1f600}!".as_ptr(),
+        std::ptr::null_mut(),
+    );
+    let full = format(e);
+    for (ch, at) in [
+        ('\u{e9}', 1),
+        ('\u{1f600}', 1),
+        ('\u{1f600}', 2),
+        ('\u{1f600}', 3),
+    ] {
+        let start = full.find(ch).unwrap();
+        let mut buf = vec![0x7f as std::ffi::c_char; start + at + 1];
+        assert_eq!(ndx_error_format(e, buf.as_mut_ptr(), buf.len()), full.len());
+        // SAFETY: ndx_error_format NUL-terminated the buffer (cap > 0).
+        let bytes = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }.to_bytes();
+        assert_eq!(
+            std::str::from_utf8(bytes).expect("valid UTF-8"),
+            &full[..start],
+            "cap {} cuts {ch:?} after {at} of its bytes",
+            buf.len()
+        );
+    }
+    ndx_error_free(e);
+}
+
 #[test]
 fn related_errors_are_reachable_and_formatted() {
     let group = Error::new(ErrorKind::Check, "2 checks failed")

@@ -297,10 +297,14 @@ pub extern "C" fn ndx_error_format(
     )
 }
 
-/// snprintf-like copy of `text` into a C buffer; returns the full length.
+/// snprintf-like copy of `text` into a C buffer; returns the full length. A cut text
+/// ends on a character boundary, so what the caller reads is valid UTF-8.
 pub(crate) fn write_text(text: &str, buf: *mut c_char, cap: usize) -> usize {
     if !buf.is_null() && cap > 0 {
-        let n = text.len().min(cap - 1);
+        let mut n = text.len().min(cap - 1);
+        while !text.is_char_boundary(n) {
+            n -= 1;
+        }
         // SAFETY: the caller gives `cap` writable bytes at `buf`; we write n + 1 <= cap.
         unsafe {
             std::ptr::copy_nonoverlapping(text.as_ptr(), buf.cast::<u8>(), n);

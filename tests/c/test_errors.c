@@ -522,6 +522,29 @@ static NDX_TEST_NOINLINE void test_format(void) {
   /* NULL buffer with a non-zero cap: nothing written, length returned. */
   CHECK(ndx_error_format(e, NULL, 100) == n, "NULL buf returns the length");
 
+  /* A cut inside a multi-byte character ends before it: the text stays valid UTF-8.
+   * "\xc3\xa9" is U+00E9 and "\xf0\x9f\x98\x80" U+1F600. */
+  {
+    ndx_error_t* u = ndx_error_new(NDX_ERROR_VALUE, "caf\xc3\xa9 \xf0\x9f\x98\x80!", NULL);
+    size_t un = ndx_error_format(u, NULL, 0);
+    char* ut = malloc(un + 1);
+    ndx_error_format(u, ut, un + 1);
+    const char* chars[2] = {"\xc3\xa9", "\xf0\x9f\x98\x80"};
+    for (int c = 0; c < 2; c++) {
+      size_t start = (size_t)(strstr(ut, chars[c]) - ut), len = strlen(chars[c]);
+      for (size_t at = 1; at < len; at++) {
+        char cut[256];
+        memset(cut, 'Z', sizeof cut);
+        CHECK(ndx_error_format(u, cut, start + at + 1) == un, "returns the full length");
+        CHECK(strlen(cut) == start && strncmp(cut, ut, start) == 0,
+              "a cut %zu bytes into character %d ends before it (%zu bytes kept)", at, c,
+              strlen(cut));
+      }
+    }
+    free(ut);
+    ndx_error_free(u);
+  }
+
   /* Exactly n bytes: the last character is cut for the NUL. */
   memset(text, 'Z', n + 2);
   CHECK(ndx_error_format(e, text, n) == n, "cap n");
