@@ -713,7 +713,8 @@ typedef struct {
  * A frame provider: writes up to `capacity` frames of the host language's current
  * stack into `frames`, innermost first, and returns how many it wrote. Called on
  * the invoking thread during `ndx_invoke`; `capacity` is the context's capture depth
- * at that moment.
+ * at that moment. A return above `capacity` (an error code, say) is taken as a
+ * failure: the invocation records no host frames.
  */
 typedef size_t (*ndx_frame_provider_t)(void *user, ndx_host_frame_t *frames, size_t capacity);
 

@@ -245,6 +245,44 @@ fn the_provider_is_asked_for_the_current_depth() {
     ndx_context_release(ctx);
 }
 
+/// Writes one frame and returns `(size_t)-1`, as a provider reporting an error might.
+unsafe extern "C" fn overcounting(_: *mut c_void, out: *mut ndx_host_frame_t, cap: usize) -> usize {
+    if cap > 0 {
+        // SAFETY: `cap` writable frames.
+        unsafe {
+            *out = ndx_host_frame_t {
+                function: c"py_fn".as_ptr(),
+                file: c"x.py".as_ptr(),
+                line: 3,
+            }
+        };
+    }
+    usize::MAX
+}
+
+/// A provider returning more frames than it was given room for broke its contract: the
+/// invocation records no host frames (not `capacity` blank ones).
+#[test]
+fn a_provider_returning_more_than_its_capacity_gives_no_host_frames() {
+    let ctx = context(ndx_capture_policy_t::NDX_CAPTURE_ALL);
+    ok(ndx_context_set_frame_provider(
+        ctx,
+        Some(overcounting),
+        std::ptr::null_mut(),
+        None,
+    ));
+    let (e, _) = failing_add(ctx, std::ptr::null());
+    let fr = frames(e);
+    assert!(
+        fr.iter()
+            .all(|f| f.3 == ndx_frame_origin_t::NDX_FRAME_NATIVE),
+        "{fr:?}"
+    );
+    assert!(fr[0].0.ends_with("failing_add"), "{fr:?}");
+    ndx_error_free(e);
+    ndx_context_release(ctx);
+}
+
 static REENTERED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// A `user_free` that calls back into the context it was registered on (its `user`).

@@ -245,7 +245,8 @@ pub struct ndx_host_frame_t {
 /// A frame provider: writes up to `capacity` frames of the host language's current
 /// stack into `frames`, innermost first, and returns how many it wrote. Called on
 /// the invoking thread during `ndx_invoke`; `capacity` is the context's capture depth
-/// at that moment.
+/// at that moment. A return above `capacity` (an error code, say) is taken as a
+/// failure: the invocation records no host frames.
 pub type ndx_frame_provider_t = Option<
     unsafe extern "C" fn(
         user: *mut c_void,
@@ -592,7 +593,10 @@ fn host_frames(
         })
         .collect();
     // SAFETY: the embedder's provider, given `capacity` writable frames.
-    let n = unsafe { f(data.user, buf.as_mut_ptr(), capacity) }.min(capacity);
+    let n = unsafe { f(data.user, buf.as_mut_ptr(), capacity) };
+    if n > capacity {
+        return Vec::new(); // a broken count: none of the frames can be trusted
+    }
     let text = |p: *const c_char| {
         // SAFETY: non-NULL strings the provider wrote, valid until it returned (now).
         (!p.is_null()).then(|| {

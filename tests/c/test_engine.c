@@ -2356,6 +2356,47 @@ static NDX_TEST_NOINLINE void test_capture_depth_limit(void) {
   CHECK(bad == NULL, "the context out-param is NULL after an error");
 }
 
+/* A provider that returns more frames than it had room for (an error code, say) gives
+ * the invocation no host frames rather than `capacity` blank ones. */
+static size_t overcounting(void* user, ndx_host_frame_t* frames, size_t capacity) {
+  (void)user;
+  if (capacity > 0) {
+    frames[0].function = "py_fn";
+    frames[0].file = "x.py";
+    frames[0].line = 3;
+  }
+  return (size_t)-1;
+}
+
+static NDX_TEST_NOINLINE void test_provider_overcount(void) {
+  NDX_TEST_CONTEXT("a provider returning more than its capacity");
+  ndx_context_t* ctx = make_ctx(NDX_EVAL_SYNC_CPU, NDX_CAPTURE_ALL, "inject_runtime_error:add");
+  CHECK_OK(ndx_context_set_frame_provider(ctx, overcounting, NULL, NULL));
+  ndx_tensor_t* a = t_i32(kA);
+  ndx_input_t in[2] = {ndx_test_in(a), ndx_test_in(a)};
+  ndx_future_t* f = NULL;
+  int line = __LINE__ + 1;
+  CHECK_OK(ndx_invoke(ctx, "add", in, 2, NULL, NULL, &f));
+  ndx_error_t* e = ndx_future_wait(f, -1);
+  CHECK(e != NULL, "the injected failure");
+  if (e != NULL) {
+    CHECK_FRAME(e, 0, THIS_FILE, line, "test_provider_overcount", NDX_FRAME_NATIVE);
+    for (size_t i = 0; i < ndx_error_frame_count(e); i++) {
+      ndx_frame_t fr;
+      memset(&fr, 0, sizeof fr);
+      fr.struct_size = sizeof fr;
+      CHECK_OK(ndx_error_frame(e, i, &fr));
+      CHECK(fr.origin != NDX_FRAME_HOST, "frame %zu is a host frame (%s)", i,
+            NDX_TEST_S(fr.function));
+    }
+  }
+  ndx_error_free(e);
+  ndx_future_release(f);
+  ndx_tensor_release(a);
+  ndx_context_release(ctx);
+  NDX_TEST_CONTEXT(NULL);
+}
+
 static NDX_TEST_NOINLINE void test_eager_on_worker(void) {
   NDX_TEST_CONTEXT("EAGER on workers");
   ndx_context_t* ctx = make_ctx(NDX_EVAL_EAGER, NDX_CAPTURE_OFF, NULL);
@@ -2452,6 +2493,7 @@ int main(void) {
   }
   RUN(test_eager_on_worker());
   RUN(test_capture_depth_limit());
+  RUN(test_provider_overcount());
   ndx_test_watchdog_stop();
   return NDX_TEST_SUMMARY("test_engine");
 }

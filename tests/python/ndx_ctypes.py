@@ -739,7 +739,7 @@ class PythonFrameProvider:
 
     Skips its own frame and every frame of this module (the binding), so frame 0 is
     the user's line that called `Context.invoke`. Writes at most `capacity` frames
-    (ndx passes the context's capture depth as it was when the provider was set).
+    (ndx passes the context's capture depth at the time of the invoke).
 
     String lifetime: ndx copies the strings as soon as the callback returns, so they
     must outlive only the callback. The bytes a call wrote pointers to are kept in a
