@@ -16,6 +16,8 @@ back to ndx's cache, so a steady-state pipeline takes no fresh pages).
         in place through its strides, no compaction) against NumPy on the same views.
   sum   float32, 16M elements to a scalar: ndx `sum` vs `np.sum` (ndx accumulates in
         float64, NumPy pairwise in float32).
+  sum, max over axis 0 of the float32 as 4096 x 4096 (each output a column), and
+        max, argmax of all 16M: vs `np.sum(axis=0)` / `np.max` / `np.argmax`.
   resize uint8 1080x1920x3 -> 224x224, linear: ndx `resize` vs OpenCV's
         `cv2.resize(..., INTER_LINEAR)` with OpenCV's default threads (the values
         are equal bit for bit; tests/python/test_ops_image.py checks them).
@@ -99,6 +101,17 @@ def main():
     t_sum = best_s(ndx_op("sum", [ta]), r)
     t_npsum = best_s(lambda: np.sum(a), r)
     print(f"{'sum f32 16M: ms vs np.sum ms':44} {t_sum * 1e3:10.2f} {t_npsum * 1e3:10.2f} {t_npsum / t_sum:8.2f}")
+
+    ta2 = ndx.tensor_from_numpy(a2)
+    axis0 = ndx.Args().set_int_array("axes", [0])
+    for label, run_ndx, run_np in [
+        ("sum f32 4096^2 over axis 0", ndx_op("sum", [ta2], axis0), lambda: np.sum(a2, axis=0)),
+        ("max f32 4096^2 over axis 0", ndx_op("max", [ta2], axis0), lambda: np.max(a2, axis=0)),
+        ("max f32 16M", ndx_op("max", [ta]), lambda: np.max(a)),
+        ("argmax f32 16M", ndx_op("argmax", [ta]), lambda: np.argmax(a)),
+    ]:
+        t_ndx, t_np = best_s(run_ndx, r), best_s(run_np, r)
+        print(f"{label + ': ms vs NumPy ms':44} {t_ndx * 1e3:10.2f} {t_np * 1e3:10.2f} {t_np / t_ndx:8.2f}")
 
     img = rng.integers(0, 256, (1080, 1920, 3), dtype=np.uint8)
     timg = ndx.tensor_from_numpy(img, layout="HWC")

@@ -128,6 +128,127 @@ fn zero_size(op: &str) -> Error {
     ))
 }
 
+/// A compact `shape` reduced over `axes` seen as `[outer, len, inner]` reduced over
+/// its middle axis, when the axes are consecutive (or none); `None` otherwise.
+fn middle(shape: &[i64], axes: &[usize]) -> Option<(usize, usize, usize)> {
+    let size = |r: &[i64]| r.iter().map(|&d| d as usize).product::<usize>();
+    let (Some(&a), Some(&b)) = (axes.first(), axes.last()) else {
+        return Some((size(shape), 1, 1));
+    };
+    (b - a + 1 == axes.len()).then(|| {
+        (
+            size(&shape[..a]),
+            size(&shape[a..=b]),
+            size(&shape[b + 1..]),
+        )
+    })
+}
+
+/// Outputs (pieces of) a `[outer, len, inner]` reduction over its middle axis:
+/// `out[p]` for flat output index `p = o * inner + k` folds `src[(o * len + j) * inner
+/// + k]` for `j` in order, starting from `init` of the element `j = 0` and going on
+/// with `step(acc, value, j)`; so each output sees its elements in the order of the
+/// sequential definition, whatever the pieces. `inner > 1` walks whole rows, which
+/// the compiler vectorises across `k`. `len` must be at least 1.
+fn fold_middle<S: Copy + Sync, A: Copy + Send>(
+    src: &[S],
+    len: usize,
+    inner: usize,
+    out: &mut [A],
+    init: impl Fn(S) -> A + Sync + Send,
+    step: impl Fn(A, S, usize) -> A + Sync + Send,
+) {
+    // Pieces of whole outputs; a piece of a row reduction is up to 512 outputs wide,
+    // so that it reads long runs of each row.
+    let unit = if inner > 1 { inner.min(512) } else { 1 };
+    let _ = par::chunks_mut(out, unit, unit * len, |first, piece| {
+        if inner == 1 {
+            for (i, a) in piece.iter_mut().enumerate() {
+                let block = &src[(first + i) * len..(first + i + 1) * len];
+                let mut acc = init(block[0]);
+                for (j, &v) in block.iter().enumerate().skip(1) {
+                    acc = step(acc, v, j);
+                }
+                *a = acc;
+            }
+            return Ok(());
+        }
+        let (start, end) = (first * unit, first * unit + piece.len());
+        let mut p = start;
+        while p < end {
+            let (o, k0) = (p / inner, p % inner);
+            let k1 = inner.min(k0 + end - p);
+            let accs = &mut piece[p - start..p - start + (k1 - k0)];
+            let row = |j: usize| &src[(o * len + j) * inner + k0..(o * len + j) * inner + k1];
+            for (a, &v) in accs.iter_mut().zip(row(0)) {
+                *a = init(v);
+            }
+            for j in 1..len {
+                for (a, &v) in accs.iter_mut().zip(row(j)) {
+                    *a = step(*a, v, j);
+                }
+            }
+            p += k1 - k0;
+        }
+        Ok(())
+    });
+}
+
+/// Whether `v` replaces `a` as the running minimum (maximum): the first NaN wins and
+/// stays; otherwise a strictly smaller (larger) value.
+#[inline(always)]
+fn replaces<S: Elem>(max: bool, a: S, v: S) -> bool {
+    // Without short circuits, so that loops over rows vectorise.
+    !Elem::is_nan(a) & (Elem::is_nan(v) | if max { v > a } else { v < a })
+}
+
+/// The minimum (maximum) of a non-empty block as the sequential scan
+/// `a = if replaces(a, v) { v } else { a }` finds it, computed in 16 lanes that
+/// the compiler vectorises. Lanes may see another one of several equal values first,
+/// which matters only for a float zero (`-0.0 == 0.0`), and NaN stops the scan at the
+/// first one: both are answered by the sequential scan (a NaN found, or a zero
+/// result), so the value is always the sequential one, bit for bit.
+fn extreme<S: Elem>(max: bool, v: &[S]) -> S {
+    let sequential = || {
+        v[1..]
+            .iter()
+            .fold(v[0], |a, &x| if replaces(max, a, x) { x } else { a })
+    };
+    let mut lanes = [v[0]; 16];
+    let mut nan = false;
+    let chunks = v.chunks_exact(16);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (a, &x) in lanes.iter_mut().zip(c) {
+            nan |= Elem::is_nan(x);
+            let better = if max { x > *a } else { x < *a };
+            *a = if better { x } else { *a };
+        }
+    }
+    let mut m = lanes[0];
+    for &x in lanes[1..].iter().chain(rest) {
+        nan |= Elem::is_nan(x);
+        m = if (max && x > m) || (!max && x < m) {
+            x
+        } else {
+            m
+        };
+    }
+    if nan || (!S::INT && m == S::from_i128(0)) {
+        return sequential();
+    }
+    m
+}
+
+/// The index of the first minimum (maximum) of a non-empty block, or of its first NaN.
+fn arg_extreme<S: Elem>(max: bool, v: &[S]) -> i64 {
+    let m = extreme(max, v);
+    let nan = Elem::is_nan(m);
+    v.iter()
+        .position(|&x| if nan { Elem::is_nan(x) } else { x == m })
+        .unwrap_or(0) as i64
+}
+
 /// Reduces `t` over `axes`.
 fn reduce(red: Red, t: &Tensor, axes: &[usize], keepdims: bool) -> Result<Tensor> {
     let out_shape = reduced_shape(t.shape(), axes, keepdims);
@@ -149,6 +270,33 @@ fn reduce(red: Red, t: &Tensor, axes: &[usize], keepdims: bool) -> Result<Tensor
         let b = kernels::cast(t, DType::Bool)?;
         let v = typed::<u8>(&b)?;
         let all = matches!(red, Red::All | Red::Min);
+        if let Some((_, len, inner)) = middle(t.shape(), axes) {
+            return make::<u8>(&out_shape, &layout, |out| {
+                if len == 0 {
+                    out.fill(u8::from(all));
+                } else if all {
+                    fold_middle(
+                        &v,
+                        len,
+                        inner,
+                        out,
+                        |x| u8::from(x != 0),
+                        |a, x, _| a & u8::from(x != 0),
+                    );
+                } else {
+                    fold_middle(
+                        &v,
+                        len,
+                        inner,
+                        out,
+                        |x| u8::from(x != 0),
+                        |a, x, _| a | u8::from(x != 0),
+                    );
+                }
+                Ok(())
+            })
+            .map(|t| t.with_dtype_of_same_size(DType::Bool));
+        }
         let mut accs = Vec::new();
         let n = for_each_output(t.shape(), axes, |_, _| {});
         accs.resize(n, all);
@@ -218,6 +366,11 @@ fn reduce_typed<S: Elem>(
 ) -> Result<Tensor> {
     let src = typed::<S>(t)?;
     let out_dtype = red.dtype(S::DTYPE);
+    if let Some((_, len, inner)) = middle(t.shape(), axes)
+        && !(is_suffix(axes, t.ndim()) && (red == Red::Mean || (red == Red::Sum && !S::INT)))
+    {
+        return reduce_middle::<S>(red, &src, len, inner, out_shape, layout);
+    }
     match red {
         Red::Min | Red::Max => {
             let mut accs: Vec<Option<S>> = Vec::new();
@@ -306,6 +459,112 @@ fn reduce_typed<S: Elem>(
     }
 }
 
+/// [`reduce_typed`] over consecutive axes (`[outer, len, inner]`, reduced over
+/// `len`): each output folds its elements in the sequential order, so every result
+/// (a float sum's rounding, which of equal extremes, the first NaN) is the generic
+/// path's, bit for bit. Float sums over the last axes take the blocked path instead.
+fn reduce_middle<S: Elem>(
+    red: Red,
+    src: &[S],
+    len: usize,
+    inner: usize,
+    out_shape: &[i64],
+    layout: &str,
+) -> Result<Tensor> {
+    let out_dtype = red.dtype(S::DTYPE);
+    match red {
+        Red::Min | Red::Max => {
+            let max = red == Red::Max;
+            make::<S>(out_shape, layout, |out| {
+                if out.is_empty() {
+                    return Ok(());
+                }
+                if len == 0 {
+                    return Err(zero_size(red.name()));
+                }
+                if inner == 1 {
+                    let _ = par::chunks_mut(out, 1, len, |first, piece| {
+                        for (i, o) in piece.iter_mut().enumerate() {
+                            *o = extreme(max, &src[(first + i) * len..(first + i + 1) * len]);
+                        }
+                        Ok(())
+                    });
+                } else {
+                    fold_middle(
+                        src,
+                        len,
+                        inner,
+                        out,
+                        |v| v,
+                        |a, v, _| {
+                            if replaces(max, a, v) { v } else { a }
+                        },
+                    );
+                }
+                Ok(())
+            })
+        }
+        Red::Sum | Red::Prod if S::INT => {
+            // Wrapping in 64 bits: the int64/uint64 result of the exact sum's wrap.
+            let prod = red == Red::Prod;
+            let wide = |v: S| v.to_i128() as u64;
+            let mut accs = vec![u64::from(prod); out_count(out_shape)];
+            if len > 0 && !accs.is_empty() {
+                if prod {
+                    fold_middle(src, len, inner, &mut accs, wide, |a, v, _| {
+                        a.wrapping_mul(wide(v))
+                    });
+                } else {
+                    fold_middle(src, len, inner, &mut accs, wide, |a, v, _| {
+                        a.wrapping_add(wide(v))
+                    });
+                }
+            }
+            with_elem!(out_dtype, D => make::<D>(out_shape, layout, |out| {
+                for (o, &a) in out.iter_mut().zip(&accs) {
+                    *o = D::from_i128(i128::from(a));
+                }
+                Ok(())
+            }), bool => unreachable!("integer sums are int64 or uint64"))
+        }
+        Red::Sum | Red::Prod | Red::Mean => {
+            let prod = red == Red::Prod;
+            let identity = if prod { 1.0 } else { 0.0 };
+            let mut accs = vec![identity; out_count(out_shape)];
+            if len > 0 && !accs.is_empty() {
+                // The first element joins the identity like every other one (0.0 + -0.0
+                // is 0.0).
+                let first = |v: S| {
+                    if prod {
+                        identity * v.to_f64()
+                    } else {
+                        identity + v.to_f64()
+                    }
+                };
+                if prod {
+                    fold_middle(src, len, inner, &mut accs, first, |a, v, _| a * v.to_f64());
+                } else {
+                    fold_middle(src, len, inner, &mut accs, first, |a, v, _| a + v.to_f64());
+                }
+            }
+            if red == Red::Mean {
+                accs.iter_mut().for_each(|a| *a /= len as f64);
+            }
+            with_elem!(out_dtype, D => make::<D>(out_shape, layout, |out| {
+                for (o, &a) in out.iter_mut().zip(&accs) {
+                    *o = D::from_f64(a);
+                }
+                Ok(())
+            }), bool => unreachable!("float results"))
+        }
+        Red::All | Red::Any => unreachable!("handled on bools"),
+    }
+}
+
+fn out_count(shape: &[i64]) -> usize {
+    shape.iter().map(|&d| d as usize).product()
+}
+
 /// The index of the first minimum (maximum) along `axis`, or over the flattened tensor.
 fn argreduce(max: bool, t: &Tensor, axis: Option<usize>, keepdims: bool) -> Result<Tensor> {
     let name = if max { "argmax" } else { "argmin" };
@@ -328,7 +587,6 @@ fn argreduce(max: bool, t: &Tensor, axis: Option<usize>, keepdims: bool) -> Resu
     if len == 0 {
         return Err(zero_size(name));
     }
-    let axes: Vec<usize> = axis.map_or_else(|| (0..shape.len()).collect(), |a| vec![a]);
     let src = if t.dtype() == DType::Bool {
         kernels::cast(t, DType::U8)?
     } else {
@@ -336,20 +594,24 @@ fn argreduce(max: bool, t: &Tensor, axis: Option<usize>, keepdims: bool) -> Resu
     };
     let best = with_elem!(src.dtype(), S => {
         let v = typed::<S>(&src)?;
-        let n = for_each_output(shape, &axes, |_, _| {});
-        let mut best: Vec<Option<(S, i64)>> = vec![None; n];
-        for_each_output(shape, &axes, |i, o| {
-            let j = ((i / inner) % len) as i64;
-            let x = v[i];
-            best[o] = Some(match best[o] {
-                None => (x, j),
-                Some((b, k)) if Elem::is_nan(b) => (b, k),
-                Some(_) if Elem::is_nan(x) => (x, j),
-                Some((b, _)) if (max && x > b) || (!max && x < b) => (x, j),
-                Some(keep) => keep,
+        let mut best = vec![0i64; t.numel() / len];
+        if best.is_empty() {
+            best
+        } else if inner == 1 {
+            let _ = par::chunks_mut(&mut best, 1, len, |first, piece| {
+                for (i, o) in piece.iter_mut().enumerate() {
+                    *o = arg_extreme(max, &v[(first + i) * len..(first + i + 1) * len]);
+                }
+                Ok(())
             });
-        });
-        best.into_iter().map(|b| b.map_or(0, |(_, k)| k)).collect::<Vec<i64>>()
+            best
+        } else {
+            let mut acc: Vec<(S, i64)> = vec![(v[0], 0); best.len()];
+            fold_middle(&v, len, inner, &mut acc, |x| (x, 0), |(b, k), x, j| {
+                if replaces(max, b, x) { (x, j as i64) } else { (b, k) }
+            });
+            acc.into_iter().map(|(_, k)| k).collect()
+        }
     }, bool => unreachable!("bool cast above"));
     make::<i64>(&out_shape, "", |out| {
         out.copy_from_slice(&best);
@@ -542,5 +804,101 @@ mod tests {
             reduce(Red::Min, &b, &[0, 1], false).unwrap().dtype(),
             DType::Bool
         );
+    }
+}
+
+#[cfg(test)]
+mod fast_path_tests {
+    use super::*;
+
+    /// Min/max/argmax over `axis` of a compact `[outer, len, inner]` f32 tensor, by
+    /// the sequential definition: the first NaN wins, else the first strictly better.
+    fn sequential(max: bool, v: &[f32], len: usize, inner: usize) -> (Vec<u32>, Vec<i64>) {
+        let outer = v.len() / (len * inner);
+        let (mut vals, mut idx) = (Vec::new(), Vec::new());
+        for o in 0..outer {
+            for k in 0..inner {
+                let (mut b, mut bj) = (v[o * len * inner + k], 0);
+                for j in 1..len {
+                    let x = v[(o * len + j) * inner + k];
+                    if !b.is_nan() && (x.is_nan() || (max && x > b) || (!max && x < b)) {
+                        (b, bj) = (x, j as i64);
+                    }
+                }
+                vals.push(b.to_bits());
+                idx.push(bj);
+            }
+        }
+        (vals, idx)
+    }
+
+    #[test]
+    fn min_max_and_argmax_fast_paths_give_the_sequential_bits() {
+        // Equal zeros of both signs spread across the 16 lanes, NaN late, and blocks
+        // long enough for the lanes and for pieces on several threads.
+        let pattern = [0.0f32, -0.0, -1.0, -0.0, 0.0, -3.0];
+        for (len, inner, nan_at) in [
+            (40, 1, None),
+            (40, 3, None),
+            (37, 1, Some(35)),
+            (33, 5, Some(20)),
+            (300_000, 1, None),
+        ] {
+            let outer = 3;
+            let mut v: Vec<f32> = (0..outer * len * inner)
+                .map(|i| pattern[(i * 7 + i / 5) % 6])
+                .collect();
+            if let Some(at) = nan_at {
+                v[at * inner] = f32::NAN;
+            }
+            let t = make::<f32>(&[outer as i64, len as i64, inner as i64], "", |o| {
+                o.copy_from_slice(&v);
+                Ok(())
+            })
+            .unwrap();
+            for max in [false, true] {
+                let (want, want_idx) = sequential(max, &v, len, inner);
+                let red = if max { Red::Max } else { Red::Min };
+                let got = reduce(red, &t, &[1], false).unwrap();
+                let got: Vec<u32> = typed::<f32>(&got)
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.to_bits())
+                    .collect();
+                assert_eq!(got, want, "{red:?} len {len} inner {inner}");
+                let idx = argreduce(max, &t, Some(1), false).unwrap();
+                assert_eq!(
+                    typed::<i64>(&idx).unwrap().to_vec(),
+                    want_idx,
+                    "arg {red:?} len {len} inner {inner}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn integer_sums_wrap_to_64_bits_and_float_sums_start_from_zero() {
+        let big = make::<i64>(&[2, 2], "", |o| {
+            o.copy_from_slice(&[i64::MAX, 5, 2, -7]);
+            Ok(())
+        })
+        .unwrap();
+        let s = reduce(Red::Sum, &big, &[0], false).unwrap();
+        assert_eq!(typed::<i64>(&s).unwrap().to_vec(), [i64::MIN + 1, -2]);
+        let u = make::<u8>(&[3, 2], "", |o| {
+            o.copy_from_slice(&[255, 1, 255, 2, 255, 3]);
+            Ok(())
+        })
+        .unwrap();
+        let p = reduce(Red::Prod, &u, &[0], false).unwrap();
+        assert_eq!(typed::<u64>(&p).unwrap().to_vec(), [255 * 255 * 255, 6]);
+        // 0.0 + -0.0 is 0.0: a sum over -0.0 alone is +0.0, as NumPy's.
+        let z = make::<f32>(&[1, 2], "", |o| {
+            o.fill(-0.0);
+            Ok(())
+        })
+        .unwrap();
+        let s = reduce(Red::Sum, &z, &[0], false).unwrap();
+        assert!(typed::<f32>(&s).unwrap().iter().all(|x| x.to_bits() == 0));
     }
 }
