@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::kernels::{self, Elem, broadcast_shapes, make_overwritten, typed, with_elem};
-use super::strided::{View, for_each_in};
+use super::strided::{View, for_each_in, for_each_row};
 use super::{ArgSpec, Kernel, OpDef, TMeta, par};
 use crate::checks;
 use crate::error::{Error, Result};
@@ -228,6 +228,81 @@ fn zip2<T: Elem, O: Elem>(
     })
 }
 
+/// `out[i] = f(a, b)` for an operation that cannot fail, over broadcast inputs of one
+/// element type read in place through their strides, a run of a row at a time: runs
+/// where each input steps by 1 or 0 (compact rows, broadcast rows, a broadcast
+/// scalar) are plain loops over slices, which the compiler vectorises; other strides
+/// read element by element.
+fn zip2_rows<T: Elem, O: Elem>(
+    a: &Tensor,
+    b: &Tensor,
+    shape: &[i64],
+    layout: &str,
+    f: impl Fn(T, T) -> O + Sync + Send,
+) -> Result<Tensor> {
+    let (va, vb) = (View::<T>::new(a, shape)?, View::<T>::new(b, shape)?);
+    make_overwritten::<O>(shape, layout, |out| {
+        par::chunks_mut(out, 1, 1, |first, piece| {
+            let walks = [va.walk(), vb.walk()];
+            for_each_row(shape, first, piece.len(), walks, |i, n, [x, y], steps| {
+                let o = &mut piece[i - first..i - first + n];
+                match steps {
+                    [1, 1] => {
+                        for ((o, &p), &q) in o.iter_mut().zip(va.run(x, n)).zip(vb.run(y, n)) {
+                            *o = f(p, q);
+                        }
+                    }
+                    [1, 0] => {
+                        let q = vb.get(y);
+                        for (o, &p) in o.iter_mut().zip(va.run(x, n)) {
+                            *o = f(p, q);
+                        }
+                    }
+                    [0, 1] => {
+                        let p = va.get(x);
+                        for (o, &q) in o.iter_mut().zip(vb.run(y, n)) {
+                            *o = f(p, q);
+                        }
+                    }
+                    [sx, sy] => {
+                        for (k, o) in o.iter_mut().enumerate() {
+                            let k = k as isize;
+                            *o = f(va.get(x + k * sx), vb.get(y + k * sy));
+                        }
+                    }
+                }
+                Ok(())
+            })
+        })
+    })
+}
+
+/// `arith` by [`zip2_rows`] for the operations that cannot fail on `T` (and raise no
+/// flag: the caller has checked that DIV is off); `None` for the others.
+fn arith_rows<T: Elem>(
+    op: Arith,
+    a: &Tensor,
+    b: &Tensor,
+    shape: &[i64],
+    layout: &str,
+) -> Option<Result<Tensor>> {
+    Some(match op {
+        Arith::Add => zip2_rows::<T, T>(a, b, shape, layout, Elem::add),
+        Arith::Sub => zip2_rows::<T, T>(a, b, shape, layout, Elem::sub),
+        Arith::Mul => zip2_rows::<T, T>(a, b, shape, layout, Elem::mul),
+        Arith::Div if !T::INT => {
+            zip2_rows::<T, T>(a, b, shape, layout, |x, y| Elem::div(x, y).unwrap_or(x))
+        }
+        Arith::Minimum => zip2_rows::<T, T>(a, b, shape, layout, |x, y| {
+            if Elem::is_nan(x) || x < y { x } else { y }
+        }),
+        Arith::Maximum => zip2_rows::<T, T>(a, b, shape, layout, |x, y| {
+            if Elem::is_nan(x) || x > y { x } else { y }
+        }),
+        _ => return None,
+    })
+}
+
 /// The check categories a fused kernel watches in its loop, with a tally for each.
 struct Watch {
     tallies: Vec<(u32, checks::Tally)>,
@@ -425,6 +500,13 @@ fn arith_kernel(op: Arith, name: &'static str, inputs: &[&Tensor]) -> Result<Ten
     // With DIV checked, a zero divisor raises a flag; an integer result is then 0.
     let divides = matches!(op, Arith::Div | Arith::FloorDiv | Arith::Mod);
     let div = Watch::new(if divides { &[checks::DIV] } else { &[] });
+    if !div.on() {
+        let rows = with_elem!(out.dtype, T => arith_rows::<T>(op, &a, &b, &out.shape, &out.layout),
+            bool => unreachable!("rejected at inference"));
+        if let Some(t) = rows {
+            return t;
+        }
+    }
     let t = with_elem!(out.dtype, T => zip2::<T, T>(&a, &b, &out.shape, &out.layout, |i, x, y| {
         if div.on() && y == T::from_i128(0) {
             div.tallies[0].1.add(i as u64, 1);
@@ -460,25 +542,31 @@ fn arith_infer(op: Arith, name: &str, inputs: &[&TMeta]) -> Result<Vec<TMeta>> {
     meta_out(inputs, promote(inputs[0].dtype, inputs[1].dtype))
 }
 
-fn compare<T: PartialOrd>(op: Cmp, x: T, y: T) -> u8 {
-    u8::from(match op {
-        Cmp::Eq => x == y,
-        Cmp::Ne => x != y,
-        Cmp::Lt => x < y,
-        Cmp::Le => x <= y,
-        Cmp::Gt => x > y,
-        Cmp::Ge => x >= y,
-    })
-}
-
 fn cmp_kernel(op: Cmp, inputs: &[&Tensor]) -> Result<Tensor> {
     let metas = [TMeta::of(inputs[0]), TMeta::of(inputs[1])];
     let refs = [&metas[0], &metas[1]];
     let common = promote(metas[0].dtype, metas[1].dtype);
     let out = meta_out(&refs, DType::Bool)?.remove(0);
     let (a, b) = (as_dtype(inputs[0], common)?, as_dtype(inputs[1], common)?);
-    let t = with_elem!(common, T => zip2::<T, u8>(&a, &b, &out.shape, &out.layout, |_, x, y| Ok(compare(op, x, y))),
-        bool => zip2::<u8, u8>(&a, &b, &out.shape, &out.layout, |_, x, y| Ok(compare(op, x, y))))?;
+    fn rows<T: Elem>(
+        op: Cmp,
+        a: &Tensor,
+        b: &Tensor,
+        shape: &[i64],
+        layout: &str,
+    ) -> Result<Tensor> {
+        // One loop per comparison, so that each vectorises.
+        match op {
+            Cmp::Eq => zip2_rows::<T, u8>(a, b, shape, layout, |x, y| u8::from(x == y)),
+            Cmp::Ne => zip2_rows::<T, u8>(a, b, shape, layout, |x, y| u8::from(x != y)),
+            Cmp::Lt => zip2_rows::<T, u8>(a, b, shape, layout, |x, y| u8::from(x < y)),
+            Cmp::Le => zip2_rows::<T, u8>(a, b, shape, layout, |x, y| u8::from(x <= y)),
+            Cmp::Gt => zip2_rows::<T, u8>(a, b, shape, layout, |x, y| u8::from(x > y)),
+            Cmp::Ge => zip2_rows::<T, u8>(a, b, shape, layout, |x, y| u8::from(x >= y)),
+        }
+    }
+    let t = with_elem!(common, T => rows::<T>(op, &a, &b, &out.shape, &out.layout),
+        bool => rows::<u8>(op, &a, &b, &out.shape, &out.layout))?;
     Ok(as_bool(t))
 }
 
@@ -489,14 +577,18 @@ fn logic_kernel(op: Logic, inputs: &[&Tensor]) -> Result<Tensor> {
         as_dtype(inputs[0], DType::Bool)?,
         as_dtype(inputs[1], DType::Bool)?,
     );
-    let t = zip2::<u8, u8>(&a, &b, &out.shape, &out.layout, |_, x, y| {
-        let (x, y) = (x != 0, y != 0);
-        Ok(u8::from(match op {
-            Logic::And => x && y,
-            Logic::Or => x || y,
-            Logic::Xor => x != y,
-        }))
-    })?;
+    let (shape, layout) = (&out.shape, &out.layout);
+    let t = match op {
+        Logic::And => {
+            zip2_rows::<u8, u8>(&a, &b, shape, layout, |x, y| u8::from((x != 0) & (y != 0)))
+        }
+        Logic::Or => {
+            zip2_rows::<u8, u8>(&a, &b, shape, layout, |x, y| u8::from((x != 0) | (y != 0)))
+        }
+        Logic::Xor => {
+            zip2_rows::<u8, u8>(&a, &b, shape, layout, |x, y| u8::from((x != 0) != (y != 0)))
+        }
+    }?;
     Ok(as_bool(t))
 }
 

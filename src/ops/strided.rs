@@ -65,6 +65,13 @@ impl<'a, T: Elem> View<'a, T> {
     pub(crate) fn get(&self, i: isize) -> T {
         self.data[i as usize]
     }
+
+    /// The `n` consecutive elements from index `i` of the data (a row of step 1 that
+    /// [`for_each_row`] gave).
+    #[inline(always)]
+    pub(crate) fn run(&self, i: isize, n: usize) -> &[T] {
+        &self.data[i as usize..i as usize + n]
+    }
 }
 
 /// How a [`View`]'s offsets follow the output index.
@@ -83,12 +90,35 @@ pub(crate) fn for_each_in<const N: usize>(
     views: [Walk<'_>; N],
     mut f: impl FnMut(usize, [isize; N]) -> Result<()>,
 ) -> Result<()> {
+    for_each_row(shape, first, n, views, |i, len, offs, steps| {
+        let mut o = offs;
+        for j in i..i + len {
+            f(j, o)?;
+            for (o, s) in o.iter_mut().zip(&steps) {
+                *o += s;
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Calls `f(i, len, offsets, steps)` for each run of output elements `i..i + len`
+/// (a piece of one innermost row) that covers `first..first + n` of `shape` in
+/// row-major order: element `i + k` reads each view at `offsets + k * steps`. A
+/// kernel can loop over a run whose steps are 1 or 0 as plain slices.
+pub(crate) fn for_each_row<const N: usize>(
+    shape: &[i64],
+    first: usize,
+    n: usize,
+    views: [Walk<'_>; N],
+    mut f: impl FnMut(usize, usize, [isize; N], [isize; N]) -> Result<()>,
+) -> Result<()> {
     if n == 0 {
         return Ok(());
     }
     let nd = shape.len();
     if nd == 0 {
-        return f(0, views.map(|v| v.origin));
+        return f(0, 1, views.map(|v| v.origin), [0; N]);
     }
     // The multi-index of `first` and each view's offset there.
     let mut index = vec![0i64; nd];
@@ -110,13 +140,7 @@ pub(crate) fn for_each_in<const N: usize>(
     let (mut i, end) = (first, first + n);
     while i < end {
         let row = ((inner - index[nd - 1]) as usize).min(end - i);
-        let mut o = offs;
-        for j in i..i + row {
-            f(j, o)?;
-            for (o, s) in o.iter_mut().zip(&steps) {
-                *o += s;
-            }
-        }
+        f(i, row, offs, steps)?;
         i += row;
         if i == end {
             break;
