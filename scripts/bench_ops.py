@@ -20,6 +20,7 @@ back to ndx's cache, so a steady-state pipeline takes no fresh pages).
         max, argmax of all 16M: vs `np.sum(axis=0)` / `np.max` / `np.argmax`.
   lt, add with a broadcast row, float32 4096 x 4096: vs `np.less` / `np.add` of the
         same operands.
+  clamp, round, float32 16M: vs `np.clip` / `np.round`.
   resize uint8 1080x1920x3 -> 224x224, linear: ndx `resize` vs OpenCV's
         `cv2.resize(..., INTER_LINEAR)` with OpenCV's default threads (the values
         are equal bit for bit; tests/python/test_ops_image.py checks them).
@@ -113,6 +114,8 @@ def main():
         ("argmax f32 16M", ndx_op("argmax", [ta]), lambda: np.argmax(a)),
         ("lt f32 4096^2", ndx_op("lt", [ta2, ndx.tensor_from_numpy(b2)]), lambda: np.less(a2, b2)),
         ("add f32 4096^2 + a row", ndx_op("add", [ta2, ndx.tensor_from_numpy(b2[0])]), lambda: np.add(a2, b2[0])),
+        ("clamp f32 16M", ndx_op("clamp", [ta], ndx.Args(lo=0.25, hi=0.75)), lambda: np.clip(a, 0.25, 0.75)),
+        ("round f32 16M", ndx_op("round", [ta]), lambda: np.round(a)),
     ]:
         t_ndx, t_np = best_s(run_ndx, r), best_s(run_np, r)
         print(f"{label + ': ms vs NumPy ms':44} {t_ndx * 1e3:10.2f} {t_np * 1e3:10.2f} {t_np / t_ndx:8.2f}")

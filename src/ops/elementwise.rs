@@ -664,6 +664,26 @@ fn unary_kernel(op: Unary, t: &Tensor) -> Result<Tensor> {
 fn unary_typed<T: Elem>(op: Unary, t: &Tensor) -> Result<Tensor> {
     let zero = T::from_i128(0);
     let rounded = |g: fn(f64) -> f64| move |v: T| T::from_f64(g(Elem::to_f64(v)));
+    // Without SSE4.1 (the x86-64 baseline) `f64::floor` and friends are calls into
+    // libm; these are the same functions inline, exact for every f64.
+    fn round_even(x: f64) -> f64 {
+        const BIG: f64 = 4503599627370496.0; // 2^52: every f64 at least this is whole
+        if x.abs() < BIG {
+            // Adding 2^52 rounds to a whole number, to even (the default rounding).
+            ((x.abs() + BIG) - BIG).copysign(x)
+        } else {
+            x
+        }
+    }
+    // A whole result has the input's sign (floor(0.5) = 0, ceil(-0.5) = -0).
+    fn floor(x: f64) -> f64 {
+        let r = round_even(x);
+        (if r > x { r - 1.0 } else { r }).copysign(x)
+    }
+    fn ceil(x: f64) -> f64 {
+        let r = round_even(x);
+        (if r < x { r + 1.0 } else { r }).copysign(x)
+    }
     match op {
         Unary::Neg => map::<T, T>(t, Elem::neg),
         Unary::Abs => map::<T, T>(t, Elem::abs),
@@ -675,9 +695,9 @@ fn unary_typed<T: Elem>(op: Unary, t: &Tensor) -> Result<Tensor> {
             },
         ),
         Unary::Floor | Unary::Ceil | Unary::Round if T::INT => map::<T, T>(t, |v| v),
-        Unary::Floor => map::<T, T>(t, rounded(f64::floor)),
-        Unary::Ceil => map::<T, T>(t, rounded(f64::ceil)),
-        Unary::Round => map::<T, T>(t, rounded(f64::round_ties_even)),
+        Unary::Floor => map::<T, T>(t, rounded(floor)),
+        Unary::Ceil => map::<T, T>(t, rounded(ceil)),
+        Unary::Round => map::<T, T>(t, rounded(round_even)),
     }
 }
 
@@ -749,13 +769,16 @@ fn clamp_kernel(t: &Tensor, args: &Args) -> Result<Tensor> {
         // Bounds in the element type: integers round inwards (lo up, hi down).
         let lo = lo.map(|l| T::from_f64(if T::INT { l.ceil() } else { l }));
         let hi = hi.map(|h| T::from_f64(if T::INT { h.floor() } else { h }));
-        map::<T, T>(t, |v| {
-            if Elem::is_nan(v) {
-                return v;
-            }
-            let v = match lo { Some(l) if v < l => l, _ => v };
-            match hi { Some(h) if v > h => h, _ => v }
-        })
+        // A loop per pair of bounds, without branches (NaN compares false: it stays).
+        match (lo, hi) {
+            (Some(l), Some(h)) => map::<T, T>(t, move |v| {
+                let v = if v < l { l } else { v };
+                if v > h { h } else { v }
+            }),
+            (Some(l), None) => map::<T, T>(t, move |v| if v < l { l } else { v }),
+            (None, Some(h)) => map::<T, T>(t, move |v| if v > h { h } else { v }),
+            (None, None) => map::<T, T>(t, |v| v),
+        }
     }, bool => Err(Error::type_error("operator 'clamp' does not support bool inputs")))
 }
 
@@ -1009,5 +1032,58 @@ mod tests {
         assert_eq!(kernels::float_divmod(-7.0, 2.0), (-4.0, 1.0));
         assert_eq!(kernels::float_divmod(7.0, -2.0), (-4.0, -1.0));
         assert_eq!(kernels::float_divmod(-0.5, 1.0), (-1.0, 0.5));
+    }
+}
+
+#[cfg(test)]
+mod rounding_tests {
+    use super::kernels::make;
+    use super::*;
+
+    #[test]
+    fn inline_floor_ceil_and_round_equal_the_library_functions_bit_for_bit() {
+        let edges = [
+            0.5,
+            1.5,
+            2.5,
+            -0.5,
+            -1.5,
+            -2.5,
+            0.7,
+            -0.7,
+            0.49999999999999994,
+            -0.49999999999999994,
+            1.0 - f64::EPSILON / 2.0,
+            4503599627370495.5,
+            -4503599627370495.5,
+            4503599627370496.0,
+            9007199254740993.0,
+            1e300,
+            -1e300,
+            5e-324,
+            -5e-324,
+            0.0,
+            -0.0,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::NAN,
+        ];
+        let t = make::<f64>(&[edges.len() as i64], "", |o| {
+            o.copy_from_slice(&edges);
+            Ok(())
+        })
+        .unwrap();
+        type Reference = fn(f64) -> f64;
+        let cases: [(Unary, Reference); 3] = [
+            (Unary::Floor, f64::floor),
+            (Unary::Ceil, f64::ceil),
+            (Unary::Round, f64::round_ties_even),
+        ];
+        for (op, want) in cases {
+            let got = unary_kernel(op, &t).unwrap();
+            for (&x, g) in edges.iter().zip(typed::<f64>(&got).unwrap().iter()) {
+                assert_eq!(g.to_bits(), want(x).to_bits(), "{op:?}({x:e})");
+            }
+        }
     }
 }
