@@ -292,10 +292,10 @@ fn the_device_pool_reuses_blocks_and_names_sizes_on_exhaustion() {
     let before = pool.stats();
     let b = pool.alloc(3 << 20, "kDLCUDA:0").expect("3 MiB");
     assert_ne!(b.ptr, 0);
-    pool.free(b.ptr, b.bytes, None);
+    pool.free(b.ptr, b.bytes, Vec::new());
     let again = pool.alloc(3 << 20, "kDLCUDA:0").expect("3 MiB again");
     assert_eq!(again.ptr, b.ptr, "the cached block is reused");
-    pool.free(again.ptr, again.bytes, None);
+    pool.free(again.ptr, again.bytes, Vec::new());
     assert_eq!(pool.stats().backend_allocs, before.backend_allocs + 1);
     let e = pool.alloc(1 << 50, "kDLCUDA:0").unwrap_err();
     assert_eq!(e.kind(), ndx::error::ErrorKind::Memory);
@@ -378,7 +378,7 @@ fn a_kernel_runs_end_to_end_on_device_0() {
     }
     let mut pool = ndx::cuda::alloc::pool(dev).lock();
     for blk in [da, db, dout] {
-        pool.free(blk.ptr, blk.bytes, None);
+        pool.free(blk.ptr, blk.bytes, Vec::new());
     }
 }
 
@@ -582,7 +582,7 @@ fn uploads_are_staged_through_a_bounded_set_of_pinned_blocks() {
     assert_eq!(last.pageable, 0, "{last:?}");
     assert!(last.staged >= 3 * 31, "{last:?}");
     assert_eq!(rounds[1].allocated, last.allocated, "{rounds:?}");
-    ndx::cuda::alloc::give_back(dev, dst, bytes);
+    ndx::cuda::alloc::give_back(dev, dst, bytes, Vec::new());
 }
 
 /// The tensor of output 0 of `f` (a handle, pending or not).
@@ -1162,4 +1162,231 @@ fn a_missing_kernel_for_a_promoted_dtype_names_the_inputs_dtypes() {
     }
     drop(ctx);
     assert_eq!((calls(&count), calls(&ci)), (1, 1));
+}
+
+/// Whether device 0 is the emulated driver of tests/cuda_emu (whose kernels can be
+/// made late; a real GPU runs these tests' kernels in microseconds).
+fn emulated() -> bool {
+    use cudarc::driver::sys;
+    let mut name = [0 as std::ffi::c_char; 64];
+    // SAFETY: the driver is initialised (a device was found); a valid buffer and length.
+    let r = unsafe { sys::cuDeviceGetName(name.as_mut_ptr(), 64, 0) };
+    // SAFETY: on success the driver wrote a NUL-terminated name into the buffer.
+    r == sys::CUresult::CUDA_SUCCESS
+        && unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }.to_bytes() == b"ndx emulated GPU"
+}
+
+/// How `exported_memory_is_reused_only_after_the_consumers_queued_work` exports, and
+/// on which stream its consumer reads.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Consumer {
+    /// `ndx_tensor_to_dlpack_versioned_stream` with the consumer's own stream.
+    OwnStream,
+    /// `ndx_tensor_to_dlpack_versioned`: the legacy default stream.
+    Versioned,
+    /// `ndx_tensor_to_dlpack` (legacy DLPack): the legacy default stream.
+    Legacy,
+    /// The consumer's own stream, destroyed before the deleter runs: no event can be
+    /// recorded there, and the deleter synchronises the context instead.
+    DestroyedStream,
+    /// `NDX_STREAM_NO_SYNC`, the deleter called too early (against the contract): the
+    /// negative control, which sees the overwrite.
+    NoSyncTooEarly,
+}
+
+#[test]
+fn exported_memory_is_reused_only_after_the_consumers_queued_work() {
+    let _device = shared_device();
+    // Needs a device. A consumer of an exported CUDA tensor enqueues a kernel reading
+    // it on its stream (1 s late, on the emulated driver's asynchronous streams) and
+    // calls the deleter at once, as PyTorch does when its tensor dies. ndx's next
+    // allocation of the size class reuses the block and uploads other values into it;
+    // that upload must wait for the consumer's kernel, or the kernel reads them.
+    skip_without_driver!();
+    const CHILD: &str = "NDX_TEST_CONSUMER_REUSE_CHILD";
+    if std::env::var_os(CHILD).is_none() {
+        rerun_with_slow_kernels(
+            "exported_memory_is_reused_only_after_the_consumers_queued_work",
+            CHILD,
+            1000,
+        );
+        return;
+    }
+    use cudarc::driver::sys;
+    const N: usize = 256;
+    let dev = ndx::cuda::device(0).expect("device 0");
+    let add = ndx::cuda::module::function(dev, "binary", "ndx_add_f32").expect("ndx_add_f32");
+    let emulated = emulated();
+    let ctx = Ctx::new(ndx_eval_mode_t::NDX_EVAL_SYNC_FULL as i32);
+    let mut counts = Vec::new();
+    let mut upload = |values: &[f32]| {
+        let (m, count) = Spec::f32s(values, &[N as i64]).versioned();
+        counts.push(count);
+        let mut host = std::ptr::null_mut();
+        ok(ndx_tensor_from_dlpack_versioned(
+            m,
+            std::ptr::null(),
+            &mut host,
+        ));
+        let f = invoke(&ctx, c"to_device", &[host], &[]).expect("to_device");
+        let d = out0(f);
+        ndx_future_release(f);
+        ndx_tensor_release(host);
+        d
+    };
+    let data_ptr = |t: *const ndx_tensor_t| {
+        let mut m = std::ptr::null_mut();
+        ok(ndx_tensor_to_dlpack_versioned_stream(
+            t,
+            NO_SYNC as *mut std::ffi::c_void,
+            &mut m,
+        ));
+        // SAFETY: a live export, released once (its consumer used nothing).
+        unsafe {
+            let p = (*m).dl_tensor.data as u64;
+            ((*m).deleter.expect("deleter"))(m);
+            p
+        }
+    };
+    let original: Vec<f32> = (0..N).map(|i| i as f32).collect();
+    let other: Vec<f32> = (0..N).map(|i| 1000.0 + i as f32).collect();
+    let twice = |v: &[f32]| v.iter().map(|x| 2.0 * x).collect::<Vec<f32>>();
+    dev.bind().expect("bind");
+    let mut sums: sys::CUdeviceptr = 0;
+    // SAFETY: a current context and a valid out-pointer.
+    assert_eq!(
+        unsafe { sys::cuMemAlloc_v2(&mut sums, N * 4) },
+        sys::CUresult::CUDA_SUCCESS
+    );
+    let mut cases = vec![Consumer::OwnStream, Consumer::Versioned, Consumer::Legacy];
+    if emulated {
+        // A real driver's answer for a destroyed stream's handle is undefined, and a
+        // real GPU runs the consumer's kernel before ndx's upload: no overwrite to see.
+        cases.extend([Consumer::DestroyedStream, Consumer::NoSyncTooEarly]);
+    }
+    for case in cases {
+        let x = upload(&original);
+        let mut stream: sys::CUstream = std::ptr::null_mut();
+        if matches!(
+            case,
+            Consumer::OwnStream | Consumer::DestroyedStream | Consumer::NoSyncTooEarly
+        ) {
+            dev.bind().expect("bind");
+            // SAFETY: a current context and a valid out-pointer.
+            let r = unsafe {
+                sys::cuStreamCreate(
+                    &mut stream,
+                    sys::CUstream_flags::CU_STREAM_NON_BLOCKING as std::ffi::c_uint,
+                )
+            };
+            assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+        }
+        // The export; the deleter to call once the consumer's kernel is enqueued.
+        let mut versioned = std::ptr::null_mut();
+        let mut legacy = std::ptr::null_mut();
+        match case {
+            Consumer::OwnStream | Consumer::DestroyedStream => ok(
+                ndx_tensor_to_dlpack_versioned_stream(x, stream.cast(), &mut versioned),
+            ),
+            Consumer::NoSyncTooEarly => ok(ndx_tensor_to_dlpack_versioned_stream(
+                x,
+                NO_SYNC as *mut std::ffi::c_void,
+                &mut versioned,
+            )),
+            Consumer::Versioned => ok(ndx_tensor_to_dlpack_versioned(x, &mut versioned)),
+            Consumer::Legacy => ok(ndx_tensor_to_dlpack(x, &mut legacy)),
+        }
+        ndx_tensor_release(x); // the export holds the memory now
+        // SAFETY: live exports, each released once below.
+        let p = unsafe {
+            if versioned.is_null() {
+                (*legacy).dl_tensor.data as u64
+            } else {
+                (*versioned).dl_tensor.data as u64
+            }
+        };
+        // The consumer: sums = p + p, on its stream, late on the emulated driver.
+        let mut params = [sums, p, p, N as u64, 0, 0];
+        let mut ptrs: Vec<*mut std::ffi::c_void> =
+            params.iter_mut().map(|v| (v as *mut u64).cast()).collect();
+        dev.bind().expect("bind");
+        // SAFETY: ndx_add_f32 of ABI.md (out, a, b, n, check flags NULL), each parameter
+        // a live u64 until the call returns; the stream is the consumer's (or 0).
+        let r = unsafe {
+            sys::cuLaunchKernel(
+                add.raw(),
+                1,
+                1,
+                1,
+                256,
+                1,
+                1,
+                0,
+                stream,
+                ptrs.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "{case:?}");
+        if case == Consumer::DestroyedStream {
+            // SAFETY: the stream this test created, destroyed once.
+            let r = unsafe { sys::cuStreamDestroy_v2(stream) };
+            assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+        }
+        // SAFETY: the exports' own deleters, called once, with the kernel still queued.
+        unsafe {
+            if versioned.is_null() {
+                ((*legacy).deleter.expect("deleter"))(legacy);
+            } else {
+                ((*versioned).deleter.expect("deleter"))(versioned);
+            }
+        }
+        // ndx's next allocation of the class takes the block back and writes it.
+        let y = upload(&other);
+        assert_eq!(data_ptr(y), p, "{case:?}: the block is reused");
+        dev.bind().expect("bind");
+        // SAFETY: a live context; the consumer's kernel is done after this.
+        assert_eq!(
+            unsafe { sys::cuCtxSynchronize() },
+            sys::CUresult::CUDA_SUCCESS
+        );
+        let mut got = vec![0f32; N];
+        // SAFETY: `sums` holds N floats; `got` is a live buffer of N floats.
+        let r = unsafe { sys::cuMemcpyDtoH_v2(got.as_mut_ptr().cast(), sums, N * 4) };
+        assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+        if case == Consumer::NoSyncTooEarly {
+            assert_eq!(
+                got,
+                twice(&other),
+                "the control: a deleter called before the consumer's work completed lets the memory be overwritten"
+            );
+        } else {
+            assert_eq!(
+                got,
+                twice(&original),
+                "{case:?}: the consumer's kernel read memory ndx had already reused"
+            );
+        }
+        let back = invoke(&ctx, c"to_host", &[y], &[]).expect("to_host");
+        let h = out0(back);
+        assert_eq!(values_f32(h), other, "{case:?}");
+        ndx_tensor_release(h);
+        ndx_future_release(back);
+        ndx_tensor_release(y);
+        if matches!(case, Consumer::OwnStream | Consumer::NoSyncTooEarly) {
+            // SAFETY: the stream this test created, destroyed once.
+            assert_eq!(
+                unsafe { sys::cuStreamDestroy_v2(stream) },
+                sys::CUresult::CUDA_SUCCESS
+            );
+        }
+    }
+    dev.bind().expect("bind");
+    // SAFETY: the buffer this test allocated, freed once, its kernels done.
+    assert_eq!(
+        unsafe { sys::cuMemFree_v2(sums) },
+        sys::CUresult::CUDA_SUCCESS
+    );
+    drop(ctx);
+    assert!(counts.iter().all(|c| calls(c) == 1));
 }

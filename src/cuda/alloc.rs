@@ -4,9 +4,13 @@
 //!
 //! Reuse is stream-ordered: all of ndx's work on a device runs on its one stream, so a
 //! block freed after its last use was *enqueued* may go to work enqueued later — the
-//! stream runs them in order. A block whose last use was elsewhere (memory exported to
-//! a consumer's stream) comes back with an event; whoever takes it must order its work
-//! after that event (`Block::after`).
+//! stream runs them in order. Memory ndx exported through DLPack to a consumer that
+//! named its stream may still be read there after the consumer called the deleter
+//! (its kernels may be queued): the deleter records an event on that stream, the
+//! storage keeps it, and the block comes back with it (`give_back`'s `after`, one
+//! event per consumer stream). Whoever takes the block makes ndx's stream wait for
+//! those events first (`take`), like PyTorch's `record_stream`, with no host
+//! synchronisation.
 //!
 //! On exhaustion the pool gives every cached block back to the driver and tries once
 //! more; then it fails with `NDX_ERROR_MEMORY` naming the size asked for and what the
@@ -39,9 +43,9 @@ pub struct Block<E> {
     pub ptr: u64,
     /// Its size (the request rounded up to its size class).
     pub bytes: usize,
-    /// For a reused block whose last use was on another stream: the event to order
-    /// after before touching it.
-    pub after: Option<E>,
+    /// For a reused block last used on other streams (a DLPack consumer's): the events
+    /// to order after before touching it (empty when there are none).
+    pub after: Vec<E>,
 }
 
 /// Counters of one pool.
@@ -62,8 +66,8 @@ pub struct Stats {
 /// One device's pool.
 pub struct Pool<B: Backend, E> {
     backend: B,
-    /// Free blocks by size class, each with its pending event.
-    free: BTreeMap<usize, Vec<(u64, Option<E>)>>,
+    /// Free blocks by size class, each with its pending events.
+    free: BTreeMap<usize, Vec<(u64, Vec<E>)>>,
     stats: Stats,
 }
 
@@ -149,7 +153,7 @@ impl<B: Backend, E> Pool<B, E> {
         Ok(Block {
             ptr,
             bytes: class,
-            after: None,
+            after: Vec::new(),
         })
     }
 
@@ -158,9 +162,9 @@ impl<B: Backend, E> Pool<B, E> {
         self.stats.peak = self.stats.peak.max(self.stats.in_use);
     }
 
-    /// Takes a block back for reuse; `after` is the event its last use on another
-    /// stream recorded, if any.
-    pub fn free(&mut self, ptr: u64, bytes: usize, after: Option<E>) {
+    /// Takes a block back for reuse; `after` holds the events its last uses on other
+    /// streams recorded (empty when there were none).
+    pub fn free(&mut self, ptr: u64, bytes: usize, after: Vec<E>) {
         let class = size_class(bytes);
         self.stats.in_use = self.stats.in_use.saturating_sub(class);
         self.stats.cached += class;
@@ -237,7 +241,8 @@ pub fn pool(device: &'static DeviceState) -> &'static DevicePool {
 }
 
 /// A block of at least `bytes` on `device` for work on ndx's stream: a reused block
-/// last used on another stream makes ndx's stream wait for that use first.
+/// last used on other streams makes ndx's stream wait for those uses first (with
+/// `cuStreamWaitEvent`, no host synchronisation).
 pub fn take(device: &'static DeviceState, bytes: usize) -> Result<u64> {
     let name = format!("kDLCUDA:{}", device.id());
     let first = pool(device).lock().alloc(bytes, &name);
@@ -249,21 +254,25 @@ pub fn take(device: &'static DeviceState, bytes: usize) -> Result<u64> {
         }
         r => r?,
     };
-    if let Some(after) = &block.after
-        && let Err(e) = after.wait_on(device.stream())
-    {
-        pool(device)
-            .lock()
-            .free(block.ptr, block.bytes, block.after);
-        return Err(e);
+    for event in &block.after {
+        if let Err(e) = event.wait_on(device.stream()) {
+            // Back to the pool with all its events: the next taker waits for them.
+            pool(device)
+                .lock()
+                .free(block.ptr, block.bytes, block.after);
+            return Err(e);
+        }
     }
+    // The waits are enqueued; the events may go (the driver keeps what it needs).
     Ok(block.ptr)
 }
 
 /// Gives a block of [`take`] back once ndx's work on it has been enqueued: later work
-/// on ndx's stream may reuse it (the stream runs them in order).
-pub fn give_back(device: &'static DeviceState, ptr: u64, bytes: usize) {
-    pool(device).lock().free(ptr, bytes, None);
+/// on ndx's stream may reuse it (the stream runs them in order). `after` holds events
+/// recorded on other streams that may still use it (a DLPack consumer's, recorded when
+/// it called the deleter of an export): the block's next user waits for them.
+pub fn give_back(device: &'static DeviceState, ptr: u64, bytes: usize, after: Vec<Arc<Event>>) {
+    pool(device).lock().free(ptr, bytes, after);
 }
 
 #[cfg(test)]
@@ -329,10 +338,10 @@ mod tests {
                 .map(|&s| pool.alloc(s, "device 0").unwrap())
                 .collect();
             for b in &blocks {
-                assert!(b.after.is_none());
+                assert!(b.after.is_empty());
             }
             for b in blocks {
-                pool.free(b.ptr, b.bytes, None);
+                pool.free(b.ptr, b.bytes, Vec::new());
             }
             assert_eq!(pool.stats().backend_allocs, 4, "round {round}");
         }
@@ -347,13 +356,19 @@ mod tests {
     }
 
     #[test]
-    fn a_block_freed_with_an_event_hands_it_to_its_next_user() {
+    fn a_block_freed_with_events_hands_them_all_to_its_next_user() {
         let mut pool: Pool<Fake, &str> = Pool::new(Fake::new(1 << 20));
         let b = pool.alloc(100, "device 0").unwrap();
-        pool.free(b.ptr, b.bytes, Some("consumer's event"));
+        pool.free(
+            b.ptr,
+            b.bytes,
+            vec!["consumer A's event", "consumer B's event"],
+        );
         let again = pool.alloc(200, "device 0").unwrap();
         assert_eq!(again.ptr, b.ptr);
-        assert_eq!(again.after, Some("consumer's event"));
+        assert_eq!(again.after, ["consumer A's event", "consumer B's event"]);
+        pool.free(again.ptr, again.bytes, Vec::new());
+        assert!(pool.alloc(300, "device 0").unwrap().after.is_empty());
     }
 
     #[test]
@@ -361,7 +376,7 @@ mod tests {
         let mut pool: Pool<Fake, u32> = Pool::new(Fake::new(8 << 20));
         let a = pool.alloc(3 << 20, "device 0").unwrap();
         let b = pool.alloc(3 << 20, "device 0").unwrap();
-        pool.free(a.ptr, a.bytes, None);
+        pool.free(a.ptr, a.bytes, Vec::new());
         // 6 MiB taken (3 cached): a 4 MiB request fits only once the cache is released.
         let c = pool.alloc(4 << 20, "device 0").unwrap();
         assert_eq!(pool.stats().cached, 0);
@@ -372,8 +387,8 @@ mod tests {
             e.message(),
             "CUDA out of memory on kDLCUDA:0: asked for 2.00 MiB (2097152 bytes), 1.00 MiB (1048576 bytes) free of 8.00 MiB (8388608 bytes); ndx had 7.00 MiB (7340032 bytes) in use and released 0 bytes it held cached"
         );
-        pool.free(b.ptr, b.bytes, None);
-        pool.free(c.ptr, c.bytes, None);
+        pool.free(b.ptr, b.bytes, Vec::new());
+        pool.free(c.ptr, c.bytes, Vec::new());
         drop(pool); // gives every block back (the fake asserts each is freed once)
     }
 }

@@ -91,6 +91,14 @@ impl DeviceState {
         // SAFETY: a retained context, valid for the life of the process.
         check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(self.ctx) })
     }
+
+    /// Blocks until all work on this device's context, on every stream, has completed
+    /// (`cuCtxSynchronize`): only for fallbacks where no event can be had.
+    pub fn synchronize(&self) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the context is current; the call takes no pointers.
+        check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
+    }
 }
 
 /// A CUDA event (no timing) recorded on some stream of a device: work ordered after it

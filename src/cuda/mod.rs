@@ -50,6 +50,33 @@ pub fn order_consumer(ready: Option<&Arc<Event>>, stream: usize) -> Result<()> {
     }
 }
 
+/// What the deleter of a DLPack export of memory of `dev` leaves behind for a consumer
+/// that named `stream` (a raw `CUstream`; 0 the legacy default stream): an event
+/// recorded on that stream now, so after the consumer's work enqueued there so far,
+/// which may still read the memory (PyTorch's `record_stream`). `None` where there is
+/// nothing to wait for: host memory (kDLCPU, kDLCUDAHost), `STREAM_NO_SYNC` (the
+/// consumer synchronises itself and calls the deleter once its work is done), or no
+/// driver. Where the event cannot be recorded (the consumer destroyed its stream, or it
+/// belongs to another context), the device's context is synchronised instead, once,
+/// so the consumer's work is done on return (`None`); where even that fails the
+/// context has faulted and runs nothing more, so there is nothing left to wait for.
+pub fn after_consumer(dev: Device, stream: usize) -> Option<Arc<Event>> {
+    if !matches!(dev.kind, DeviceKind::Cuda | DeviceKind::CudaManaged)
+        || stream == STREAM_NO_SYNC
+        || driver_absent_reason().is_some()
+    {
+        return None;
+    }
+    let state = device::device(dev.id).ok()?;
+    match Event::record(state, stream) {
+        Ok(event) => Some(event),
+        Err(_) => {
+            let _ = state.synchronize();
+            None
+        }
+    }
+}
+
 /// What the one look for the driver found.
 enum Driver {
     /// `libcuda` loaded and `cuInit` succeeded with this many devices.

@@ -261,7 +261,7 @@ impl Scratch {
 impl Drop for Scratch {
     fn drop(&mut self) {
         if self.bytes > 0 {
-            super::alloc::give_back(self.device, self.ptr, self.bytes);
+            super::alloc::give_back(self.device, self.ptr, self.bytes, Vec::new());
         }
     }
 }

@@ -379,11 +379,12 @@ pub extern "C" fn ndx_tensor_copy_to(
 }
 
 /// Exports the tensor as a versioned DLPack tensor, without copying. The consumer
-/// owns `*out` and must call its deleter exactly once; until then the data stays
-/// alive. READ_ONLY is set when the tensor is read-only, IS_COPIED when the producer
-/// of the imported data set it. Strides are always given. For CUDA memory this is
-/// `ndx_tensor_to_dlpack_versioned_stream` with the legacy default stream (NULL).
-/// Thread-safe.
+/// owns `*out` and must call its deleter exactly once (from any thread); until then
+/// the data stays alive. READ_ONLY is set when the tensor is read-only, IS_COPIED when
+/// the producer of the imported data set it. Strides are always given. For CUDA memory
+/// this is `ndx_tensor_to_dlpack_versioned_stream` with the legacy default stream
+/// (NULL): the consumer's work is taken to be on that stream, also when it calls the
+/// deleter. Thread-safe.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_tensor_to_dlpack_versioned(
     tensor: *const ndx_tensor_t,
@@ -401,9 +402,21 @@ pub extern "C" fn ndx_tensor_to_dlpack_versioned(
 /// `consumer_stream` (a `CUstream`; NULL is the legacy default stream): for CUDA
 /// memory, that stream is made to wait (with an event, no host synchronisation) for
 /// the work that produces the tensor, as DLPack's exchange protocol asks.
-/// `NDX_STREAM_NO_SYNC` orders nothing (the consumer synchronises itself). The stream
-/// is ignored for host memory and where no CUDA driver is present. On failure (an
-/// invalid stream, say) nothing is exported. Thread-safe.
+///
+/// The deleter may be called while the consumer's work that reads the memory is
+/// still queued on `consumer_stream`: it records an event on that stream (like
+/// PyTorch's `record_stream`), and ndx reuses the memory for its own work only after
+/// that event, without a host synchronisation. The stream must therefore still exist
+/// when the deleter is called; if the event cannot be recorded there (the stream was
+/// destroyed, say), the deleter synchronises the device's context instead, blocking
+/// until all its work has completed. The per-thread default stream is the stream of
+/// the thread that calls the deleter.
+///
+/// `NDX_STREAM_NO_SYNC` orders nothing (the consumer synchronises itself) and records
+/// no event: the consumer must then call the deleter only once its work on the
+/// memory has completed, or ndx may overwrite it while that work still reads it.
+/// The stream is ignored for host memory and where no CUDA driver is present. On
+/// failure (an invalid stream, say) nothing is exported. Thread-safe.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_tensor_to_dlpack_versioned_stream(
     tensor: *const ndx_tensor_t,
@@ -431,21 +444,26 @@ fn resolve_for(tensor: *const ndx_tensor_t, stream: usize) -> Result<Arc<crate::
 }
 
 fn export_for(tensor: *const ndx_tensor_t, stream: usize) -> Result<*mut DLManagedTensorVersioned> {
-    Ok(dlpack::export_versioned(resolve_for(tensor, stream)?))
+    Ok(dlpack::export_versioned(
+        resolve_for(tensor, stream)?,
+        stream,
+    ))
 }
 
 /// Exports the tensor as a legacy DLPack tensor, without copying. Fails with
 /// NDX_ERROR_VALUE for a read-only tensor (the legacy form cannot say so; use
 /// `ndx_tensor_to_dlpack_versioned`). For CUDA memory the legacy default stream is made
-/// to wait for the work that produces the tensor. The consumer calls the deleter
-/// exactly once. Thread-safe.
+/// to wait for the work that produces the tensor, and the consumer's work is taken to
+/// be on it: the deleter records an event there, after which ndx reuses the memory
+/// (as for `ndx_tensor_to_dlpack_versioned_stream` with NULL). The consumer calls the
+/// deleter exactly once. Thread-safe.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_tensor_to_dlpack(
     tensor: *const ndx_tensor_t,
     out: *mut *mut DLManagedTensor,
 ) -> *mut ndx_error_t {
     boundary_out("ndx_tensor_to_dlpack", out, std::ptr::null_mut(), || {
-        dlpack::export_legacy(resolve_for(tensor, 0)?)
+        dlpack::export_legacy(resolve_for(tensor, 0)?, 0)
     })
 }
 

@@ -458,6 +458,8 @@ struct ExportedVersioned {
     shape: Vec<i64>,
     strides: Vec<i64>,
     tensor: Arc<Tensor>,
+    /// The consumer's stream (a raw `CUstream`, or `STREAM_NO_SYNC`).
+    consumer_stream: usize,
 }
 
 /// An exported legacy tensor.
@@ -467,6 +469,19 @@ struct ExportedLegacy {
     shape: Vec<i64>,
     strides: Vec<i64>,
     tensor: Arc<Tensor>,
+    /// As for [`ExportedVersioned`].
+    consumer_stream: usize,
+}
+
+/// What the deleter of an export does before ndx lets go of the tensor: CUDA memory
+/// that the consumer used on `stream` may still be read by its queued work, so an
+/// event recorded there now goes with the storage, and the memory is reused only
+/// after it (see `crate::cuda::after_consumer`).
+fn release_export(tensor: &Tensor, stream: usize) {
+    let storage = tensor.storage();
+    if let Some(event) = crate::cuda::after_consumer(storage.device(), stream) {
+        storage.add_consumer_event(stream, event);
+    }
 }
 
 fn dl_view(t: &Tensor, shape: &mut [i64], strides: &mut [i64]) -> DLTensor {
@@ -481,9 +496,15 @@ fn dl_view(t: &Tensor, shape: &mut [i64], strides: &mut [i64]) -> DLTensor {
     }
 }
 
-/// Exports `tensor` as a versioned DLPack tensor (zero-copy). The consumer must call
-/// its deleter exactly once; until then ndx keeps the storage alive.
-pub fn export_versioned(tensor: Arc<Tensor>) -> *mut DLManagedTensorVersioned {
+/// Exports `tensor` as a versioned DLPack tensor (zero-copy) to a consumer working on
+/// `consumer_stream` (a raw `CUstream`, 0 the legacy default stream, or
+/// `STREAM_NO_SYNC`). The consumer must call its deleter exactly once; until then ndx
+/// keeps the storage alive, and CUDA memory is reused only after the consumer's work
+/// enqueued on that stream before the deleter ran.
+pub fn export_versioned(
+    tensor: Arc<Tensor>,
+    consumer_stream: usize,
+) -> *mut DLManagedTensorVersioned {
     let mut flags = DlpackFlags::empty();
     flags.set(DlpackFlags::READ_ONLY, tensor.read_only());
     flags.set(DlpackFlags::IS_COPIED, tensor.storage().is_copied());
@@ -504,6 +525,7 @@ pub fn export_versioned(tensor: Arc<Tensor>) -> *mut DLManagedTensorVersioned {
         shape,
         strides,
         tensor,
+        consumer_stream,
     });
     let raw = Box::into_raw(exported);
     // SAFETY: `raw` is a fresh, valid box; `managed` is its first field (repr(C)).
@@ -514,8 +536,8 @@ pub fn export_versioned(tensor: Arc<Tensor>) -> *mut DLManagedTensorVersioned {
 }
 
 /// Exports `tensor` as a legacy DLPack tensor; read-only tensors are refused because
-/// the legacy form cannot say so.
-pub fn export_legacy(tensor: Arc<Tensor>) -> Result<*mut DLManagedTensor> {
+/// the legacy form cannot say so. `consumer_stream` as for [`export_versioned`].
+pub fn export_legacy(tensor: Arc<Tensor>, consumer_stream: usize) -> Result<*mut DLManagedTensor> {
     if tensor.read_only() {
         return Err(Error::value(
             "the tensor is read-only and the legacy DLManagedTensor has no read-only flag; export it with ndx_tensor_to_dlpack_versioned",
@@ -533,6 +555,7 @@ pub fn export_legacy(tensor: Arc<Tensor>) -> Result<*mut DLManagedTensor> {
         shape,
         strides,
         tensor,
+        consumer_stream,
     });
     let raw = Box::into_raw(exported);
     // SAFETY: `raw` is a fresh, valid box; `managed` is its first field (repr(C)).
@@ -549,7 +572,9 @@ unsafe extern "C" fn delete_versioned(managed: *mut DLManagedTensorVersioned) {
     }
     // SAFETY: `manager_ctx` is the box made by `export_versioned`; the consumer calls
     // the deleter once, so the box is released once.
-    drop(unsafe { Box::from_raw((*managed).manager_ctx.cast::<ExportedVersioned>()) });
+    let exported = unsafe { Box::from_raw((*managed).manager_ctx.cast::<ExportedVersioned>()) };
+    release_export(&exported.tensor, exported.consumer_stream);
+    drop(exported);
 }
 
 /// The deleter of legacy exports. Called by the consumer, once.
@@ -558,5 +583,7 @@ unsafe extern "C" fn delete_legacy(managed: *mut DLManagedTensor) {
         return;
     }
     // SAFETY: as for `delete_versioned`.
-    drop(unsafe { Box::from_raw((*managed).manager_ctx.cast::<ExportedLegacy>()) });
+    let exported = unsafe { Box::from_raw((*managed).manager_ctx.cast::<ExportedLegacy>()) };
+    release_export(&exported.tensor, exported.consumer_stream);
+    drop(exported);
 }

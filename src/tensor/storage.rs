@@ -52,6 +52,11 @@ pub struct Storage {
     /// For CUDA memory: the event after ndx's last enqueued work that reads it; the
     /// producer's deleter waits for it (DLPack: the deleter may free the memory).
     last_use: parking_lot::Mutex<Option<std::sync::Arc<crate::cuda::Event>>>,
+    /// For CUDA memory exported through DLPack: per consumer stream (a raw `CUstream`),
+    /// the event its deleter recorded there, after the consumer's work that may still
+    /// read the memory. A pool block goes back to the pool with them, so its next
+    /// user's stream waits for them.
+    consumers: parking_lot::Mutex<Vec<(usize, std::sync::Arc<crate::cuda::Event>)>>,
 }
 
 // SAFETY: a Storage is a pointer to memory plus the right to release it. ndx writes
@@ -203,6 +208,7 @@ impl Storage {
             owner,
             ready: Default::default(),
             last_use: Default::default(),
+            consumers: Default::default(),
         }
     }
 
@@ -347,6 +353,23 @@ impl Storage {
             *self.last_use.lock() = Some(event);
         }
     }
+    /// Records that a DLPack consumer's work on `stream`, enqueued up to `event`, may
+    /// still read this memory (the deleter of an export records it): the memory is
+    /// reused only after it. An earlier event of the same stream is replaced (the
+    /// stream runs in order; except on the per-thread default stream, which is a
+    /// different stream on each thread) and completed events are dropped, so a
+    /// storage exported again and again keeps at most one event per busy stream.
+    pub fn add_consumer_event(&self, stream: usize, event: std::sync::Arc<crate::cuda::Event>) {
+        /// `CU_STREAM_PER_THREAD`.
+        const PER_THREAD: usize = 2;
+        let mut consumers = self.consumers.lock();
+        consumers.retain(|(s, e)| {
+            let superseded = *s == stream && stream != PER_THREAD;
+            let done = matches!(e.is_complete(), Ok(true));
+            !superseded && !done
+        });
+        consumers.push((stream, event));
+    }
     /// Whether the producer marked the memory as a private copy (DLPack IS_COPIED).
     pub fn is_copied(&self) -> bool {
         self.is_copied
@@ -427,10 +450,13 @@ impl Drop for Storage {
             // nothing better to do than to release it anyway.
             let _ = event.synchronize();
         }
+        let consumers = std::mem::take(self.consumers.get_mut());
         match self.owner {
             Owner::Pool(device) => {
                 if self.len > 0 {
-                    crate::cuda::alloc::give_back(device, self.ptr as u64, self.len);
+                    // Consumers of an export may still read it: its next user waits.
+                    let after = consumers.into_iter().map(|(_, e)| e).collect();
+                    crate::cuda::alloc::give_back(device, self.ptr as u64, self.len, after);
                 }
             }
             Owner::Owned(None) => {}

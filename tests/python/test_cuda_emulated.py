@@ -773,6 +773,85 @@ def test_exports_order_the_consumers_stream_after_pending_work(tmp_path):
     assert "NO_SYNC False" in out, out
 
 
+REUSE = textwrap.dedent(
+    """\
+    import ctypes
+    import numpy as np
+    import cuda_driver as cd
+    import ndx_ctypes as ndx
+
+    n = 256
+    cu = cd.Context()
+    add = cu.load_ptx("src/cuda/ptx/binary.ptx").function("ndx_add_f32")
+    sums = cu.alloc(4 * n)
+    ctx = ndx.Context(mode=ndx.NDX_EVAL_SYNC_FULL)
+    lib = ndx.lib
+    for name in ("ndx_tensor_to_dlpack", "ndx_tensor_to_dlpack_versioned"):
+        getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)]
+        getattr(lib, name).restype = ctypes.c_void_p
+    original = np.arange(n, dtype=np.float32)
+    other = original + 1000
+
+    def upload(values):
+        f = ctx.invoke("to_device", [values])
+        t = f.tensor()
+        f.release()
+        return t
+
+    def data_ptr(t):
+        out = ctypes.c_void_p()
+        ndx.check(lib.ndx_tensor_to_dlpack_versioned_stream(t.ptr, ndx.STREAM_NO_SYNC, ctypes.byref(out)))
+        m = ndx.DLManagedTensorVersioned.from_address(out.value)
+        p = m.dl_tensor.data
+        m.deleter(ctypes.cast(out.value, ctypes.POINTER(type(m))))
+        return p
+
+    for form in ("stream", "versioned", "legacy", "no_sync"):
+        consumer = cu.stream() if form in ("stream", "no_sync") else None
+        x = upload(original)
+        out = ctypes.c_void_p()
+        if form == "legacy":
+            ndx.check(lib.ndx_tensor_to_dlpack(x.ptr, ctypes.byref(out)))
+            m = ndx.DLManagedTensor.from_address(out.value)
+        else:
+            if form == "versioned":
+                ndx.check(lib.ndx_tensor_to_dlpack_versioned(x.ptr, ctypes.byref(out)))
+            else:
+                s = consumer.handle.value if form == "stream" else ndx.STREAM_NO_SYNC
+                ndx.check(lib.ndx_tensor_to_dlpack_versioned_stream(x.ptr, s, ctypes.byref(out)))
+            m = ndx.DLManagedTensorVersioned.from_address(out.value)
+        x.release()  # the export holds the memory now
+        p = m.dl_tensor.data
+        # The consumer reads the memory on its stream (the legacy one for the forms
+        # without a stream), its kernel late, and drops its tensor at once.
+        cu.launch(add, 1, 256, [sums, p, p, n, 0, 0], stream=consumer)
+        m.deleter(ctypes.cast(out.value, ctypes.POINTER(type(m))))
+        # ndx's next allocation of the size class reuses the block and writes it.
+        y = upload(other)
+        reused = data_ptr(y) == p
+        cu.synchronize()
+        got = cu.download(sums, (n,), np.float32)
+        read = "ORIGINAL" if np.array_equal(got, 2 * original) else "OTHER" if np.array_equal(got, 2 * other) else got
+        print(form.upper(), "REUSED", reused, "READ", read, "Y", bool(np.array_equal(ctx.invoke("to_host", [y]).result(), other)))
+        y.release()
+        if consumer is not None:
+            consumer.destroy()
+    """
+)
+
+
+def test_exported_memory_is_reused_only_after_the_consumers_queued_work(tmp_path):
+    out = run_script(tmp_path, "reuse.py", REUSE, NDX_EMU_KERNEL_DELAY_MS="1000")
+    # The consumer's kernel reads the export 1 s late; its deleter ran at once. ndx's
+    # upload into the reused block waits for an event the deleter recorded on the
+    # consumer's stream (the legacy one for the forms that name none).
+    for form in ("STREAM", "VERSIONED", "LEGACY"):
+        assert f"{form} REUSED True READ ORIGINAL Y True" in out, out
+    # The control: with NDX_STREAM_NO_SYNC the consumer must call the deleter only
+    # once its work is done; called early, the upload overwrites what the kernel reads.
+    assert "NO_SYNC REUSED True READ OTHER Y True" in out, out
+
+
 BATCH_IMPORT = textwrap.dedent(
     """\
     import ctypes
