@@ -47,7 +47,9 @@
 //
 // Execution model with NDX_EMU_ASYNC=1 (also NDX_EMU_KERNEL_DELAY_MS: a sleep before
 // each kernel executes, to prove that consumers wait):
-//   - an operation runs on its stream's worker, after the operations before it;
+//   - an operation runs on its stream's worker, after the operations before it; an
+//     event record counts as done when the event completes, so that a stream whose
+//     last operation is a completed event is idle (cuStreamQuery), as on a device;
 //   - the NULL stream, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD are all the legacy
 //     default stream (the per-thread stream is therefore more synchronising than a
 //     real one): its operations wait for the earlier work of every blocking stream
@@ -232,6 +234,10 @@ struct Stream {
     std::mutex m;
     std::condition_variable cv;
     std::deque<Op> q;
+    // Per queued op: a marker (an event's completion) counts as done before it runs,
+    // under `m`, so whoever it wakes finds the stream past it, as on a real device
+    // (a stream whose last operation was a completed event record is idle).
+    std::deque<bool> markers;
     unsigned long long enq = 0, done = 0;
     bool stop = false;
     std::thread worker;
@@ -239,9 +245,10 @@ struct Stream {
     void start() {
         worker = std::thread([this] { run(); });
     }
-    void push(Op op) {
+    void push(Op op, bool marker = false) {
         std::lock_guard<std::mutex> lock(m);
         q.push_back(std::move(op));
+        markers.push_back(marker);
         ++enq;
         cv.notify_all();
     }
@@ -275,6 +282,14 @@ struct Stream {
             if (q.empty()) return;  // stop, drained
             Op op = std::move(q.front());
             q.pop_front();
+            const bool marker = markers.front();
+            markers.pop_front();
+            if (marker) {
+                ++done;
+                op();  // short, and takes no stream lock
+                cv.notify_all();
+                continue;
+            }
             lock.unlock();
             op();
             op = nullptr;  // drop what it captured before reporting it done
@@ -647,7 +662,8 @@ std::vector<std::pair<std::shared_ptr<Stream>, unsigned long long>> implicit_dep
 // Runs `op` now (synchronous mode) or queues it on `s`. Call without S().mu.
 // Queues `op` on `s` (runs it at once without NDX_EMU_ASYNC) and returns the
 // position `s->wait_for` waits for to see it done (0 where it already ran).
-unsigned long long submit(const std::shared_ptr<Stream>& s, Op op) {
+// A `marker` op (an event's completion) counts as done before it runs (see Stream).
+unsigned long long submit(const std::shared_ptr<Stream>& s, Op op, bool marker = false) {
     State& st = S();
     if (!st.async) {
         op();
@@ -660,7 +676,7 @@ unsigned long long submit(const std::shared_ptr<Stream>& s, Op op) {
             for (auto& d : deps) d.first->wait_for(d.second);
         });
     }
-    s->push(std::move(op));
+    s->push(std::move(op), marker);
     return s->position();
 }
 
@@ -1567,7 +1583,7 @@ NDX_EMU_API CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, un
         gen = ++e->recorded;
     }
     // Completes even after a fault, so that waiters wake (and then see the error).
-    submit(s, [e, gen] { e->complete(gen); });
+    submit(s, [e, gen] { e->complete(gen); }, /*marker=*/true);
     return CUDA_SUCCESS;
 }
 
