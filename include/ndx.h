@@ -1722,11 +1722,13 @@ ndx_error_t *ndx_tensor_to_dlpack_versioned(const ndx_tensor_t *tensor,
  * The deleter may be called while the consumer's work that reads the memory is
  * still queued on `consumer_stream`: it records an event on that stream (like
  * PyTorch's `record_stream`), and ndx reuses the memory for its own work only after
- * that event, without a host synchronisation. The stream must therefore still exist
- * when the deleter is called; if the event cannot be recorded there (the stream was
- * destroyed, say), the deleter synchronises the device's context instead, blocking
- * until all its work has completed. The per-thread default stream is the stream of
- * the thread that calls the deleter.
+ * that event, without a host synchronisation (memory ndx imported is given back to
+ * its producer only once that event has completed, waiting on the host when the
+ * last reference goes). The stream must therefore still exist when the deleter is
+ * called; if the event cannot be recorded there (the stream was destroyed, say),
+ * the deleter synchronises the device's context instead, blocking until all its
+ * work has completed. The per-thread default stream is the stream of the thread
+ * that calls the deleter.
  *
  * `NDX_STREAM_NO_SYNC` orders nothing (the consumer synchronises itself) and records
  * no event: the consumer must then call the deleter only once its work on the

@@ -1390,3 +1390,142 @@ fn exported_memory_is_reused_only_after_the_consumers_queued_work() {
     drop(ctx);
     assert!(counts.iter().all(|c| calls(c) == 1));
 }
+
+/// The consumer's stream of `a_reexported_imports_producer_deleter_waits_for_the_consumer`.
+static CONSUMER_STREAM: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// Whether that stream was idle when the producer's deleter ran: -1 not run yet, 1 idle,
+/// 0 still busy.
+static CONSUMER_IDLE_AT_DELETE: std::sync::atomic::AtomicI32 =
+    std::sync::atomic::AtomicI32::new(-1);
+/// The producer's deleter the probe replaced.
+static PRODUCER_DELETER: std::sync::OnceLock<
+    unsafe extern "C" fn(*mut dlpark::ffi::DLManagedTensorVersioned),
+> = std::sync::OnceLock::new();
+
+/// A producer's deleter that notes whether the consumer's stream still has work.
+unsafe extern "C" fn consumer_probe_deleter(m: *mut dlpark::ffi::DLManagedTensorVersioned) {
+    let device = ndx::cuda::device(0).expect("device 0");
+    device.bind().expect("bind");
+    let stream = CONSUMER_STREAM.load(std::sync::atomic::Ordering::SeqCst);
+    // SAFETY: the test's live stream, queried with its context current.
+    let r = unsafe { cudarc::driver::sys::cuStreamQuery(stream as _) };
+    let idle = r == cudarc::driver::sys::CUresult::CUDA_SUCCESS;
+    CONSUMER_IDLE_AT_DELETE.store(i32::from(idle), std::sync::atomic::Ordering::SeqCst);
+    // SAFETY: the producer's own deleter, called once with its tensor.
+    unsafe { PRODUCER_DELETER.get().expect("saved")(m) }
+}
+
+#[test]
+fn a_reexported_imports_producer_deleter_waits_for_the_consumer() {
+    let _device = shared_device();
+    // Needs a device. CUDA memory a producer lent to ndx is exported on to a consumer,
+    // whose kernel reading it is still queued (1 s late on the emulated driver's
+    // asynchronous streams) when it calls the deleter. ndx then holds no reference, so
+    // it releases the import: the producer's deleter may free or reuse the memory, so
+    // it must run only once the consumer's kernel is done.
+    skip_without_driver!();
+    const CHILD: &str = "NDX_TEST_REEXPORT_CHILD";
+    if std::env::var_os(CHILD).is_none() {
+        rerun_with_slow_kernels(
+            "a_reexported_imports_producer_deleter_waits_for_the_consumer",
+            CHILD,
+            1000,
+        );
+        return;
+    }
+    use cudarc::driver::sys;
+    const N: usize = 256;
+    let dev = ndx::cuda::device(0).expect("device 0");
+    let add = ndx::cuda::module::function(dev, "binary", "ndx_add_f32").expect("ndx_add_f32");
+    let values: Vec<f32> = (0..N).map(|i| i as f32).collect();
+    dev.bind().expect("bind");
+    let (mut lent, mut sums): (sys::CUdeviceptr, sys::CUdeviceptr) = (0, 0);
+    let mut stream: sys::CUstream = std::ptr::null_mut();
+    // SAFETY: a current context, valid out-pointers, `values` holds N floats.
+    unsafe {
+        assert_eq!(
+            sys::cuMemAlloc_v2(&mut lent, N * 4),
+            sys::CUresult::CUDA_SUCCESS
+        );
+        assert_eq!(
+            sys::cuMemAlloc_v2(&mut sums, N * 4),
+            sys::CUresult::CUDA_SUCCESS
+        );
+        let r = sys::cuMemcpyHtoD_v2(lent, values.as_ptr().cast(), N * 4);
+        assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+        let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as std::ffi::c_uint;
+        assert_eq!(
+            sys::cuStreamCreate(&mut stream, flags),
+            sys::CUresult::CUDA_SUCCESS
+        );
+    }
+    CONSUMER_STREAM.store(stream as usize, std::sync::atomic::Ordering::SeqCst);
+    // The producer's tensor: device memory `lent`, with the probe as its deleter.
+    let mut spec = Spec::f32s(&values, &[N as i64]);
+    spec.device.device_type = DLDeviceType::CUDA;
+    let (m, count) = spec.versioned();
+    // SAFETY: a live producer tensor this test owns until the import takes it.
+    unsafe {
+        (*m).dl_tensor.data = lent as *mut std::ffi::c_void;
+        let _ = PRODUCER_DELETER.set((*m).deleter.expect("deleter"));
+        (*m).deleter = Some(consumer_probe_deleter);
+    }
+    let mut t = std::ptr::null_mut();
+    ok(ndx_tensor_from_dlpack_versioned(
+        m,
+        &import_opts(NO_SYNC),
+        &mut t,
+    ));
+    let mut out = std::ptr::null_mut();
+    ok(ndx_tensor_to_dlpack_versioned_stream(
+        t,
+        stream.cast(),
+        &mut out,
+    ));
+    ndx_tensor_release(t); // the export holds the import now
+    let mut params = [sums, lent, lent, N as u64, 0, 0];
+    let mut ptrs: Vec<*mut std::ffi::c_void> =
+        params.iter_mut().map(|v| (v as *mut u64).cast()).collect();
+    dev.bind().expect("bind");
+    // SAFETY: ndx_add_f32 of ABI.md (out, a, b, n, check flags NULL), each parameter a
+    // live u64 until the call returns, on the test's stream.
+    let r = unsafe {
+        sys::cuLaunchKernel(
+            add.raw(),
+            1,
+            1,
+            1,
+            256,
+            1,
+            1,
+            0,
+            stream,
+            ptrs.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    };
+    assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+    // SAFETY: the export's own deleter, called once, the kernel still queued.
+    unsafe { ((*out).deleter.expect("deleter"))(out) };
+    assert_eq!(calls(&count), 1, "the import is released");
+    assert_eq!(
+        CONSUMER_IDLE_AT_DELETE.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "the producer's deleter ran while the consumer's kernel reading the memory was still queued"
+    );
+    let mut got = vec![0f32; N];
+    dev.bind().expect("bind");
+    // SAFETY: the test's stream, buffers of N floats, each freed once.
+    unsafe {
+        assert_eq!(
+            sys::cuStreamSynchronize(stream),
+            sys::CUresult::CUDA_SUCCESS
+        );
+        let r = sys::cuMemcpyDtoH_v2(got.as_mut_ptr().cast(), sums, N * 4);
+        assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+        assert_eq!(sys::cuStreamDestroy_v2(stream), sys::CUresult::CUDA_SUCCESS);
+        assert_eq!(sys::cuMemFree_v2(sums), sys::CUresult::CUDA_SUCCESS);
+        assert_eq!(sys::cuMemFree_v2(lent), sys::CUresult::CUDA_SUCCESS);
+    }
+    assert_eq!(got, values.iter().map(|v| 2.0 * v).collect::<Vec<f32>>());
+}

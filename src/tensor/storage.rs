@@ -55,7 +55,8 @@ pub struct Storage {
     /// For CUDA memory exported through DLPack: per consumer stream (a raw `CUstream`),
     /// the event its deleter recorded there, after the consumer's work that may still
     /// read the memory. A pool block goes back to the pool with them, so its next
-    /// user's stream waits for them.
+    /// user's stream waits for them; imported memory waits for them on the host before
+    /// the producer's deleter runs.
     consumers: parking_lot::Mutex<Vec<(usize, std::sync::Arc<crate::cuda::Event>)>>,
 }
 
@@ -355,10 +356,11 @@ impl Storage {
     }
     /// Records that a DLPack consumer's work on `stream`, enqueued up to `event`, may
     /// still read this memory (the deleter of an export records it): the memory is
-    /// reused only after it. An earlier event of the same stream is replaced (the
-    /// stream runs in order; except on the per-thread default stream, which is a
-    /// different stream on each thread) and completed events are dropped, so a
-    /// storage exported again and again keeps at most one event per busy stream.
+    /// reused (a pool block) or given back to its producer (an import) only after it.
+    /// An earlier event of the same stream is replaced (the stream runs in order;
+    /// except on the per-thread default stream, which is a different stream on each
+    /// thread) and completed events are dropped, so a storage exported again and
+    /// again keeps at most one event per busy stream.
     pub fn add_consumer_event(&self, stream: usize, event: std::sync::Arc<crate::cuda::Event>) {
         /// `CU_STREAM_PER_THREAD`.
         const PER_THREAD: usize = 2;
@@ -451,6 +453,15 @@ impl Drop for Storage {
             let _ = event.synchronize();
         }
         let consumers = std::mem::take(self.consumers.get_mut());
+        if !matches!(self.owner, Owner::Pool(_)) {
+            // Imported CUDA memory exported on: the producer's deleter may free or
+            // reuse it, so the work of the consumers that may still read it must be
+            // done first (ndx cannot hand the producer an event). A pool block instead
+            // keeps the events for its next user, below, without waiting.
+            for (_, event) in &consumers {
+                let _ = event.synchronize();
+            }
+        }
         match self.owner {
             Owner::Pool(device) => {
                 if self.len > 0 {

@@ -852,6 +852,59 @@ def test_exported_memory_is_reused_only_after_the_consumers_queued_work(tmp_path
     assert "NO_SYNC REUSED True READ OTHER Y True" in out, out
 
 
+REEXPORT = textwrap.dedent(
+    """\
+    import ctypes
+    import numpy as np
+    import cuda_driver as cd
+    import ndx_ctypes as ndx
+
+    n = 256
+    cu = cd.Context()
+    add = cu.load_ptx("src/cuda/ptx/binary.ptx").function("ndx_add_f32")
+    values = np.arange(n, dtype=np.float32)
+    lent, sums = cu.upload(values), cu.alloc(4 * n)
+    consumer = cu.stream()
+    idle = []
+
+    def deleter(p):  # the producer's: would free or reuse `lent`
+        idle.append(cd._driver().cuStreamQuery(consumer.handle) == 0)
+
+    m = ndx.DLManagedTensorVersioned()
+    shape = (ctypes.c_int64 * 1)(n)
+    m.version.major = 1
+    m.dl_tensor.data = lent.ptr
+    m.dl_tensor.device.device_type, m.dl_tensor.device.device_id = 2, 0
+    m.dl_tensor.ndim, m.dl_tensor.shape = 1, shape
+    m.dl_tensor.dtype.code, m.dl_tensor.dtype.bits, m.dl_tensor.dtype.lanes = 2, 32, 1
+    m.deleter = ndx.DLManagedTensorVersionedDeleter(deleter)
+    opts = ndx.ndx_import_options_t(ctypes.sizeof(ndx.ndx_import_options_t), None, False, ndx.STREAM_NO_SYNC)
+    t = ctypes.c_void_p()
+    ndx.check(ndx.lib.ndx_tensor_from_dlpack_versioned(ctypes.addressof(m), ctypes.byref(opts), ctypes.byref(t)))
+    t = ndx.Tensor(t.value)
+    out = ctypes.c_void_p()
+    ndx.check(ndx.lib.ndx_tensor_to_dlpack_versioned_stream(t.ptr, consumer.handle.value, ctypes.byref(out)))
+    t.release()  # the export holds the import now
+    e = ndx.DLManagedTensorVersioned.from_address(out.value)
+    # The consumer reads it on its stream, its kernel late, and drops its tensor at once:
+    # ndx holds no other reference, so the producer's deleter runs.
+    cu.launch(add, 1, 256, [sums, lent, lent, n, 0, 0], stream=consumer)
+    e.deleter(ctypes.cast(out.value, ctypes.POINTER(type(e))))
+    print("DELETED", len(idle), "CONSUMER_IDLE", idle)
+    consumer.synchronize()
+    print("SUMS", bool(np.array_equal(cu.download(sums, (n,), np.float32), 2 * values)))
+    """
+)
+
+
+def test_a_reexported_imports_producer_deleter_waits_for_the_consumer(tmp_path):
+    out = run_script(tmp_path, "reexport.py", REEXPORT, NDX_EMU_KERNEL_DELAY_MS="1000")
+    # The producer's deleter may free the memory: it runs once the consumer's late
+    # kernel that reads it is done, not when the consumer dropped its tensor.
+    assert "DELETED 1 CONSUMER_IDLE [True]" in out, out
+    assert "SUMS True" in out, out
+
+
 BATCH_IMPORT = textwrap.dedent(
     """\
     import ctypes
