@@ -1,10 +1,15 @@
 //! Repro documents: a failing invocation written as self-contained JSON (operator,
 //! arguments, inputs' metadata and, within a size cap, their bytes, mode, backend, ndx
 //! version, site and the error it ended with), and the replay of such a document.
+//!
+//! A document is made when an invocation fails (its input bytes must be taken then:
+//! they may change later) but its site is symbolised only when someone reads it, like
+//! every other site: a failure whose document nobody reads never pays for symbols.
 
 use std::ffi::CString;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
+use parking_lot::Mutex;
 use serde_json::{Value, json};
 
 use crate::error::{Error, Result, Site};
@@ -102,12 +107,79 @@ pub struct Invocation<'a> {
     /// Backend name.
     pub backend: String,
     /// Enqueue site.
-    pub site: &'a Site,
+    pub site: &'a Arc<Site>,
+}
+
+/// A repro document: everything but the site's frames is taken when it is made; the
+/// frames are symbolised, and the text written, the first time it is read.
+pub struct Document {
+    text: OnceLock<String>,
+    /// The document without its site, and the site to symbolise, until first read.
+    pending: Mutex<Option<(Value, Arc<Site>)>>,
+}
+
+impl Document {
+    /// The document for `inv`, which failed with `error`; input bytes are included
+    /// (copied now) when all of them together fit in `max_bytes`. Resolves no frames.
+    pub fn new(inv: &Invocation<'_>, error: &Error, max_bytes: u64) -> Document {
+        Document {
+            text: OnceLock::new(),
+            pending: Mutex::new(Some((unsited(inv, error, max_bytes), inv.site.clone()))),
+        }
+    }
+
+    /// The JSON text; the first call symbolises the site and writes it.
+    pub fn text(&self) -> &str {
+        self.text.get_or_init(|| {
+            let mut pending = self.pending.lock();
+            let text = pending
+                .as_mut()
+                .map(|(doc, site)| render(doc, site))
+                .unwrap_or_default();
+            *pending = None;
+            text
+        })
+    }
+}
+
+/// A document already written.
+impl From<String> for Document {
+    fn from(text: String) -> Document {
+        Document {
+            text: OnceLock::from(text),
+            pending: Mutex::new(None),
+        }
+    }
+}
+
+impl std::fmt::Debug for Document {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Document")
+            .field("written", &self.text.get().is_some())
+            .finish()
+    }
 }
 
 /// Writes the document for `inv`, which failed with `error`; input bytes are
-/// included when all of them together fit in `max_bytes`.
+/// included when all of them together fit in `max_bytes`. (Symbolises the site now;
+/// [`Document::new`] leaves that to the first read.)
 pub fn document(inv: &Invocation<'_>, error: &Error, max_bytes: u64) -> String {
+    Document::new(inv, error, max_bytes).text().to_owned()
+}
+
+/// Fills in the site's frames and writes the text.
+fn render(doc: &mut Value, site: &Site) -> String {
+    let frames: Vec<Value> = site
+        .frames()
+        .iter()
+        .map(|f| json!({ "file": f.file(), "line": f.line(), "function": f.function() }))
+        .collect();
+    doc["site"] = Value::Array(frames);
+    serde_json::to_string_pretty(doc).unwrap_or_default()
+}
+
+/// The document with a null site, to be filled in by [`render`].
+fn unsited(inv: &Invocation<'_>, error: &Error, max_bytes: u64) -> Value {
     let total: u64 = inv.inputs.iter().map(|t| t.nbytes() as u64).sum();
     let with_bytes = total <= max_bytes && inv.inputs.iter().all(|t| t.device().host_accessible());
     let inputs: Vec<Value> = inv
@@ -128,19 +200,13 @@ pub fn document(inv: &Invocation<'_>, error: &Error, max_bytes: u64) -> String {
             })
         })
         .collect();
-    let site: Vec<Value> = inv
-        .site
-        .frames()
-        .iter()
-        .map(|f| json!({ "file": f.file(), "line": f.line(), "function": f.function() }))
-        .collect();
     let args: Vec<Value> = inv
         .args
         .entries()
         .iter()
         .map(|(n, v)| arg_json(n, v))
         .collect();
-    let doc = json!({
+    json!({
         "ndx_repro": FORMAT,
         "ndx_version": env!("CARGO_PKG_VERSION"),
         "op": inv.op,
@@ -151,10 +217,9 @@ pub fn document(inv: &Invocation<'_>, error: &Error, max_bytes: u64) -> String {
         "sample": inv.sample,
         "mode": mode_name(inv.mode),
         "backend": inv.backend,
-        "site": site,
+        "site": Value::Null,
         "error": { "kind": error.kind().name(), "message": error.message() },
-    });
-    serde_json::to_string_pretty(&doc).unwrap_or_default()
+    })
 }
 
 /// A parsed document, ready to be invoked again.
@@ -306,4 +371,86 @@ pub fn parse(text: &str) -> Result<Replay> {
         inputs,
         mode,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use crate::error::Error;
+    use crate::exec::{Args, CallSite, EvalMode, Input, Node, Settings, TensorRef, new_context};
+    use crate::tensor::{DType, Tensor};
+
+    fn i32s(values: &[i32]) -> Input {
+        let t = Tensor::new_host(
+            DType::I32,
+            &[values.len() as i64],
+            Default::default(),
+            |b| {
+                b.copy_from_slice(bytemuck::cast_slice(values));
+                Ok(())
+            },
+        )
+        .unwrap();
+        Input::Tensor(Arc::new(TensorRef::ready(Arc::new(t))))
+    }
+
+    fn failure(node: &Arc<Node>) -> Error {
+        node.wait(None).unwrap();
+        match node.result() {
+            Some(Err(e)) => e.clone(),
+            _ => panic!("did not fail"),
+        }
+    }
+
+    /// A failing invocation builds its repro document on the worker, but symbolises its
+    /// site only when the document is read, once, however often it is read.
+    #[test]
+    fn a_failure_symbolises_its_site_only_when_its_document_is_read() {
+        let ctx = new_context(
+            Settings {
+                mode: EvalMode::Eager,
+                ..Settings::default()
+            },
+            2,
+        );
+        let (a, b) = (i32s(&[7, 8]), i32s(&[1, 0]));
+        let r = ctx.invoke(
+            "floordiv",
+            vec![a, b],
+            Args::new(),
+            None,
+            CallSite::default(),
+        );
+        let e = failure(&r.unwrap());
+        let site = e.site().expect("a site").clone();
+        assert_eq!(
+            site.resolutions(),
+            0,
+            "the failure symbolised its site before anyone read it"
+        );
+        // The error travels on (cloned, dropped) unread: still nothing resolved.
+        drop(e.clone());
+        assert_eq!(site.resolutions(), 0);
+
+        let text = e.repro().expect("a document").to_owned();
+        assert_eq!(site.resolutions(), 1);
+        let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(doc["op"], "floordiv");
+        assert_eq!(doc["inputs"][1]["bytes"], "0100000000000000");
+        // (Inside ndx's own tests the test function is trimmed as one of ndx's frames:
+        // the frames left are the test harness's.)
+        let frames: Vec<serde_json::Value> = e
+            .frames()
+            .iter()
+            .map(|f| {
+                serde_json::json!({ "file": f.file(), "line": f.line(), "function": f.function() })
+            })
+            .collect();
+        assert!(!frames.is_empty());
+        assert_eq!(doc["site"], serde_json::Value::Array(frames));
+        // Read again, from a clone: no new symbolisation, the same text.
+        assert_eq!(e.clone().repro(), Some(text.as_str()));
+        assert_eq!(site.resolutions(), 1);
+    }
 }

@@ -105,8 +105,9 @@ pub struct Error {
     sequence: Option<u64>,
     /// What a raised check flag reports (flag errors only).
     check: Option<Box<crate::checks::Info>>,
-    /// A repro document of the failing invocation (invocation failures only).
-    repro: Option<Arc<str>>,
+    /// A repro document of the failing invocation (invocation failures only), written
+    /// when first read.
+    repro: Option<Arc<crate::debug::repro::Document>>,
 }
 
 /// Shorthand for results that fail with [`Error`].
@@ -200,16 +201,21 @@ impl Error {
         self
     }
 
-    /// Attaches a repro document (JSON) of the failing invocation.
-    pub fn with_repro(mut self, document: String) -> Error {
-        self.repro = Some(document.into());
+    /// Attaches a repro document of the failing invocation: JSON text, or a
+    /// [`Document`](crate::debug::repro::Document) whose site is symbolised when first
+    /// read.
+    pub fn with_repro(mut self, document: impl Into<crate::debug::repro::Document>) -> Error {
+        self.repro = Some(Arc::new(document.into()));
         self
     }
 
     /// The repro document of this error or, failing that, of the first link of its
-    /// cause chain that has one (the invocation that failed first).
+    /// cause chain that has one (the invocation that failed first). Written, its site
+    /// symbolised, on the first call (clones share it).
     pub fn repro(&self) -> Option<&str> {
-        self.chain().find_map(|e| e.repro.as_deref())
+        self.chain()
+            .find_map(|e| e.repro.as_deref())
+            .map(crate::debug::repro::Document::text)
     }
 
     /// The check flag's report, for errors that are raised flags.

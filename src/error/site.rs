@@ -141,6 +141,9 @@ pub struct Site {
     depth: usize,
     trim_by_name: bool,
     resolved: OnceLock<Vec<Frame>>,
+    /// How many times the frames were symbolised (tests of laziness).
+    #[cfg(test)]
+    resolutions: std::sync::atomic::AtomicUsize,
 }
 
 impl Site {
@@ -188,6 +191,8 @@ impl Site {
             depth,
             trim_by_name,
             resolved: OnceLock::new(),
+            #[cfg(test)]
+            resolutions: Default::default(),
         }
     }
 
@@ -235,7 +240,16 @@ impl Site {
         self.resolved.get_or_init(|| self.resolve())
     }
 
+    /// How many times this site's frames were symbolised (0 until someone asks).
+    #[cfg(test)]
+    pub(crate) fn resolutions(&self) -> usize {
+        self.resolutions.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     fn resolve(&self) -> Vec<Frame> {
+        #[cfg(test)]
+        self.resolutions
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let mut frames: Vec<Frame> = self.location.iter().chain(&self.host).cloned().collect();
         if self.show_native {
             let skip = usize::from(self.location.is_some());

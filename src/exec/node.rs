@@ -1062,7 +1062,8 @@ impl Node {
 
     /// Attaches the repro document of this failing call to its error.
     fn with_repro(&self, e: Error, inputs: &[Arc<Tensor>], sample: Option<usize>) -> Error {
-        let doc = crate::debug::repro::document(
+        // Symbolises nothing: the site's frames are resolved when the document is read.
+        let doc = crate::debug::repro::Document::new(
             &crate::debug::repro::Invocation {
                 op: &self.op.name,
                 args: &self.args,
