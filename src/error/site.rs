@@ -2,7 +2,9 @@
 //!
 //! Capture is cheap and symbolisation is lazy: at capture time only raw instruction
 //! pointers are recorded; names, files and lines are looked up the first time someone
-//! asks for the frames, then cached in the site.
+//! asks for the frames, then cached in the site. Each address is looked up once per
+//! process (a bounded cache shared by all sites): the sites of a long chain of
+//! failures captured at the same lines share their return addresses.
 //!
 //! Frames inside ndx are dropped precisely with a stack marker: every C entry point
 //! (see `crate::ffi::boundary`) records the address of a local of its own frame in a
@@ -13,8 +15,11 @@
 //! frames are resolved.
 
 use std::cell::Cell;
+use std::collections::BTreeMap;
 use std::ffi::{CStr, CString};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::Mutex;
 
 use super::to_cstring;
 
@@ -262,32 +267,17 @@ impl Site {
         let mut frames = Vec::with_capacity(self.ips.len());
         let mut leading = true;
         for &ip in self.ips.iter().skip(skip) {
-            let mut symbols = Vec::new();
-            backtrace::resolve(ip as *mut std::ffi::c_void, |sym| {
-                let function = sym.name().map(|n| format!("{n:#}"));
-                let file = sym.filename().map(|p| p.to_string_lossy().into_owned());
-                symbols.push(Frame::new(
-                    function.as_deref(),
-                    file.as_deref(),
-                    sym.lineno().unwrap_or(0),
-                    sym.colno().unwrap_or(0),
-                    ip,
-                    FrameOrigin::Native,
-                ));
-            });
-            if symbols.is_empty() {
-                symbols.push(Frame::new(None, None, 0, 0, ip, FrameOrigin::Native));
-            }
-            for frame in symbols {
-                if leading && is_internal(&frame, self.trim_by_name) {
+            let symbols = symbolise(ip);
+            for frame in symbols.iter() {
+                if leading && is_internal(frame, self.trim_by_name) {
                     continue;
                 }
                 leading = false;
                 // Outward of the caller, ndx's own frames are its machinery that ran
                 // the caller's code (a callback's or host kernel's trampoline, the
                 // worker): left out, as the runtime's are.
-                if !is_runtime(&frame) && !is_ndx(&frame) {
-                    frames.push(frame);
+                if !is_runtime(frame) && !is_ndx(frame) {
+                    frames.push(frame.clone());
                 }
             }
         }
@@ -296,6 +286,60 @@ impl Site {
         }
         frames
     }
+}
+
+/// The most addresses the process-wide symbol cache holds; when full, it is emptied
+/// (simple, and a process that fills it is looking up new addresses anyway).
+const SYMBOL_CACHE_CAPACITY: usize = 16 * 1024;
+
+/// The frames each return address resolved to (several where calls were inlined),
+/// shared by every site: symbolising one address costs milliseconds (tens of them in a
+/// debug build, where the unwinder's own small cache of parsed objects keeps being
+/// evicted by stacks that cross more than a few shared objects). Keyed by address
+/// alone: a library unloaded and another loaded at the same addresses would be named
+/// after the first (ndx never unloads code; language runtimes keep their extension
+/// modules loaded). A B-tree rather than a hash table: what it holds at exit is
+/// reachable from the static through pointers to the start of each block, so leak
+/// checkers (valgrind) report it as still reachable, not as possibly lost.
+static SYMBOLS: Mutex<BTreeMap<usize, Arc<[Frame]>>> = Mutex::new(BTreeMap::new());
+
+#[cfg(test)]
+thread_local! {
+    /// Addresses this thread looked up in the debug information (cache misses).
+    static LOOKUPS: Cell<usize> = const { Cell::new(0) };
+}
+
+/// The frames of return address `ip`, innermost (inlined) first: from the cache, or
+/// looked up (without holding the cache's lock) and remembered.
+fn symbolise(ip: usize) -> Arc<[Frame]> {
+    if let Some(hit) = SYMBOLS.lock().get(&ip) {
+        return hit.clone();
+    }
+    #[cfg(test)]
+    LOOKUPS.with(|n| n.set(n.get() + 1));
+    let mut symbols = Vec::new();
+    backtrace::resolve(ip as *mut std::ffi::c_void, |sym| {
+        let function = sym.name().map(|n| format!("{n:#}"));
+        let file = sym.filename().map(|p| p.to_string_lossy().into_owned());
+        symbols.push(Frame::new(
+            function.as_deref(),
+            file.as_deref(),
+            sym.lineno().unwrap_or(0),
+            sym.colno().unwrap_or(0),
+            ip,
+            FrameOrigin::Native,
+        ));
+    });
+    if symbols.is_empty() {
+        symbols.push(Frame::new(None, None, 0, 0, ip, FrameOrigin::Native));
+    }
+    let symbols: Arc<[Frame]> = symbols.into();
+    let mut cache = SYMBOLS.lock();
+    if cache.len() >= SYMBOL_CACHE_CAPACITY {
+        cache.clear();
+    }
+    cache.insert(ip, symbols.clone());
+    symbols
 }
 
 /// Frames of ndx itself (and of the unwinder) at the inner end of a capture taken
@@ -371,5 +415,46 @@ mod tests {
             assert!(!site.ips.is_empty());
             assert!(site.ips.len() < 10_000, "{}", site.ips.len());
         }
+    }
+
+    /// Sites captured at the same line share their return addresses: the second one
+    /// is symbolised from the cache, with the same frames, looking nothing up.
+    #[test]
+    fn an_address_is_looked_up_once_per_process() {
+        let sites: Vec<Site> = (0..2)
+            .map(|_| Site::capture_native(DEFAULT_DEPTH))
+            .collect();
+        assert_eq!(sites[0].ips(), sites[1].ips());
+        let lookups = || LOOKUPS.with(Cell::get);
+        let before = lookups();
+        let first = sites[0].frames();
+        let looked_up = lookups() - before;
+        assert!(
+            looked_up > 0,
+            "this test's own addresses were never looked up before"
+        );
+        let second = sites[1].frames();
+        assert_eq!(
+            lookups() - before,
+            looked_up,
+            "the second site looked up addresses the first one resolved"
+        );
+        let parts = |frames: &[Frame]| {
+            frames
+                .iter()
+                .map(|f| {
+                    (
+                        f.function().map(str::to_owned),
+                        f.file().map(str::to_owned),
+                        f.line(),
+                        f.column(),
+                        f.ip(),
+                        f.origin(),
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
+        assert!(!first.is_empty());
+        assert_eq!(parts(first), parts(second));
     }
 }
