@@ -21,6 +21,9 @@ back to ndx's cache, so a steady-state pipeline takes no fresh pages).
   lt, add with a broadcast row, float32 4096 x 4096: vs `np.less` / `np.add` of the
         same operands.
   clamp, round, float32 16M: vs `np.clip` / `np.round`.
+  flip, transpose, pad, stack, concat, cast (f16, bf16 with ml_dtypes, u8, i32) and
+        mixed-dtype add of float32 1024 x 1024: vs NumPy's copies, `np.pad`,
+        `np.stack`, `np.concatenate`, `astype` and `np.add`.
   resize uint8 1080x1920x3 -> 224x224, linear: ndx `resize` vs OpenCV's
         `cv2.resize(..., INTER_LINEAR)` with OpenCV's default threads (the values
         are equal bit for bit; tests/python/test_ops_image.py checks them).
@@ -117,6 +120,41 @@ def main():
         ("clamp f32 16M", ndx_op("clamp", [ta], ndx.Args(lo=0.25, hi=0.75)), lambda: np.clip(a, 0.25, 0.75)),
         ("round f32 16M", ndx_op("round", [ta]), lambda: np.round(a)),
     ]:
+        t_ndx, t_np = best_s(run_ndx, r), best_s(run_np, r)
+        print(f"{label + ': ms vs NumPy ms':44} {t_ndx * 1e3:10.2f} {t_np * 1e3:10.2f} {t_np / t_ndx:8.2f}")
+
+    # Copies, joins and casts of float32 1024 x 1024 (three inputs to join).
+    m = [rng.standard_normal((1024, 1024), dtype=np.float32) for _ in range(3)]
+    tm = [ndx.tensor_from_numpy(x) for x in m]
+    i32 = rng.integers(-1000, 1000, (1024, 1024), dtype=np.int32)
+    f16 = m[1].astype(np.float16)
+    ti32, tf16 = ndx.tensor_from_numpy(i32), ndx.tensor_from_numpy(f16)
+    cases = [
+        ("flip f32 1024^2 axis 1", ndx_op("flip", tm[:1], ndx.Args().set_int_array("axes", [1])), lambda: np.flip(m[0], 1).copy()),
+        ("transpose f32 1024^2", ndx_op("transpose", tm[:1]), lambda: m[0].T.copy()),
+        ("pad f32 1024^2 by 1", ndx_op("pad", tm[:1], ndx.Args().set_int_array("widths", [1, 1, 1, 1])), lambda: np.pad(m[0], 1)),
+        ("stack 3 f32 1024^2 axis 2", ndx_op("stack", tm, ndx.Args().set_int("axis", 2)), lambda: np.stack(m, axis=2)),
+        ("stack 3 f32 1024^2 axis 0", ndx_op("stack", tm, ndx.Args().set_int("axis", 0)), lambda: np.stack(m, axis=0)),
+        ("concat 3 f32 1024^2 axis 1", ndx_op("concat", tm, ndx.Args().set_int("axis", 1)), lambda: np.concatenate(m, axis=1)),
+        ("cast f32 1024^2 -> f16", ndx_op("cast", tm[:1], ndx.Args().set_dtype("dtype", ndx.NDX_DTYPE_FLOAT16)), lambda: m[0].astype(np.float16)),
+        ("cast f16 1024^2 -> f32", ndx_op("cast", [tf16], ndx.Args().set_dtype("dtype", ndx.NDX_DTYPE_FLOAT32)), lambda: f16.astype(np.float32)),
+        ("cast f32 1024^2 -> u8", ndx_op("cast", tm[:1], ndx.Args().set_dtype("dtype", ndx.NDX_DTYPE_UINT8)), lambda: m[0].astype(np.uint8)),
+        ("cast f32 1024^2 -> i32", ndx_op("cast", tm[:1], ndx.Args().set_dtype("dtype", ndx.NDX_DTYPE_INT32)), lambda: m[0].astype(np.int32)),
+        ("add f32 + i32 1024^2", ndx_op("add", [tm[0], ti32]), lambda: np.add(m[0], i32)),
+        ("add f32 + f16 1024^2", ndx_op("add", [tm[0], tf16]), lambda: np.add(m[0], f16)),
+    ]
+    try:
+        import ml_dtypes
+
+        bf = m[0].astype(ml_dtypes.bfloat16)
+        tbf = ndx.tensor_from_host(bf.view(np.uint16), ndx.NDX_DTYPE_BFLOAT16)
+        cases += [
+            ("cast f32 1024^2 -> bf16", ndx_op("cast", tm[:1], ndx.Args().set_dtype("dtype", ndx.NDX_DTYPE_BFLOAT16)), lambda: m[0].astype(ml_dtypes.bfloat16)),
+            ("cast bf16 1024^2 -> f32", ndx_op("cast", [tbf], ndx.Args().set_dtype("dtype", ndx.NDX_DTYPE_FLOAT32)), lambda: bf.astype(np.float32)),
+        ]
+    except ImportError:
+        pass
+    for label, run_ndx, run_np in cases:
         t_ndx, t_np = best_s(run_ndx, r), best_s(run_np, r)
         print(f"{label + ': ms vs NumPy ms':44} {t_ndx * 1e3:10.2f} {t_np * 1e3:10.2f} {t_np / t_ndx:8.2f}")
 
