@@ -384,19 +384,56 @@ impl Tensor {
             dst.copy_from_slice(&src[start..start + nbytes]);
             return Ok(());
         }
-        let item = self.dtype.itemsize();
+        match self.dtype.itemsize() {
+            1 => self.gather::<u8, 1>(src, origin, dst),
+            2 => self.gather::<u16, 2>(src, origin, dst),
+            4 => self.gather::<u32, 4>(src, origin, dst),
+            _ => self.gather::<u64, 8>(src, origin, dst),
+        }
+        Ok(())
+    }
+
+    /// Copies the elements of this non-compact view, whose element 0 is at byte
+    /// `origin` of `span`, compacted into `dst` (exactly [`Tensor::nbytes`] long), as
+    /// items of `N` bytes: `U` (an unsigned integer of `N` bytes) when both buffers are
+    /// aligned for it, else byte arrays.
+    fn gather<U: bytemuck::Pod, const N: usize>(&self, span: &[u8], origin: isize, dst: &mut [u8]) {
+        // Every element starts at a multiple of N from `origin`: cut the span there.
+        let shift = origin.rem_euclid(N as isize) as usize;
+        let span = &span[shift..];
+        let span = &span[..span.len() / N * N];
+        match (
+            bytemuck::try_cast_slice::<u8, U>(span),
+            bytemuck::try_cast_slice_mut::<u8, U>(dst),
+        ) {
+            (Ok(src), Ok(dst)) => self.gather_items(src, shift, dst),
+            _ => self.gather_items::<[u8; N]>(span.as_chunks().0, shift, dst.as_chunks_mut().0),
+        }
+    }
+
+    /// [`Tensor::gather`] over typed items: `src` is the span from byte `shift` on.
+    fn gather_items<T: Copy>(&self, src: &[T], shift: usize, dst: &mut [T]) {
+        let item = std::mem::size_of::<T>() as isize;
         self.for_each_row(|at, step, out, row| {
-            if step == item as isize {
-                let a = at as usize;
-                dst[out..out + row].copy_from_slice(&src[a..a + row]);
-            } else {
-                for (k, o) in (out..out + row).step_by(item).enumerate() {
-                    let a = (at + k as isize * step) as usize;
-                    dst[o..o + item].copy_from_slice(&src[a..a + item]);
+            let (at, step) = ((at - shift as isize) / item, step / item);
+            let (out, n) = (out / item as usize, row / item as usize);
+            let d = &mut dst[out..out + n];
+            match step {
+                1 => d.copy_from_slice(&src[at as usize..at as usize + n]),
+                -1 => {
+                    let lo = (at + 1) as usize - n;
+                    for (d, s) in d.iter_mut().zip(src[lo..lo + n].iter().rev()) {
+                        *d = *s;
+                    }
+                }
+                0 => d.fill(src[at as usize]),
+                _ => {
+                    for (k, d) in d.iter_mut().enumerate() {
+                        *d = src[(at + k as isize * step) as usize];
+                    }
                 }
             }
         });
-        Ok(())
     }
 
     /// Calls `f(at, step, out, row)` for each innermost row of a non-empty view, in
