@@ -7,6 +7,7 @@ use std::sync::Arc;
 use crate::checks;
 
 use super::kernels::{self, make};
+use super::par;
 use super::reduce::normalize_axes;
 use super::{ArgSpec, Kernel, OpDef, TMeta};
 use crate::error::{Error, Result};
@@ -345,33 +346,78 @@ fn pad(t: &Tensor, widths: &[(i64, i64)], value: f64) -> Result<Tensor> {
     )?
     .to_bytes()?;
     let item = t.dtype().itemsize();
-    let src = t.to_bytes()?;
-    let out_strides = compact_strides(&shape).unwrap_or_default();
-    Tensor::new_host(t.dtype(), &shape, Default::default(), |out| {
-        for chunk in out.chunks_mut(item) {
-            chunk.copy_from_slice(&fill);
+    let src = t.compact_bytes()?;
+    Tensor::new_host_overwritten(t.dtype(), &shape, Default::default(), |out| {
+        let Some((&inner, outer)) = shape.split_last() else {
+            out.copy_from_slice(&src);
+            return Ok(());
+        };
+        if out.is_empty() {
+            return Ok(());
         }
-        let n = t.numel();
-        let mut index = vec![0i64; shape.len()];
-        for i in 0..n {
-            let o: i64 = index
-                .iter()
-                .zip(&out_strides)
-                .zip(widths)
-                .map(|((&x, &s), (b, _))| (x + b) * s)
-                .sum();
-            let o = o as usize * item;
-            out[o..o + item].copy_from_slice(&src[i * item..(i + 1) * item]);
-            for d in (0..index.len()).rev() {
-                index[d] += 1;
-                if index[d] < t.shape()[d] {
-                    break;
-                }
-                index[d] = 0;
+        let row = inner as usize * item;
+        let in_shape = &t.shape()[..outer.len()];
+        let in_row = t.shape()[outer.len()] as usize * item;
+        let before = widths[outer.len()].0 as usize * item;
+        // Output row by output row: the input row it holds (when its index lies inside
+        // the input on every outer axis) between fill, or fill only.
+        par::chunks_mut(out, row, inner as usize, |first, piece| {
+            let mut index = vec![0i64; outer.len()];
+            let mut rest = first as i64;
+            for d in (0..outer.len()).rev() {
+                index[d] = rest % outer[d];
+                rest /= outer[d];
             }
-        }
-        Ok(())
+            for dst in piece.chunks_exact_mut(row) {
+                let mut from = Some(0usize);
+                for ((&i, &n), &(b, _)) in index.iter().zip(in_shape).zip(widths) {
+                    from = from
+                        .filter(|_| i >= b && i - b < n)
+                        .map(|r| r * n as usize + (i - b) as usize);
+                }
+                match from.filter(|_| in_row > 0) {
+                    Some(r) => {
+                        let (head, rest) = dst.split_at_mut(before);
+                        let (mid, tail) = rest.split_at_mut(in_row);
+                        fill_items(head, &fill);
+                        mid.copy_from_slice(&src[r * in_row..(r + 1) * in_row]);
+                        fill_items(tail, &fill);
+                    }
+                    None => fill_items(dst, &fill),
+                }
+                for d in (0..outer.len()).rev() {
+                    index[d] += 1;
+                    if index[d] < outer[d] {
+                        break;
+                    }
+                    index[d] = 0;
+                }
+            }
+            Ok(())
+        })
     })
+}
+
+/// Fills `dst` with copies of the item `value`.
+fn fill_items(dst: &mut [u8], value: &[u8]) {
+    fn fill<const N: usize>(dst: &mut [u8], value: [u8; N]) {
+        for d in dst.chunks_exact_mut(N) {
+            d.copy_from_slice(&value);
+        }
+    }
+    if value.iter().all(|&b| b == value[0]) {
+        dst.fill(value[0]);
+    } else if let Ok(v) = <[u8; 2]>::try_from(value) {
+        fill(dst, v);
+    } else if let Ok(v) = <[u8; 4]>::try_from(value) {
+        fill(dst, v);
+    } else if let Ok(v) = <[u8; 8]>::try_from(value) {
+        fill(dst, v);
+    } else {
+        for d in dst.chunks_exact_mut(value.len()) {
+            d.copy_from_slice(value);
+        }
+    }
 }
 
 fn meta(dtype: DType, shape: Vec<i64>) -> Vec<TMeta> {
