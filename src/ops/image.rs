@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use super::elementwise::promote_all;
 use super::kernels::{self, Elem, make, typed};
+use super::par;
 use super::resize;
 use super::{ArgSpec, Kernel, OpDef, SAMPLES, TMeta, VARIADIC};
 use crate::error::{Error, Result};
@@ -68,10 +69,10 @@ fn stack_meta(inputs: &[&TMeta], args: &Args) -> Result<(usize, Vec<i64>)> {
     Ok((axis, shape))
 }
 
-/// Copies each input (cast to `dtype`, compacted) into consecutive slabs: for every
-/// index of the output's dimensions before `axis`, each input's block from `axis` on
-/// (a concatenated input's extent along `axis` times the rest; a stacked input's
-/// whole sample).
+/// Copies each input (cast to `dtype` when it is not, compacted) into consecutive
+/// slabs: for every index of the output's dimensions before `axis`, each input's
+/// block from `axis` on (a concatenated input's extent along `axis` times the rest; a
+/// stacked input's whole sample).
 fn join(
     inputs: &[&Tensor],
     dtype: DType,
@@ -80,10 +81,19 @@ fn join(
     layout: &str,
 ) -> Result<Tensor> {
     let item = dtype.itemsize();
-    let outer: usize = shape[..axis].iter().map(|&d| d as usize).product();
-    let parts: Vec<Vec<u8>> = inputs
+    let cast: Vec<Option<Tensor>> = inputs
         .iter()
-        .map(|t| kernels::cast(t, dtype)?.to_bytes())
+        .map(|t| {
+            (t.dtype() != dtype)
+                .then(|| kernels::cast(t, dtype))
+                .transpose()
+        })
+        .collect::<Result<_>>()?;
+    // Each input's bytes, read in place when compact.
+    let parts: Vec<std::borrow::Cow<'_, [u8]>> = inputs
+        .iter()
+        .zip(&cast)
+        .map(|(t, c)| c.as_ref().unwrap_or(t).compact_bytes())
         .collect::<Result<_>>()?;
     // Bytes of one input per outer index: its extent along the axis times the inner size.
     let slab: Vec<usize> = inputs
@@ -93,17 +103,47 @@ fn join(
             s[axis..].iter().map(|&d| d as usize).product::<usize>() * item
         })
         .collect();
+    let total: usize = slab.iter().sum();
     let layout = std::ffi::CString::new(layout).unwrap_or_default();
     Tensor::new_host_overwritten(dtype, shape, layout, |out| {
-        let mut at = 0;
-        for o in 0..outer {
+        if total == 0 {
+            return Ok(());
+        }
+        // Pieces of whole outer indices; in each, input by input, its slabs.
+        par::chunks_mut(out, total, total / item, |first, piece| {
+            let n = piece.len() / total;
+            let mut at = 0;
             for (p, &len) in parts.iter().zip(&slab) {
-                out[at..at + len].copy_from_slice(&p[o * len..(o + 1) * len]);
+                scatter(piece, at, total, &p[first * len..(first + n) * len], len);
                 at += len;
             }
-        }
-        Ok(())
+            Ok(())
+        })
     })
+}
+
+/// Copies consecutive blocks of `len` bytes of `src` to `dst` from byte `at` on, one
+/// every `stride` bytes.
+fn scatter(dst: &mut [u8], at: usize, stride: usize, src: &[u8], len: usize) {
+    fn blocks<const N: usize>(dst: &mut [u8], at: usize, stride: usize, src: &[u8]) {
+        for (d, s) in dst.chunks_exact_mut(stride).zip(src.chunks_exact(N)) {
+            d[at..at + N].copy_from_slice(s);
+        }
+    }
+    match len {
+        0 => {}
+        1 => blocks::<1>(dst, at, stride, src),
+        2 => blocks::<2>(dst, at, stride, src),
+        4 => blocks::<4>(dst, at, stride, src),
+        8 => blocks::<8>(dst, at, stride, src),
+        12 => blocks::<12>(dst, at, stride, src),
+        16 => blocks::<16>(dst, at, stride, src),
+        _ => {
+            for (d, s) in dst.chunks_exact_mut(stride).zip(src.chunks_exact(len)) {
+                d[at..at + len].copy_from_slice(s);
+            }
+        }
+    }
 }
 
 /// Integer argument `name` of `op`, which its schema marks required.
