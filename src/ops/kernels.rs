@@ -6,8 +6,10 @@
 use std::borrow::Cow;
 
 use bytemuck::Pod;
+use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
+use super::par;
 use crate::error::{Error, Result};
 use crate::tensor::{DType, Tensor, dims};
 
@@ -25,6 +27,24 @@ pub trait Elem: Pod + Copy + Send + Sync + PartialEq + PartialOrd + 'static {
     fn from_f64(v: f64) -> Self;
     /// From i128: wraps to the type's width for integers; rounds for floats.
     fn from_i128(v: i128) -> Self;
+    /// Whether every value is exactly an `f32` (through [`Elem::to_f32`]).
+    const F32_EXACT: bool;
+    /// The value as f32 (exact when [`Elem::F32_EXACT`]).
+    fn to_f32(self) -> f32;
+    /// From f32: the same as [`Elem::from_f64`] of the value.
+    fn from_f32(v: f32) -> Self;
+    /// `dst[i] = src[i].to_f32()`.
+    fn slice_to_f32(src: &[Self], dst: &mut [f32]) {
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d = s.to_f32();
+        }
+    }
+    /// `dst[i] = Self::from_f32(src[i])`.
+    fn slice_from_f32(src: &[f32], dst: &mut [Self]) {
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d = Self::from_f32(s);
+        }
+    }
     /// Wrapping/IEEE addition.
     fn add(self, o: Self) -> Self;
     /// Wrapping/IEEE multiplication.
@@ -78,10 +98,17 @@ pub fn float_divmod(a: f64, b: f64) -> (f64, f64) {
 }
 
 macro_rules! int_elem {
-    ($t:ty, $d:expr) => {
+    ($t:ty, $d:expr, $exact:expr) => {
         impl Elem for $t {
             const DTYPE: DType = $d;
             const INT: bool = true;
+            const F32_EXACT: bool = $exact;
+            fn to_f32(self) -> f32 {
+                self as f32
+            }
+            fn from_f32(v: f32) -> Self {
+                v as $t
+            }
             fn to_f64(self) -> f64 {
                 self as f64
             }
@@ -171,20 +198,28 @@ macro_rules! int_elem {
     };
 }
 
-int_elem!(i8, DType::I8);
-int_elem!(i16, DType::I16);
-int_elem!(i32, DType::I32);
-int_elem!(i64, DType::I64);
-int_elem!(u8, DType::U8);
-int_elem!(u16, DType::U16);
-int_elem!(u32, DType::U32);
-int_elem!(u64, DType::U64);
+int_elem!(i8, DType::I8, true);
+int_elem!(i16, DType::I16, true);
+int_elem!(i32, DType::I32, false);
+int_elem!(i64, DType::I64, false);
+int_elem!(u8, DType::U8, true);
+int_elem!(u16, DType::U16, true);
+int_elem!(u32, DType::U32, false);
+int_elem!(u64, DType::U64, false);
 
 macro_rules! float_elem {
-    ($t:ty, $d:expr, $to:expr, $from:expr) => {
+    ($t:ty, $d:expr, $to:expr, $from:expr, $exact:expr, $to32:expr, $from32:expr $(, $extra:item)*) => {
         impl Elem for $t {
             const DTYPE: DType = $d;
             const INT: bool = false;
+            const F32_EXACT: bool = $exact;
+            fn to_f32(self) -> f32 {
+                $to32(self)
+            }
+            fn from_f32(v: f32) -> Self {
+                $from32(v)
+            }
+            $($extra)*
             fn to_f64(self) -> f64 {
                 $to(self)
             }
@@ -248,10 +283,69 @@ macro_rules! float_elem {
     };
 }
 
-float_elem!(f32, DType::F32, |v: f32| v as f64, |v: f64| v as f32);
-float_elem!(f64, DType::F64, |v: f64| v, |v: f64| v);
-float_elem!(f16, DType::F16, f16::to_f64, f16_from_f64);
-float_elem!(bf16, DType::BF16, bf16::to_f64, bf16_from_f64);
+float_elem!(
+    f32,
+    DType::F32,
+    |v: f32| v as f64,
+    |v: f64| v as f32,
+    true,
+    |v: f32| v,
+    |v: f32| v
+);
+float_elem!(
+    f64,
+    DType::F64,
+    |v: f64| v,
+    |v: f64| v,
+    false,
+    |v: f64| v as f32,
+    |v: f32| v as f64
+);
+// Slices of halves convert with the CPU's conversion instructions when it has them.
+float_elem!(
+    f16,
+    DType::F16,
+    f16::to_f64,
+    f16_from_f64,
+    true,
+    f16::to_f32,
+    f16::from_f32,
+    fn slice_to_f32(src: &[Self], dst: &mut [f32]) {
+        src.convert_to_f32_slice(dst);
+    },
+    fn slice_from_f32(src: &[f32], dst: &mut [Self]) {
+        dst.convert_from_f32_slice(src);
+    }
+);
+float_elem!(
+    bf16,
+    DType::BF16,
+    bf16::to_f64,
+    bf16_from_f64,
+    true,
+    bf16_to_f32,
+    bf16_from_f32
+);
+
+/// `v` to `bfloat16`, rounded to nearest even; NaN keeps its sign and high payload bits
+/// and is made quiet (as `half`'s `bf16::from_f32`, without branches).
+fn bf16_from_f32(v: f32) -> bf16 {
+    let x = v.to_bits();
+    let rounded = (x.wrapping_add(0x7fff + ((x >> 16) & 1)) >> 16) as u16;
+    let nan = (x & 0x7fff_ffff) > 0x7f80_0000;
+    bf16::from_bits(if nan {
+        (x >> 16) as u16 | 0x40
+    } else {
+        rounded
+    })
+}
+
+/// `v` as `f32` (exact); NaN is made quiet (as `half`'s `bf16::to_f32`).
+fn bf16_to_f32(v: bf16) -> f32 {
+    let b = v.to_bits();
+    let nan = (b & 0x7fff) > 0x7f80;
+    f32::from_bits(u32::from(if nan { b | 0x40 } else { b }) << 16)
+}
 
 /// `v` rounded to `f32` toward zero, with the last bit set when that was inexact
 /// ("round to odd"): rounding this to a format of at most 22 significant bits (half,
@@ -449,29 +543,72 @@ pub fn cast(t: &Tensor, to: DType) -> Result<Tensor> {
     }
     with_elem!(t.dtype(), S => cast_from::<S>(t, to), bool => {
         let src = t.compact_bytes()?;
-        let vals: Vec<u8> = src.iter().map(|&b| u8::from(b != 0)).collect();
-        with_elem!(to, D => make::<D>(t.shape(), t.layout(), |out| {
-            for (o, &v) in out.iter_mut().zip(&vals) {
-                *o = D::from_i128(v as i128);
-            }
-            Ok(())
+        with_elem!(to, D => make_overwritten::<D>(t.shape(), t.layout(), |out| {
+            let (zero, one) = (D::from_i128(0), D::from_i128(1));
+            convert_pieces(&src, out, |s, o| {
+                for (o, &v) in o.iter_mut().zip(s) {
+                    *o = if v != 0 { one } else { zero };
+                }
+            })
         }), bool => unreachable!("bool to bool is handled above"))
     })
 }
 
 fn cast_from<S: Elem>(t: &Tensor, to: DType) -> Result<Tensor> {
     let src = typed::<S>(t)?;
-    with_elem!(to, D => make::<D>(t.shape(), t.layout(), |out| {
-        for (o, &v) in out.iter_mut().zip(src.iter()) {
-            *o = if S::INT { D::from_i128(v.to_i128()) } else { D::from_f64(v.to_f64()) };
-        }
-        Ok(())
-    }), bool => make::<u8>(t.shape(), t.layout(), |out| {
-        for (o, &v) in out.iter_mut().zip(src.iter()) {
-            *o = u8::from(v.to_f64() != 0.0);
-        }
-        Ok(())
+    with_elem!(to, D => make_overwritten::<D>(t.shape(), t.layout(), |out| {
+        convert_pieces(&src, out, convert_run::<S, D>)
+    }), bool => make_overwritten::<u8>(t.shape(), t.layout(), |out| {
+        convert_pieces(&src, out, |s, o| {
+            for (o, &v) in o.iter_mut().zip(s) {
+                *o = u8::from(v.truthy());
+            }
+        })
     }).map(|t| t.with_dtype_of_same_size(DType::Bool)))
+}
+
+/// Runs `run(src piece, out piece)` over matching pieces of `src` and `out`, across
+/// the worker pool when they are large.
+fn convert_pieces<S: Sync, D: Send>(
+    src: &[S],
+    out: &mut [D],
+    run: impl Fn(&[S], &mut [D]) + Sync + Send,
+) -> Result<()> {
+    par::chunks_mut(out, 1, 1, |first, piece| {
+        run(&src[first..first + piece.len()], piece);
+        Ok(())
+    })
+}
+
+/// `out[i] = src[i]` converted as [`cast`] documents.
+fn convert_run<S: Elem, D: Elem>(src: &[S], out: &mut [D]) {
+    if S::F32_EXACT && (S::DTYPE == DType::F16 || D::DTYPE == DType::F16) {
+        // Through f32 in blocks, so that halves convert as slices.
+        let mut buf = [0f32; 256];
+        for (s, o) in src.chunks(buf.len()).zip(out.chunks_mut(buf.len())) {
+            let b = &mut buf[..s.len()];
+            S::slice_to_f32(s, b);
+            D::slice_from_f32(b, o);
+        }
+        return;
+    }
+    for (o, &v) in out.iter_mut().zip(src) {
+        *o = convert::<S, D>(v);
+    }
+}
+
+/// One element converted as [`cast`] documents, in the cheapest exact way for the
+/// pair of types: integers wrap, and a value that is exactly an `f32` goes through
+/// `f32` (the same result as through `f64`, in narrower arithmetic).
+#[inline(always)]
+fn convert<S: Elem, D: Elem>(v: S) -> D {
+    if S::INT && D::INT {
+        D::from_i128(v.to_i128())
+    } else if S::F32_EXACT {
+        D::from_f32(v.to_f32())
+    } else {
+        D::from_f64(v.to_f64())
+    }
 }
 
 /// Adds one to every element (the `inject_accuracy_error` backend).
@@ -561,6 +698,129 @@ mod tests {
         assert_eq!(b.to_bytes().unwrap(), [1, 1]);
         let h = cast(&t::<f32>(&[0.1], &[1]), DType::F16).unwrap();
         assert_eq!(vals::<f16>(&h), [f16::from_f32(0.1)]);
+    }
+}
+
+#[cfg(test)]
+mod cast_tests {
+    use super::*;
+
+    /// `src` converted to `D` by [`convert_run`] is, bit for bit, what the wide route
+    /// gives: integers through i128, everything else through f64.
+    fn check<S: Elem, D: Elem>(src: &[S]) {
+        let mut out = vec![D::from_i128(0); src.len()];
+        convert_run::<S, D>(src, &mut out);
+        for (&v, o) in src.iter().zip(&out) {
+            let want = if S::INT {
+                D::from_i128(v.to_i128())
+            } else {
+                D::from_f64(v.to_f64())
+            };
+            assert_eq!(
+                bytemuck::bytes_of(o),
+                bytemuck::bytes_of(&want),
+                "{} {:?} to {}",
+                S::DTYPE.name(),
+                bytemuck::bytes_of(&v),
+                D::DTYPE.name()
+            );
+        }
+    }
+
+    /// Every other type (a cast to the same type copies).
+    fn to_every_type<S: Elem>(src: &[S]) {
+        for d in DType::ALL.into_iter().filter(|&d| d != S::DTYPE) {
+            with_elem!(d, D => check::<S, D>(src), bool => {});
+        }
+    }
+
+    #[test]
+    fn typed_casts_equal_the_wide_route_bit_for_bit() {
+        // Every 8- and 16-bit pattern.
+        let bytes: Vec<u8> = (0..=u8::MAX).collect();
+        to_every_type::<u8>(&bytes);
+        to_every_type::<i8>(bytemuck::cast_slice(&bytes));
+        let halves: Vec<u16> = (0..=u16::MAX).collect();
+        to_every_type::<u16>(&halves);
+        to_every_type::<i16>(bytemuck::cast_slice(&halves));
+        to_every_type::<f16>(bytemuck::cast_slice(&halves));
+        to_every_type::<bf16>(bytemuck::cast_slice(&halves));
+        // f32: patterns spread over every bit, and the edges: NaNs (quiet, signalling,
+        // negative), infinities, -0.0, subnormals, the largest finite values, halfway
+        // cases of bfloat16 and float16, and values at and past the integer limits.
+        let mut f: Vec<u32> = (0..=u32::from(u16::MAX)).map(|i| i * 65537).collect();
+        f.extend([
+            0x7fc0_0000,
+            0x7f80_0001,
+            0xffc0_0001,
+            0x7fff_ffff,
+            0xff80_0000,
+            0x7f80_0000,
+            0x8000_0000,
+            0x0000_0001,
+            0x007f_ffff,
+            0x7f7f_ffff,
+            0xff7f_ffff,
+            0x3f80_8000,
+            0x3f81_8000,
+            0x3f80_8001,
+            0x3f80_7fff,
+            0x477f_f000,
+            0x477f_efff,
+            0x3380_0000,
+            0x3380_0001,
+            0x3300_0000,
+        ]);
+        f.extend(
+            [
+                0.5f32,
+                1.5,
+                2.5,
+                -0.5,
+                -1.5,
+                255.5,
+                256.0,
+                -1.0,
+                -0.9,
+                65535.9,
+                65536.0,
+                -129.0,
+                2_147_483_520.0,
+                2_147_483_648.0,
+                -2_147_483_904.0,
+                4_294_967_296.0,
+                9.223_372e18,
+                1.844_674_4e19,
+                -9.223_373e18,
+            ]
+            .map(f32::to_bits),
+        );
+        to_every_type::<f32>(bytemuck::cast_slice(&f));
+        // The wide types: extremes and values that round when narrowed.
+        let wide: Vec<u64> = [
+            0,
+            1,
+            u64::MAX,
+            i64::MAX as u64,
+            i64::MIN as u64,
+            (1 << 24) + 1,
+            (1 << 53) + 1,
+            u32::MAX as u64,
+            0xffff_ff80_0000_0001,
+            0x1234_5678_9abc_def0,
+        ]
+        .into_iter()
+        .chain((0..4096u64).map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15)))
+        .collect();
+        to_every_type::<u64>(&wide);
+        to_every_type::<i64>(bytemuck::cast_slice(&wide));
+        let w32: Vec<u32> = wide.iter().map(|&v| (v >> 17) as u32).collect();
+        to_every_type::<u32>(&w32);
+        to_every_type::<i32>(bytemuck::cast_slice(&w32));
+        let mut doubles: Vec<f64> = wide.iter().map(|&v| f64::from_bits(v)).collect();
+        doubles.extend(f.iter().map(|&b| f64::from(f32::from_bits(b))));
+        doubles.extend([1.0 + 2f64.powi(-8) + 2f64.powi(-40), 65519.999, -0.0, 1e300]);
+        to_every_type::<f64>(&doubles);
     }
 }
 
