@@ -933,24 +933,33 @@ fn an_out_tensor_for_an_invocation_on_the_device_is_refused_at_invoke() {
     assert_eq!(calls(&count), 1);
 }
 
-/// What the stream of device 0 was doing when the probe deleter ran: -1 not run yet,
-/// 1 idle (every enqueued work done), 0 still busy.
+/// The stream the probe deleter queries: 0 for ndx's own stream of device 0, else a
+/// test's consumer stream (a raw `CUstream`). Each test using the probe runs alone in a
+/// child process, so one set of these serves them all.
+static PROBED_STREAM: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// What that stream was doing when the probe deleter ran: -1 not run yet, 1 idle (every
+/// enqueued work done), 0 still busy.
 static STREAM_IDLE_AT_DELETE: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
-/// The deleter the probe replaced (ndx's, of an export).
-static EXPORT_DELETER: std::sync::OnceLock<
+/// The deleter the probe replaced (a producer's, or ndx's of an export).
+static PROBED_DELETER: std::sync::OnceLock<
     unsafe extern "C" fn(*mut dlpark::ffi::DLManagedTensorVersioned),
 > = std::sync::OnceLock::new();
 
-/// A producer's deleter that notes whether ndx's stream still has work, then releases.
+/// A deleter that notes whether the probed stream still has work, then calls the one
+/// it replaced.
 unsafe extern "C" fn probe_deleter(m: *mut dlpark::ffi::DLManagedTensorVersioned) {
     let device = ndx::cuda::device(0).expect("device 0");
     device.bind().expect("bind");
-    // SAFETY: a live stream of ndx's, queried with its context current.
-    let r = unsafe { cudarc::driver::sys::cuStreamQuery(device.stream() as _) };
+    let stream = match PROBED_STREAM.load(std::sync::atomic::Ordering::SeqCst) {
+        0 => device.stream() as usize,
+        s => s,
+    };
+    // SAFETY: a live stream (ndx's or the test's), queried with its context current.
+    let r = unsafe { cudarc::driver::sys::cuStreamQuery(stream as _) };
     let idle = r == cudarc::driver::sys::CUresult::CUDA_SUCCESS;
     STREAM_IDLE_AT_DELETE.store(i32::from(idle), std::sync::atomic::Ordering::SeqCst);
-    // SAFETY: the export's own deleter, called once with its tensor.
-    unsafe { EXPORT_DELETER.get().expect("saved")(m) }
+    // SAFETY: the replaced deleter, called once with its tensor.
+    unsafe { PROBED_DELETER.get().expect("saved")(m) }
 }
 
 #[test]
@@ -1003,7 +1012,7 @@ fn an_import_read_by_an_invocation_that_failed_part_way_is_released_after_its_wo
     ));
     // SAFETY: a live export this test owns until the import below takes it.
     unsafe {
-        let _ = EXPORT_DELETER.set((*exported).deleter.expect("deleter"));
+        let _ = PROBED_DELETER.set((*exported).deleter.expect("deleter"));
         (*exported).deleter = Some(probe_deleter);
     }
     let mut a = std::ptr::null_mut();
@@ -1391,30 +1400,6 @@ fn exported_memory_is_reused_only_after_the_consumers_queued_work() {
     assert!(counts.iter().all(|c| calls(c) == 1));
 }
 
-/// The consumer's stream of `a_reexported_imports_producer_deleter_waits_for_the_consumer`.
-static CONSUMER_STREAM: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-/// Whether that stream was idle when the producer's deleter ran: -1 not run yet, 1 idle,
-/// 0 still busy.
-static CONSUMER_IDLE_AT_DELETE: std::sync::atomic::AtomicI32 =
-    std::sync::atomic::AtomicI32::new(-1);
-/// The producer's deleter the probe replaced.
-static PRODUCER_DELETER: std::sync::OnceLock<
-    unsafe extern "C" fn(*mut dlpark::ffi::DLManagedTensorVersioned),
-> = std::sync::OnceLock::new();
-
-/// A producer's deleter that notes whether the consumer's stream still has work.
-unsafe extern "C" fn consumer_probe_deleter(m: *mut dlpark::ffi::DLManagedTensorVersioned) {
-    let device = ndx::cuda::device(0).expect("device 0");
-    device.bind().expect("bind");
-    let stream = CONSUMER_STREAM.load(std::sync::atomic::Ordering::SeqCst);
-    // SAFETY: the test's live stream, queried with its context current.
-    let r = unsafe { cudarc::driver::sys::cuStreamQuery(stream as _) };
-    let idle = r == cudarc::driver::sys::CUresult::CUDA_SUCCESS;
-    CONSUMER_IDLE_AT_DELETE.store(i32::from(idle), std::sync::atomic::Ordering::SeqCst);
-    // SAFETY: the producer's own deleter, called once with its tensor.
-    unsafe { PRODUCER_DELETER.get().expect("saved")(m) }
-}
-
 #[test]
 fn a_reexported_imports_producer_deleter_waits_for_the_consumer() {
     let _device = shared_device();
@@ -1459,7 +1444,7 @@ fn a_reexported_imports_producer_deleter_waits_for_the_consumer() {
             sys::CUresult::CUDA_SUCCESS
         );
     }
-    CONSUMER_STREAM.store(stream as usize, std::sync::atomic::Ordering::SeqCst);
+    PROBED_STREAM.store(stream as usize, std::sync::atomic::Ordering::SeqCst);
     // The producer's tensor: device memory `lent`, with the probe as its deleter.
     let mut spec = Spec::f32s(&values, &[N as i64]);
     spec.device.device_type = DLDeviceType::CUDA;
@@ -1467,8 +1452,8 @@ fn a_reexported_imports_producer_deleter_waits_for_the_consumer() {
     // SAFETY: a live producer tensor this test owns until the import takes it.
     unsafe {
         (*m).dl_tensor.data = lent as *mut std::ffi::c_void;
-        let _ = PRODUCER_DELETER.set((*m).deleter.expect("deleter"));
-        (*m).deleter = Some(consumer_probe_deleter);
+        let _ = PROBED_DELETER.set((*m).deleter.expect("deleter"));
+        (*m).deleter = Some(probe_deleter);
     }
     let mut t = std::ptr::null_mut();
     ok(ndx_tensor_from_dlpack_versioned(
@@ -1509,7 +1494,7 @@ fn a_reexported_imports_producer_deleter_waits_for_the_consumer() {
     unsafe { ((*out).deleter.expect("deleter"))(out) };
     assert_eq!(calls(&count), 1, "the import is released");
     assert_eq!(
-        CONSUMER_IDLE_AT_DELETE.load(std::sync::atomic::Ordering::SeqCst),
+        STREAM_IDLE_AT_DELETE.load(std::sync::atomic::Ordering::SeqCst),
         1,
         "the producer's deleter ran while the consumer's kernel reading the memory was still queued"
     );
