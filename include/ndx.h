@@ -141,6 +141,51 @@ typedef int32_t ndx_error_kind_t;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 
+#if defined(NDX_TEST_HOOKS)
+/**
+ * Test hook faults of `ndx_test_cuda_fault`: how a run on CUDA tensors misbehaves.
+ * Compiled only with the cargo feature `test-hooks` (CMake option `NDX_TEST_HOOKS`).
+ */
+enum ndx_test_cuda_fault_t
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : int32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * Disarms.
+   */
+  NDX_TEST_CUDA_FAULT_NONE = 0,
+  /**
+   * After its kernels, it writes into the first byte of input 0 on ndx's stream.
+   */
+  NDX_TEST_CUDA_FAULT_WRITES_INPUT = 1,
+  /**
+   * Output 0 is a view of input 0's memory (which must be compact and hold at least
+   * as many bytes) with the inferred metadata.
+   */
+  NDX_TEST_CUDA_FAULT_ALIASES_INPUT = 2,
+  /**
+   * Output 0 has another dtype of the same item size than inferred.
+   */
+  NDX_TEST_CUDA_FAULT_WRONG_DTYPE = 3,
+  /**
+   * Output 0 has another shape than inferred (flattened, or 1-d given a leading 1).
+   */
+  NDX_TEST_CUDA_FAULT_WRONG_SHAPE = 4,
+  /**
+   * Output 0 has another layout than inferred.
+   */
+  NDX_TEST_CUDA_FAULT_WRONG_LAYOUT = 5,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum ndx_test_cuda_fault_t ndx_test_cuda_fault_t;
+#else
+typedef int32_t ndx_test_cuda_fault_t;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+#endif
+
 /**
  * Element types. Values are never renumbered.
  */
@@ -1108,6 +1153,18 @@ int32_t ndx_cuda_device_count(void);
  */
 ndx_error_t *ndx_cuda_device_check(int32_t device_id);
 
+#if defined(NDX_TEST_HOOKS)
+/**
+ * Test hook: the next run on CUDA tensors of operator `op` (in any context; not
+ * `to_host`) misbehaves once like a faulty kernel, as `fault` (an
+ * `ndx_test_cuda_fault_t`) says, so that tests can provoke on the device what the
+ * `debug` backend checks; `NDX_TEST_CUDA_FAULT_NONE` disarms. Arming replaces what was
+ * armed. An unknown `fault` is NDX_ERROR_VALUE. Thread-safe (one process-wide slot).
+ * Compiled only with the cargo feature `test-hooks` (CMake option `NDX_TEST_HOOKS`).
+ */
+ndx_error_t *ndx_test_cuda_fault(const char *op, int32_t fault);
+#endif
+
 /**
  * The kind of `error` (an `ndx_error_kind_t` value), or 0 when `error` is NULL
  * (no error).
@@ -1270,10 +1327,13 @@ ndx_error_t *ndx_context_set_capture_policy(const ndx_context_t *ctx,
  * original as cause); "debug" (every invocation is checked after it ran: each
  * output's dtype, shape/rank and layout against the schema — a built-in's inferred
  * metadata, a host operator's `output_dtypes`/`output_ndims`/`output_layouts` — no
- * output sharing an input's memory unless the schema has NDX_OP_OUTPUTS_MAY_ALIAS,
- * and every host input's bytes unchanged; a violation fails the invocation with
- * NDX_ERROR_BACKEND "debug backend: operator 'OP' ..." at its site; costs a hash of
- * the inputs per call); and fault injection for testing error handling:
+ * output sharing an input's memory (host or device addresses) unless the schema has
+ * NDX_OP_OUTPUTS_MAY_ALIAS, and every input's bytes unchanged; a violation fails the
+ * invocation with NDX_ERROR_BACKEND "debug backend: operator 'OP' ..." at its site;
+ * costs a hash of the inputs per call. Invocations on CUDA tensors are checked alike:
+ * their device inputs are copied to the host on ndx's stream before and after the
+ * run, so each such run waits for its GPU work, in every eval mode); and fault
+ * injection for testing error handling:
  * "inject_compile_error:OP" (invocations of OP fail at `ndx_invoke`),
  * "inject_runtime_error:OP" (they fail during execution),
  * "inject_accuracy_error:OP" (their outputs are silently increased by 1).

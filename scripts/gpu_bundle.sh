@@ -13,9 +13,11 @@ out=.gpu
 rm -rf "$out"
 mkdir -p "$out"
 
-# The library, and the Rust CUDA tests as one test binary.
-cargo build --release
-test_bin=$(cargo test --release --no-run --test cuda_api 2>&1 |
+# The library, and the Rust CUDA tests as one test binary, with the test hooks: the
+# CMake-built c_test_cuda (NDX_TEST_HOOKS on by default) calls them, and so do the
+# debug backend's device tests.
+cargo build --release --features test-hooks
+test_bin=$(cargo test --release --features test-hooks --no-run --test cuda_api 2>&1 |
   grep -o 'target/release/deps/cuda_api-[0-9a-f]*' | tail -1)
 cp target/release/libndx.so "$out/libndx.so"
 cp "$test_bin" "$out/cuda_api"

@@ -25,10 +25,11 @@ step "cargo test"
 cargo test
 
 # The CUDA tests again, on the emulated driver of tests/cuda_emu (g++; no GPU): the
-# tests that need a device run the launchers, the pool and the copies.
+# tests that need a device run the launchers, the pool and the copies (with the test
+# hooks, which the debug backend's device test needs).
 step "cargo test --test cuda_api on the emulated CUDA driver"
 emu_dir="$(dirname "$(python3 tests/cuda_emu/build.py "$build/cuda_emu")")"
-LD_LIBRARY_PATH="$emu_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" cargo test --test cuda_api
+LD_LIBRARY_PATH="$emu_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" cargo test --test cuda_api --features test-hooks
 
 # An official dlpack.h (from the apache-tvm-ffi wheel) for the include-order tests.
 dlpack_dir=${NDX_OFFICIAL_DLPACK_INCLUDE_DIR:-}

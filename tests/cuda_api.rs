@@ -1514,3 +1514,157 @@ fn a_reexported_imports_producer_deleter_waits_for_the_consumer() {
     }
     assert_eq!(got, values.iter().map(|v| 2.0 * v).collect::<Vec<f32>>());
 }
+
+/// Frame 0 of `e`: (file, line).
+#[cfg(feature = "test-hooks")]
+fn frame0(e: *const ndx_error_t) -> (String, u32) {
+    let mut f = ndx_frame_t {
+        struct_size: std::mem::size_of::<ndx_frame_t>(),
+        function: std::ptr::null(),
+        file: std::ptr::null(),
+        line: 0,
+        column: 0,
+        ip: 0,
+        origin: ndx_frame_origin_t::NDX_FRAME_NATIVE,
+    };
+    ok(ndx_error_frame(e, 0, &mut f));
+    // SAFETY: a frame's file, when set, is a C string borrowed from the live error.
+    let file = (!f.file.is_null()).then(|| {
+        unsafe { std::ffi::CStr::from_ptr(f.file) }
+            .to_string_lossy()
+            .into_owned()
+    });
+    (file.unwrap_or_default(), f.line)
+}
+
+#[cfg(feature = "test-hooks")]
+#[test]
+fn the_debug_backend_checks_invocations_on_cuda_tensors() {
+    // The fault hook is process-wide: no other test may run an operator meanwhile.
+    let _device = exclusive_device();
+    // Needs a device. The built-in CUDA kernels keep their promises, so the test hook
+    // makes one run misbehave as a faulty kernel would; the `debug` backend must then
+    // fail that invocation with NDX_ERROR_BACKEND at its enqueue site, in every mode,
+    // while the default backend trusts it.
+    skip_without_driver!();
+    use ndx_test_cuda_fault_t::*;
+    let values: Vec<f32> = (1..=8).map(|i| i as f32).collect();
+    let (m, count) = Spec::f32s(&values, &[2, 4]).versioned();
+    let mut host = std::ptr::null_mut();
+    ok(ndx_tensor_from_dlpack_versioned(
+        m,
+        std::ptr::null(),
+        &mut host,
+    ));
+    let cases = [
+        (
+            c"add",
+            NDX_TEST_CUDA_FAULT_WRITES_INPUT,
+            "wrote into its input 0 (shape [2, 4], dtype float32): inputs are never written",
+        ),
+        (
+            c"sum",
+            NDX_TEST_CUDA_FAULT_ALIASES_INPUT,
+            "output 0 shares memory with input 0; a schema without NDX_OP_OUTPUTS_MAY_ALIAS promises new memory",
+        ),
+        (
+            c"add",
+            NDX_TEST_CUDA_FAULT_WRONG_DTYPE,
+            "output 0 has dtype int32, its schema declares float32",
+        ),
+        (
+            c"add",
+            NDX_TEST_CUDA_FAULT_WRONG_SHAPE,
+            "output 0 has shape [8], its schema declares shape [2, 4]",
+        ),
+        (
+            c"add",
+            NDX_TEST_CUDA_FAULT_WRONG_LAYOUT,
+            "output 0 has layout \"WW\", its schema declares \"\"",
+        ),
+    ];
+    for mode in [
+        ndx_eval_mode_t::NDX_EVAL_SYNC_CPU,
+        ndx_eval_mode_t::NDX_EVAL_SYNC_FULL,
+        ndx_eval_mode_t::NDX_EVAL_EAGER,
+        ndx_eval_mode_t::NDX_EVAL_DEFERRED,
+    ] {
+        for debug in [false, true] {
+            for (op, fault, fragment) in cases {
+                let ctx = Ctx::new(mode as i32);
+                if debug {
+                    ok(ndx_context_set_backend(ctx.0, c"debug".as_ptr()));
+                }
+                let up = invoke(&ctx, c"to_device", &[host], &[]).expect("to_device");
+                let d = out0(up);
+                let inputs: Vec<ndx_input_t> = (0..if op == c"add" { 2 } else { 1 })
+                    .map(|_| ndx_input_t {
+                        tensor: d,
+                        batch: std::ptr::null(),
+                    })
+                    .collect();
+                ok(ndx_test_cuda_fault(op.as_ptr(), fault as i32));
+                let line = line!() + 1;
+                let opts = ndx_invoke_options_t {
+                    location: ndx_location_t {
+                        file: c"app.c".as_ptr(),
+                        line,
+                        function: c"main".as_ptr(),
+                    },
+                    ..Default::default()
+                };
+                let args = std::ptr::null();
+                let f = invoke_with(&ctx, op, &inputs, args, &opts).expect("enqueued");
+                let e = ndx_future_wait(f, -1);
+                let what = format!("{mode:?}, debug {debug}, {fault:?}");
+                if debug {
+                    assert!(!e.is_null(), "{what}: the violation is reported");
+                    assert_eq!(ndx_error_kind(e), NDX_ERROR_BACKEND as i32, "{what}");
+                    // SAFETY: the live error's message and op are C strings.
+                    let (msg, eop) = unsafe {
+                        (
+                            std::ffi::CStr::from_ptr(ndx_error_message(e)),
+                            std::ffi::CStr::from_ptr(ndx_error_op(e)),
+                        )
+                    };
+                    let want = format!(
+                        "debug backend: operator '{}' {fragment}",
+                        op.to_str().unwrap()
+                    );
+                    assert_eq!(msg.to_str().unwrap(), want, "{what}");
+                    assert_eq!(eop, op, "{what}");
+                    assert_eq!(
+                        ndx_error_sequence(e),
+                        2,
+                        "{what}: the invocation's own number"
+                    );
+                    assert_eq!(frame0(e), ("app.c".to_string(), line), "{what}");
+                    ndx_error_free(e);
+                } else {
+                    ok(e);
+                }
+                ndx_future_release(f);
+                ndx_tensor_release(d);
+                ndx_future_release(up);
+                // The fault was used up: the next run is clean, and passes the checks
+                // with the right values.
+                let up = invoke(&ctx, c"to_device", &[host], &[]).expect("to_device");
+                let d = out0(up);
+                let f = invoke(&ctx, c"add", &[d, d], &[]).expect("add");
+                let y = out0(f);
+                let g = invoke(&ctx, c"to_host", &[y], &[]).expect("to_host");
+                let r = out0(g);
+                let doubled: Vec<f32> = values.iter().map(|v| 2.0 * v).collect();
+                assert_eq!(values_f32(r), doubled, "{what}");
+                for t in [d, y, r] {
+                    ndx_tensor_release(t);
+                }
+                for f in [up, f, g] {
+                    ndx_future_release(f);
+                }
+            }
+        }
+    }
+    ndx_tensor_release(host);
+    assert_eq!(calls(&count), 1);
+}

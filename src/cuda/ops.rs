@@ -405,6 +405,30 @@ pub fn run(
     enqueue(inv, device, inputs, &refs, args, metas).map_err(|e| attributed(device, e))
 }
 
+/// The bytes the view `t` (in CUDA device memory) touches, copied to the host once
+/// the work enqueued on ndx's stream before this call, and the producer's write its
+/// *ready* event marks, have run: what the `debug` backend hashes before and after an
+/// invocation to check that it left its inputs unchanged. Blocks until the copy has
+/// completed (a debugging backend may wait).
+pub fn view_bytes(t: &Tensor) -> Result<Vec<u8>> {
+    let device = super::device(t.device().id)?;
+    let read = || -> Result<Vec<u8>> {
+        device.bind()?;
+        if let Some(ev) = t.storage().ready_event() {
+            ev.wait_on(device.stream())?;
+        }
+        let (start, len) = t.byte_range();
+        let mut bytes = vec![0u8; len];
+        if len > 0 {
+            let span =
+                (t.storage().data_ptr() as u64).wrapping_add(t.storage().span_start() as u64);
+            launch::copy_to_host(device, &mut bytes, span.wrapping_add(start as u64))?;
+        }
+        Ok(bytes)
+    };
+    read().map_err(|e| attributed(device, e))
+}
+
 /// `e`, when it is a sticky fault of `device`, with the invocation whose work faulted
 /// as its cause.
 fn attributed(device: &'static DeviceState, e: Error) -> Error {
@@ -490,6 +514,11 @@ fn enqueue(
             .collect::<Result<Vec<_>>>()?
     } else {
         outs
+    };
+    #[cfg(feature = "test-hooks")]
+    let outs = match test_fault::take(inv.op) {
+        Some(fault) => test_fault::apply(fault, device, refs, outs)?,
+        None => outs,
     };
     if let Some(t) = turn.as_mut() {
         t.mark();
@@ -1080,4 +1109,129 @@ fn check(job: &Job, op: &str, t: &Tensor, args: &Args) -> Result<Tensor> {
         }
     }
     Ok(out)
+}
+
+/// Test hook (cargo feature `test-hooks`): the next run on CUDA tensors of one
+/// operator misbehaves like a faulty kernel, so that the tests of the `debug` backend
+/// can provoke on the device the violations it looks for (the built-in kernels commit
+/// none).
+#[cfg(feature = "test-hooks")]
+pub mod test_fault {
+    use super::*;
+
+    /// How the run misbehaves.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Fault {
+        /// After its kernels, it writes into the first byte of input 0 (in CUDA
+        /// memory) on ndx's stream.
+        WritesInput,
+        /// Output 0 is a view of input 0's memory (compact, and holding at least as
+        /// many bytes) with the inferred metadata.
+        AliasesInput,
+        /// Output 0 has another dtype of the same item size than inferred.
+        WrongDtype,
+        /// Output 0 has another shape (its elements flattened, or given a leading 1)
+        /// than inferred.
+        WrongShape,
+        /// Output 0 has another layout than inferred.
+        WrongLayout,
+    }
+
+    static ARMED: std::sync::Mutex<Option<(String, Fault)>> = std::sync::Mutex::new(None);
+    /// Whether `ARMED` may hold a fault: runs read only this while none is armed.
+    static ANY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+    /// Arms `fault` for the next CUDA run of operator `op` (any context; `to_host`
+    /// excepted), replacing what was armed; `None` disarms.
+    pub fn arm(op: &str, fault: Option<Fault>) {
+        let mut armed = ARMED.lock().unwrap_or_else(|e| e.into_inner());
+        *armed = fault.map(|f| (op.to_string(), f));
+        ANY.store(armed.is_some(), std::sync::atomic::Ordering::Release);
+    }
+
+    /// The fault armed for operator `op`, disarmed as it is taken.
+    pub(super) fn take(op: &str) -> Option<Fault> {
+        if !ANY.load(std::sync::atomic::Ordering::Acquire) {
+            return None;
+        }
+        let mut armed = ARMED.lock().unwrap_or_else(|e| e.into_inner());
+        match armed.as_ref() {
+            Some((o, f)) if o == op => {
+                let f = *f;
+                *armed = None;
+                ANY.store(false, std::sync::atomic::Ordering::Release);
+                Some(f)
+            }
+            _ => None,
+        }
+    }
+
+    /// `outs`, the launched outputs of a run on `inputs`, after `fault`.
+    pub(super) fn apply(
+        fault: Fault,
+        device: &'static DeviceState,
+        inputs: &[&Tensor],
+        mut outs: Vec<Tensor>,
+    ) -> Result<Vec<Tensor>> {
+        let refuse = |why: &str| Error::internal(format!("test fault {fault:?}: {why}"));
+        let input = inputs.first().copied();
+        let Some(out) = outs.first() else {
+            return Err(refuse("no output"));
+        };
+        let changed = match fault {
+            Fault::WritesInput => {
+                let t = input
+                    .filter(|t| t.device().kind == DeviceKind::Cuda && t.numel() > 0)
+                    .ok_or_else(|| refuse("input 0 is not a non-empty CUDA tensor"))?;
+                // Waits for the kernels enqueued before (a test hook may).
+                let first = (to_host(device, t)?.compact_bytes()?.first().copied()).unwrap_or(0);
+                launch::copy_to_device(device, addr(t), &[!first])?;
+                return Ok(outs);
+            }
+            Fault::AliasesInput => {
+                let t = input
+                    .filter(|t| t.is_compact() && t.nbytes() >= out.nbytes())
+                    .ok_or_else(|| refuse("input 0 cannot hold output 0"))?;
+                Tensor::from_parts(
+                    t.storage().clone(),
+                    out.dtype(),
+                    out.shape().to_vec(),
+                    Geometry {
+                        strides: out.strides().to_vec(),
+                        numel: out.numel(),
+                        lo: t.storage().span_start(),
+                        len: t.storage().span_len(),
+                    },
+                    t.byte_offset(),
+                    out.c_layout().to_owned(),
+                    false,
+                )
+            }
+            Fault::WrongDtype => {
+                let other = (DType::ALL.into_iter())
+                    .find(|d| *d != out.dtype() && d.itemsize() == out.dtype().itemsize())
+                    .ok_or_else(|| refuse("no other dtype of that size"))?;
+                out.clone().with_dtype_of_same_size(other)
+            }
+            Fault::WrongShape => {
+                let n = out.numel() as i64;
+                let shape = if out.ndim() == 1 { vec![1, n] } else { vec![n] };
+                let strides = crate::tensor::compact_strides(&shape)
+                    .ok_or_else(|| refuse("no compact strides"))?;
+                out.restride(shape, strides, 0)
+                    .with_layout(out.c_layout().to_owned())
+            }
+            Fault::WrongLayout => {
+                let layout = if out.layout().is_empty() {
+                    "W".repeat(out.ndim().max(1))
+                } else {
+                    String::new()
+                };
+                out.clone()
+                    .with_layout(CString::new(layout).unwrap_or_default())
+            }
+        };
+        outs[0] = changed;
+        Ok(outs)
+    }
 }

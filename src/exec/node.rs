@@ -139,14 +139,20 @@ fn no_blocking_error(what: &str) -> Error {
 }
 
 /// A hash of a host tensor's bytes (0 for device memory), for the `debug` backend.
-fn fingerprint(t: &Tensor) -> u64 {
+fn fingerprint(t: &Tensor) -> Result<u64> {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    match t.compact_bytes() {
-        Ok(b) => b.hash(&mut h),
-        Err(_) => return 0,
+    if t.device().kind == crate::tensor::DeviceKind::Cuda {
+        // Copied to the host after the work before it on ndx's stream: hashed before
+        // a run, it is the input the kernels read; after, what they left there.
+        crate::cuda::ops::view_bytes(t)?.hash(&mut h);
+    } else {
+        match t.compact_bytes() {
+            Ok(b) => b.hash(&mut h),
+            Err(_) => return Ok(0),
+        }
     }
-    h.finish()
+    Ok(h.finish())
 }
 
 /// Checks each kernel output that has an out tensor against it, for operators that
@@ -1113,19 +1119,29 @@ impl Node {
                 ),
             ));
         }
+        let debug = self.backend == Backend::Debug;
+        let before = if debug {
+            tensors
+                .iter()
+                .map(|t| fingerprint(t))
+                .collect::<Result<Vec<_>>>()?
+        } else {
+            Vec::new()
+        };
         if self.op.name == "to_device"
             || tensors
                 .iter()
                 .any(|t| t.device().kind == crate::tensor::DeviceKind::Cuda)
         {
-            return self.run_cuda(tensors, sample);
+            let outs = self.run_cuda(tensors, sample)?;
+            if debug {
+                // Checked once the work has run (the inputs' bytes are read after it
+                // on ndx's stream); a violation fails the node, whose launched work
+                // (EAGER, DEFERRED) is then left unread.
+                self.debug_check(tensors, &before, &outs)?;
+            }
+            return Ok(outs);
         }
-        let debug = self.backend == Backend::Debug;
-        let before = if debug {
-            tensors.iter().map(|t| fingerprint(t)).collect()
-        } else {
-            Vec::new()
-        };
         let mut outs = match &self.op.kernel {
             Kernel::Builtin(f) => {
                 let refs: Vec<&Tensor> = tensors.iter().map(|t| t.as_ref()).collect();
@@ -1241,7 +1257,8 @@ impl Node {
 
     /// The `debug` backend's checks of one (per-sample) call: outputs against the
     /// schema (a built-in's inferred metadata, a host operator's declared promises),
-    /// inputs unchanged, outputs not sharing an input's memory.
+    /// inputs unchanged (`before`: their [`fingerprint`]s), outputs not sharing an
+    /// input's memory (host or CUDA device addresses).
     fn debug_check(
         &self,
         inputs: &[Arc<Tensor>],
@@ -1341,7 +1358,7 @@ impl Node {
             }
         }
         for (k, (t, &h)) in inputs.iter().zip(before).enumerate() {
-            if fingerprint(t) != h {
+            if fingerprint(t)? != h {
                 let ro = if t.read_only() { "read-only " } else { "" };
                 return fail(format!(
                     "wrote into its {ro}input {k} (shape {}, dtype {}): inputs are never written",

@@ -529,10 +529,13 @@ pub extern "C" fn ndx_context_set_capture_policy(
 /// original as cause); "debug" (every invocation is checked after it ran: each
 /// output's dtype, shape/rank and layout against the schema — a built-in's inferred
 /// metadata, a host operator's `output_dtypes`/`output_ndims`/`output_layouts` — no
-/// output sharing an input's memory unless the schema has NDX_OP_OUTPUTS_MAY_ALIAS,
-/// and every host input's bytes unchanged; a violation fails the invocation with
-/// NDX_ERROR_BACKEND "debug backend: operator 'OP' ..." at its site; costs a hash of
-/// the inputs per call); and fault injection for testing error handling:
+/// output sharing an input's memory (host or device addresses) unless the schema has
+/// NDX_OP_OUTPUTS_MAY_ALIAS, and every input's bytes unchanged; a violation fails the
+/// invocation with NDX_ERROR_BACKEND "debug backend: operator 'OP' ..." at its site;
+/// costs a hash of the inputs per call. Invocations on CUDA tensors are checked alike:
+/// their device inputs are copied to the host on ndx's stream before and after the
+/// run, so each such run waits for its GPU work, in every eval mode); and fault
+/// injection for testing error handling:
 /// "inject_compile_error:OP" (invocations of OP fail at `ndx_invoke`),
 /// "inject_runtime_error:OP" (they fail during execution),
 /// "inject_accuracy_error:OP" (their outputs are silently increased by 1).

@@ -524,7 +524,7 @@ impl Tensor {
 
     /// The bytes this view touches, as (start inside the span, length); (0, 0) when
     /// empty.
-    fn byte_range(&self) -> (usize, usize) {
+    pub(crate) fn byte_range(&self) -> (usize, usize) {
         if self.numel == 0 {
             return (0, 0);
         }
@@ -565,12 +565,29 @@ impl Tensor {
     }
 
     /// Whether this view and `other` may share bytes (the byte ranges they touch
-    /// intersect).
+    /// intersect): host memory of any kind by host address, CUDA device memory by
+    /// device address on the same device.
     pub fn overlaps(&self, other: &Tensor) -> bool {
-        match (self.host_extent(), other.host_extent()) {
-            (Some((xs, xe)), Some((ys, ye))) => xs < ye && ys < xe,
+        match (self.extent(), other.extent()) {
+            (Some((xd, xs, xe)), Some((yd, ys, ye))) => xd == yd && xs < ye && ys < xe,
             _ => false,
         }
+    }
+
+    /// The addresses `[start, end)` of the bytes this view touches, with the address
+    /// space they live in: the host's (`None`: every host-accessible kind of memory) or
+    /// a CUDA device's. `None` when the view touches no byte.
+    fn extent(&self) -> Option<(Option<Device>, usize, usize)> {
+        let device = self.device();
+        if device.host_accessible() {
+            let (start, end) = self.host_extent()?;
+            return Some((None, start, end));
+        }
+        let (offset, len) = self.byte_range();
+        let start = (self.storage.data_ptr() as usize)
+            .wrapping_add_signed(self.storage.span_start())
+            .wrapping_add(offset);
+        (len > 0).then_some((Some(device), start, start.wrapping_add(len)))
     }
 
     /// The host addresses `[start, end)` of the bytes this view touches; `None` when

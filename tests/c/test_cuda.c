@@ -2,7 +2,10 @@
  * the device count is 0 and every CUDA request fails with NDX_ERROR_CUDA saying so;
  * where one is, a device id past the count is refused naming how many there are.
  * Computing on a CUDA tensor of a missing device fails at ndx_invoke, pointing at the
- * invoking line; the imported tensor's deleter still runs once. */
+ * invoking line; the imported tensor's deleter still runs once. With a device (a GPU,
+ * or the emulated driver of tests/cuda_emu first in LD_LIBRARY_PATH), operators run
+ * there; the debug backend's device case needs NDX_TEST_HOOKS (the library built with
+ * the cargo feature test-hooks, CMake's default) and is skipped without it. */
 #include <stdio.h>
 #include <stdint.h>
 #include <string.h>
@@ -240,6 +243,80 @@ static void test_accuracy_fault_on_the_device(void) {
   ndx_tensor_release(t);
 }
 
+#if defined(NDX_TEST_HOOKS)
+/* The debug backend checks runs on the device too. The built-in kernels keep their
+ * promises, so the test hook makes one run misbehave as a faulty kernel would: the
+ * debug backend fails it with NDX_ERROR_BACKEND at the invoking line (SYNC_CPU and
+ * EAGER); the default backend trusts it. Needs a device. */
+static void test_debug_backend_on_the_device(void) {
+  if (ndx_cuda_device_count() == 0) return;
+  const float v[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  const int64_t shape[2] = {2, 4};
+  ndx_tensor_t* t = NULL;
+  CHECK_OK(ndx_tensor_from_host(v, NDX_DTYPE_FLOAT32, 2, shape, NULL, NULL, &t));
+  static const struct {
+    ndx_test_cuda_fault_t fault;
+    const char* op;
+    const char* fragment;
+  } cases[] = {
+      {NDX_TEST_CUDA_FAULT_WRITES_INPUT, "add",
+       "debug backend: operator 'add' wrote into its input 0 (shape [2, 4], dtype float32)"},
+      {NDX_TEST_CUDA_FAULT_ALIASES_INPUT, "sum",
+       "debug backend: operator 'sum' output 0 shares memory with input 0"},
+      {NDX_TEST_CUDA_FAULT_WRONG_DTYPE, "add",
+       "debug backend: operator 'add' output 0 has dtype int32, its schema declares float32"},
+      {NDX_TEST_CUDA_FAULT_WRONG_SHAPE, "add",
+       "debug backend: operator 'add' output 0 has shape [8], its schema declares shape [2, 4]"},
+      {NDX_TEST_CUDA_FAULT_WRONG_LAYOUT, "add",
+       "debug backend: operator 'add' output 0 has layout \"WW\", its schema declares \"\""},
+  };
+  const int32_t modes[2] = {NDX_EVAL_SYNC_CPU, NDX_EVAL_EAGER};
+  for (int m = 0; m < 2; m++) {
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+      for (int debug = 0; debug <= 1; debug++) {
+        ndx_context_options_t o;
+        memset(&o, 0, sizeof o);
+        o.struct_size = sizeof o;
+        o.eval_mode = modes[m];
+        o.backend = debug ? "debug" : "default";
+        ndx_context_t* ctx = NULL;
+        CHECK_OK(ndx_context_new(&o, &ctx));
+        ndx_input_t in[1] = {ndx_test_in(t)};
+        ndx_future_t* up = NULL;
+        CHECK_OK(ndx_invoke(ctx, "to_device", in, 1, NULL, NULL, &up));
+        ndx_tensor_t* d = NULL;
+        CHECK_OK(ndx_future_tensor(up, 0, &d));
+        ndx_input_t two[2] = {ndx_test_in(d), ndx_test_in(d)};
+        size_t n_in = strcmp(cases[c].op, "add") == 0 ? 2 : 1;
+        CHECK_OK(ndx_test_cuda_fault(cases[c].op, cases[c].fault));
+        ndx_invoke_options_t io;
+        memset(&io, 0, sizeof io);
+        io.struct_size = sizeof io;
+        ndx_future_t* f = NULL;
+        io.location = NDX_HERE; int line = __LINE__;
+        CHECK_OK(ndx_invoke(ctx, cases[c].op, two, n_in, NULL, &io, &f));
+        ndx_error_t* e = ndx_future_wait(f, -1);
+        if (debug) {
+          if (CHECK(e != NULL, "mode %d, fault %d: reported", (int)modes[m], (int)cases[c].fault)) {
+            CHECK_LINK(e, NDX_ERROR_BACKEND, cases[c].fragment, cases[c].op, 2);
+            CHECK_FRAME(e, 0, "test_cuda.c", line, NULL, 0);
+          }
+        } else {
+          CHECK(e == NULL, "mode %d, fault %d: the default backend trusts the kernel",
+                (int)modes[m], (int)cases[c].fault);
+        }
+        ndx_error_free(e);
+        ndx_future_release(f);
+        ndx_tensor_release(d);
+        ndx_future_release(up);
+        ndx_context_release(ctx);
+      }
+    }
+  }
+  ndx_tensor_release(t);
+}
+#endif
+
 /* The context's default device for to_device: a negative id refused at
  * ndx_context_new, a missing one at the to_device invocation. */
 static void test_context_device(void) {
@@ -277,6 +354,9 @@ int main(void) {
   test_discovery();
   test_context_device();
   test_accuracy_fault_on_the_device();
+#if defined(NDX_TEST_HOOKS)
+  test_debug_backend_on_the_device();
+#endif
   test_to_device();
   test_streams();
   test_invoke_on_a_missing_device();

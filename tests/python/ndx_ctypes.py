@@ -90,6 +90,14 @@ NDX_ERROR_CHECK = 10
 NDX_ERROR_BACKEND = 11
 NDX_ERROR_INTERNAL = 12
 
+# ndx_test_cuda_fault_t (test hooks)
+NDX_TEST_CUDA_FAULT_NONE = 0
+NDX_TEST_CUDA_FAULT_WRITES_INPUT = 1
+NDX_TEST_CUDA_FAULT_ALIASES_INPUT = 2
+NDX_TEST_CUDA_FAULT_WRONG_DTYPE = 3
+NDX_TEST_CUDA_FAULT_WRONG_SHAPE = 4
+NDX_TEST_CUDA_FAULT_WRONG_LAYOUT = 5
+
 NDX_DTYPE_BOOL = 1
 NDX_DTYPE_INT8 = 2
 NDX_DTYPE_INT16 = 3
@@ -332,6 +340,10 @@ _proto("ndx_version_string", c_char_p)
 # CUDA discovery
 _proto("ndx_cuda_device_count", c_int32)
 _proto("ndx_cuda_device_check", c_void_p, c_int32)
+# Test hooks: only in a library built with the cargo feature test-hooks.
+HAS_TEST_HOOKS = hasattr(lib, "ndx_test_cuda_fault")
+if HAS_TEST_HOOKS:
+    _proto("ndx_test_cuda_fault", c_void_p, c_char_p, c_int32)
 # errors
 _proto("ndx_error_kind", c_int32, c_void_p)
 _proto("ndx_error_kind_name", c_char_p, c_int32)

@@ -12,6 +12,8 @@ import re
 import sys
 import textwrap
 
+import pytest
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cuda_emu  # noqa: E402
 import ndx_ctypes as ndx  # noqa: E402
@@ -109,6 +111,54 @@ def test_without_stream_memory_operations_a_fault_is_reported_but_not_attributed
                      NDX_EMU_NO_STREAM_MEMOPS="1")
     assert "CUDA_ERROR_ILLEGAL_ADDRESS" in out and "unusable from now on" in out, out
     assert "attributed" not in out, out
+
+
+DEBUG_ON_DEVICE = textwrap.dedent(
+    """\
+    import numpy as np
+    import ndx_ctypes as ndx
+    x = np.arange(1, 9, dtype=np.float32).reshape(2, 4)
+    for mode in (ndx.NDX_EVAL_SYNC_CPU, ndx.NDX_EVAL_EAGER):
+        for fault in range(1, 6):
+            for backend in ("default", "debug"):
+                ctx = ndx.Context(mode=mode, backend=backend, capture=ndx.NDX_CAPTURE_HOST)
+                ctx.set_frame_provider()
+                d = ctx.invoke("to_device", [x]).tensor()
+                op = "sum" if fault == ndx.NDX_TEST_CUDA_FAULT_ALIASES_INPUT else "add"
+                ndx.check(ndx.lib.ndx_test_cuda_fault(op.encode(), fault))
+                f = ctx.invoke(op, [d, d] if op == "add" else [d])  # line 12
+                try:
+                    f.wait()
+                    print("RUN", mode, fault, backend, "ok")
+                except ndx.NdxError as e:
+                    lines = [f.line for f in e.frames if f.file.endswith("debug.py")]
+                    print("RUN", mode, fault, backend, e.kind, e.op, e.sequence, lines, e.message)
+                ctx.release()
+    """
+)
+
+
+def test_the_debug_backend_reports_a_faulty_run_on_the_device_at_its_line(tmp_path):
+    # The test hook makes one run on the device misbehave (the built-in kernels do not):
+    # the `debug` backend fails it with NDX_ERROR_BACKEND at the script's line, in SYNC
+    # and EAGER modes, on slow asynchronous streams; the default backend trusts it.
+    if not ndx.HAS_TEST_HOOKS:
+        pytest.skip("the library was built without the cargo feature test-hooks")
+    out = run_script(tmp_path, "debug.py", DEBUG_ON_DEVICE, NDX_EMU_KERNEL_DELAY_MS="20")
+    what = {
+        1: "operator 'add' wrote into its input 0 (shape [2, 4], dtype float32)",
+        2: "operator 'sum' output 0 shares memory with input 0",
+        3: "operator 'add' output 0 has dtype int32, its schema declares float32",
+        4: "operator 'add' output 0 has shape [8], its schema declares shape [2, 4]",
+        5: "operator 'add' output 0 has layout \"WW\", its schema declares \"\"",
+    }
+    for mode in (ndx.NDX_EVAL_SYNC_CPU, ndx.NDX_EVAL_EAGER):
+        for fault, message in what.items():
+            op = "sum" if fault == 2 else "add"
+            assert f"RUN {mode} {fault} default ok" in out, out
+            want = (f"RUN {mode} {fault} debug {ndx.NDX_ERROR_BACKEND} {op} 2 [12] "
+                    f"debug backend: {message}")
+            assert want in out, out
 
 
 CONCURRENT_FAULT = textwrap.dedent(

@@ -38,10 +38,15 @@ def need_device():
     pytest.skip(why)
 
 
-@pytest.fixture(params=[ndx.NDX_EVAL_SYNC_CPU, ndx.NDX_EVAL_SYNC_FULL, ndx.NDX_EVAL_EAGER, ndx.NDX_EVAL_DEFERRED],
-                ids=["sync_cpu", "sync_full", "eager", "deferred"])
+@pytest.fixture(params=[(ndx.NDX_EVAL_SYNC_CPU, None), (ndx.NDX_EVAL_SYNC_FULL, None),
+                        (ndx.NDX_EVAL_EAGER, None), (ndx.NDX_EVAL_DEFERRED, None),
+                        (ndx.NDX_EVAL_EAGER, "debug")],
+                ids=["sync_cpu", "sync_full", "eager", "deferred", "eager_debug"])
 def ctx(request):
-    c = ndx.Context(mode=request.param)
+    # eager_debug: every invocation on the device also passes the `debug` backend's
+    # checks (outputs as inferred, no aliasing, inputs unchanged).
+    mode, backend = request.param
+    c = ndx.Context(mode=mode, backend=backend)
     yield c
     c.release()
 
