@@ -1518,22 +1518,8 @@ fn a_reexported_imports_producer_deleter_waits_for_the_consumer() {
 /// Frame 0 of `e`: (file, line).
 #[cfg(feature = "test-hooks")]
 fn frame0(e: *const ndx_error_t) -> (String, u32) {
-    let mut f = ndx_frame_t {
-        struct_size: std::mem::size_of::<ndx_frame_t>(),
-        function: std::ptr::null(),
-        file: std::ptr::null(),
-        line: 0,
-        column: 0,
-        ip: 0,
-        origin: ndx_frame_origin_t::NDX_FRAME_NATIVE,
-    };
-    ok(ndx_error_frame(e, 0, &mut f));
-    // SAFETY: a frame's file, when set, is a C string borrowed from the live error.
-    let file = (!f.file.is_null()).then(|| {
-        unsafe { std::ffi::CStr::from_ptr(f.file) }
-            .to_string_lossy()
-            .into_owned()
-    });
+    let f = frame(e, 0);
+    let file = (!f.file.is_null()).then(|| cstr(f.file));
     (file.unwrap_or_default(), f.line)
 }
 

@@ -5,28 +5,13 @@ mod common;
 
 use std::ffi::{CStr, c_char, c_void};
 
-use common::ok;
+use common::{cstr, frame, ok};
 use ndx::ffi::*;
-
-fn cstr(p: *const c_char) -> String {
-    assert!(!p.is_null());
-    // SAFETY: C strings borrowed from a live error.
-    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-}
 
 fn frames(e: *const ndx_error_t) -> Vec<(String, String, u32, ndx_frame_origin_t)> {
     (0..ndx_error_frame_count(e))
         .map(|i| {
-            let mut f = ndx_frame_t {
-                struct_size: std::mem::size_of::<ndx_frame_t>(),
-                function: std::ptr::null(),
-                file: std::ptr::null(),
-                line: 0,
-                column: 0,
-                ip: 0,
-                origin: ndx_frame_origin_t::NDX_FRAME_NATIVE,
-            };
-            ok(ndx_error_frame(e, i, &mut f));
+            let f = frame(e, i);
             let s = |p: *const c_char| if p.is_null() { String::new() } else { cstr(p) };
             (s(f.function), s(f.file), f.line, f.origin)
         })

@@ -3,31 +3,9 @@
 
 mod common;
 
-use std::ffi::CStr;
-
-use common::{expect_err, ok};
+use common::{cstr, expect_err, frame};
 use ndx::error::{Error, ErrorKind, Site};
 use ndx::ffi::*;
-
-fn cstr(p: *const std::ffi::c_char) -> String {
-    assert!(!p.is_null());
-    // SAFETY: non-NULL C strings returned by ndx, borrowed from a live owner.
-    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-}
-
-fn frame(e: *const ndx_error_t, i: usize) -> ndx_frame_t {
-    let mut f = ndx_frame_t {
-        struct_size: std::mem::size_of::<ndx_frame_t>(),
-        function: std::ptr::null(),
-        file: std::ptr::null(),
-        line: 0,
-        column: 0,
-        ip: 0,
-        origin: ndx_frame_origin_t::NDX_FRAME_HOST,
-    };
-    ok(ndx_error_frame(e, i, &mut f));
-    f
-}
 
 fn format(e: *const ndx_error_t) -> String {
     let need = ndx_error_format(e, std::ptr::null_mut(), 0);

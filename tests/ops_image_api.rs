@@ -10,7 +10,7 @@
 
 mod common;
 
-use std::ffi::{CStr, c_char, c_void};
+use std::ffi::{CStr, c_void};
 
 use common::*;
 use dlpark::DlpackFlags;
@@ -34,12 +34,6 @@ const THIS_FILE: &CStr = match CStr::from_bytes_with_nul(concat!(file!(), "\0").
     Ok(s) => s,
     Err(_) => panic!("file!() has a NUL"),
 };
-
-fn cstr(p: *const c_char) -> String {
-    assert!(!p.is_null());
-    // SAFETY: a C string borrowed from a live handle or error.
-    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-}
 
 /// Owns a tensor handle.
 struct T(*mut ndx_tensor_t);
@@ -257,16 +251,7 @@ fn expect_invoke_err(
         Err(e) => {
             assert_eq!(cstr(ndx_error_op(e)), op.to_str().unwrap());
             assert!(ndx_error_frame_count(e) >= 1);
-            let mut fr = ndx_frame_t {
-                struct_size: std::mem::size_of::<ndx_frame_t>(),
-                function: std::ptr::null(),
-                file: std::ptr::null(),
-                line: 0,
-                column: 0,
-                ip: 0,
-                origin: ndx_frame_origin_t::NDX_FRAME_NATIVE,
-            };
-            ok(ndx_error_frame(e, 0, &mut fr));
+            let fr = frame(e, 0);
             assert_eq!(
                 (cstr(fr.file), fr.line, cstr(fr.function), fr.origin),
                 (

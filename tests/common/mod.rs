@@ -212,6 +212,28 @@ pub fn drop_legacy(m: *mut DLManagedTensor) {
     unsafe { ((*m).deleter.expect("deleter"))(m) }
 }
 
+/// A C string ndx returned (non-NULL, borrowed from a live handle or error), copied.
+pub fn cstr(p: *const std::ffi::c_char) -> String {
+    assert!(!p.is_null());
+    // SAFETY: non-NULL C strings returned by ndx, borrowed from a live owner.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+/// Frame `i` of `e` (which must have it).
+pub fn frame(e: *const ndx_error_t, i: usize) -> ndx_frame_t {
+    let mut f = ndx_frame_t {
+        struct_size: std::mem::size_of::<ndx_frame_t>(),
+        function: std::ptr::null(),
+        file: std::ptr::null(),
+        line: 0,
+        column: 0,
+        ip: 0,
+        origin: ndx_frame_origin_t::NDX_FRAME_NATIVE,
+    };
+    ok(ndx_error_frame(e, i, &mut f));
+    f
+}
+
 /// Takes an error returned by the C API: `(kind, message)`, freeing it.
 pub fn take_error(e: *mut ndx_error_t) -> Option<(i32, String)> {
     if e.is_null() {
