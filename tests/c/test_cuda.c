@@ -12,6 +12,17 @@
 
 #include "ndx_test.h"
 
+/* Invokes to_device on `t` in `ctx`: the device tensor (the caller releases it and
+ * `*up`). */
+static ndx_tensor_t* upload(ndx_context_t* ctx, ndx_tensor_t* t, ndx_future_t** up) {
+  ndx_input_t in[1] = {ndx_test_in(t)};
+  *up = NULL;
+  CHECK_OK(ndx_invoke(ctx, "to_device", in, 1, NULL, NULL, up));
+  ndx_tensor_t* d = NULL;
+  CHECK_OK(ndx_future_tensor(*up, 0, &d));
+  return d;
+}
+
 static void test_discovery(void) {
   int32_t n = ndx_cuda_device_count();
   CHECK(n >= 0, "count %d", n);
@@ -135,9 +146,7 @@ static void test_to_device(void) {
     CHECK_FRAME(e, 0, "test_cuda.c", line, NULL, NDX_FRAME_NATIVE);
     ndx_error_free(e);
   } else {
-    CHECK_OK(ndx_invoke(ctx, "to_device", in, 1, NULL, NULL, &f));
-    ndx_tensor_t* d = NULL;
-    CHECK_OK(ndx_future_tensor(f, 0, &d));
+    ndx_tensor_t* d = upload(ctx, t, &f);
     DLDevice dev;
     CHECK_OK(ndx_tensor_device(d, &dev));
     CHECK(dev.device_type == kDLCUDA && dev.device_id == 0, "on kDLCUDA:0");
@@ -169,11 +178,8 @@ static void test_to_device(void) {
     const int32_t iv[3] = {1, 2, 3};
     ndx_tensor_t* it = NULL;
     CHECK_OK(ndx_tensor_from_host(iv, NDX_DTYPE_INT32, 1, shape, NULL, NULL, &it));
-    ndx_input_t iin[1] = {ndx_test_in(it)};
     ndx_future_t* iup = NULL;
-    CHECK_OK(ndx_invoke(ctx, "to_device", iin, 1, NULL, NULL, &iup));
-    ndx_tensor_t* di = NULL;
-    CHECK_OK(ndx_future_tensor(iup, 0, &di));
+    ndx_tensor_t* di = upload(ctx, it, &iup);
     ndx_input_t mixed[2] = {ndx_test_in(di), ndx_test_in(d)};
     ndx_future_t* none = NULL;
     expect_error(ndx_invoke(ctx, "add", mixed, 2, NULL, NULL, &none), NDX_ERROR_NOT_IMPLEMENTED,
@@ -214,11 +220,8 @@ static void test_accuracy_fault_on_the_device(void) {
   ndx_context_t* ctx = NULL;
   CHECK_OK(ndx_context_new(NULL, &ctx));
   CHECK_OK(ndx_context_set_backend(ctx, "inject_accuracy_error:add"));
-  ndx_input_t in[1] = {ndx_test_in(t)};
   ndx_future_t* up = NULL;
-  CHECK_OK(ndx_invoke(ctx, "to_device", in, 1, NULL, NULL, &up));
-  ndx_tensor_t* d = NULL;
-  CHECK_OK(ndx_future_tensor(up, 0, &d));
+  ndx_tensor_t* d = upload(ctx, t, &up);
   ndx_input_t two[2] = {ndx_test_in(d), ndx_test_in(d)};
   ndx_future_t* sum = NULL;
   CHECK_OK(ndx_invoke(ctx, "add", two, 2, NULL, NULL, &sum));
@@ -281,11 +284,8 @@ static void test_debug_backend_on_the_device(void) {
         o.backend = debug ? "debug" : "default";
         ndx_context_t* ctx = NULL;
         CHECK_OK(ndx_context_new(&o, &ctx));
-        ndx_input_t in[1] = {ndx_test_in(t)};
         ndx_future_t* up = NULL;
-        CHECK_OK(ndx_invoke(ctx, "to_device", in, 1, NULL, NULL, &up));
-        ndx_tensor_t* d = NULL;
-        CHECK_OK(ndx_future_tensor(up, 0, &d));
+        ndx_tensor_t* d = upload(ctx, t, &up);
         ndx_input_t two[2] = {ndx_test_in(d), ndx_test_in(d)};
         size_t n_in = strcmp(cases[c].op, "add") == 0 ? 2 : 1;
         CHECK_OK(ndx_test_cuda_fault(cases[c].op, cases[c].fault));
