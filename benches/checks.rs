@@ -9,25 +9,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ndx::checks::{self, Policy};
-use ndx::exec::{
-    Args, CallSite, Context, EvalMode, Input, Settings, TensorRef, new_context, output_tensor,
-};
-use ndx::tensor::{DType, Tensor};
+use ndx::exec::{Args, CallSite, Context, EvalMode, Input, Settings, new_context, output_tensor};
 
 const N: usize = 1 << 22;
 
 fn input(values: &[f32]) -> Input {
-    let t = Tensor::new_host(
-        DType::F32,
-        &[values.len() as i64],
-        Default::default(),
-        |b| {
-            b.copy_from_slice(bytemuck::cast_slice(values));
-            Ok(())
-        },
-    )
-    .unwrap();
-    Input::Tensor(Arc::new(TensorRef::ready(Arc::new(t))))
+    Input::host(values, &[values.len() as i64]).unwrap()
 }
 
 /// The pipeline: operator, and whether it takes `y` as its second input.

@@ -9,7 +9,7 @@ use std::time::Duration;
 use ndx::error::{Error, ErrorKind};
 use ndx::exec::{
     ArgValue, Args, Backend, BatchRef, CallSite, CapturePolicy, Context, Data, EvalMode, Input,
-    Node, Settings, Status, TensorRef, new_context, output_tensor,
+    Node, Settings, Status, new_context, output_tensor,
 };
 use ndx::ops::{HostKernel, Kernel, OpDef};
 use ndx::tensor::{Batch, DType, Tensor};
@@ -33,20 +33,7 @@ fn context(mode: EvalMode, capture: CapturePolicy) -> Context {
 }
 
 fn i32s(values: &[i32], shape: &[i64]) -> Input {
-    let t = Tensor::new_host(DType::I32, shape, Default::default(), |b| {
-        b.copy_from_slice(bytemuck_bytes(values));
-        Ok(())
-    })
-    .expect("tensor");
-    Input::Tensor(Arc::new(TensorRef::ready(Arc::new(t))))
-}
-
-fn bytemuck_bytes(v: &[i32]) -> &[u8] {
-    // Plain reinterpretation through to_ne_bytes would allocate; slices of i32 are
-    // valid as bytes.
-    let ptr = v.as_ptr().cast::<u8>();
-    // SAFETY: i32 has no padding; the byte view covers exactly the same memory.
-    unsafe { std::slice::from_raw_parts(ptr, std::mem::size_of_val(v)) }
+    Input::host(values, shape).expect("tensor")
 }
 
 fn out(node: &Arc<Node>) -> Input {
@@ -709,7 +696,7 @@ fn batch_inputs_run_per_sample() {
     let sample = |v: &[i32], shape: &[i64]| {
         Arc::new(
             Tensor::new_host(DType::I32, shape, Default::default(), |b| {
-                b.copy_from_slice(bytemuck_bytes(v));
+                b.copy_from_slice(bytemuck::cast_slice(v));
                 Ok(())
             })
             .unwrap(),
@@ -1309,4 +1296,24 @@ fn on_ready_hands_deferred_work_to_the_workers() {
     assert_eq!(x.graphs_total, 1);
     assert_eq!(x.graphs[0].ops, 2);
     assert_eq!(x.graphs[0].reason, ndx::debug::explain::Flush::Poll);
+}
+
+#[test]
+fn a_host_input_takes_as_many_values_as_its_shape_holds() {
+    let Err(e) = Input::host(&[1i32, 2, 3], &[2, 2]) else {
+        panic!("three values for a 2 x 2 shape were taken")
+    };
+    assert_eq!(
+        e.message(),
+        "shape [2, 2] holds 4 elements, 3 values were given"
+    );
+    let Input::Tensor(t) = Input::host(&[1.5f32, -2.0], &[2, 1]).unwrap() else {
+        panic!("not a tensor")
+    };
+    let t = t.resolve().unwrap();
+    assert_eq!((t.dtype(), t.shape()), (DType::F32, &[2i64, 1][..]));
+    assert_eq!(
+        t.compact_bytes().unwrap().as_ref(),
+        bytemuck::cast_slice::<f32, u8>(&[1.5, -2.0])
+    );
 }

@@ -7,10 +7,9 @@ use std::sync::Arc;
 use ndx::checks;
 use ndx::debug::explain::Flush;
 use ndx::exec::{
-    Args, CallSite, CapturePolicy, Context, EvalMode, Input, Node, Settings, TensorRef,
-    new_context, output_tensor,
+    Args, CallSite, CapturePolicy, Context, EvalMode, Input, Node, Settings, new_context,
+    output_tensor,
 };
-use ndx::tensor::{DType, Tensor};
 
 fn context(mode: EvalMode) -> Context {
     new_context(
@@ -24,17 +23,7 @@ fn context(mode: EvalMode) -> Context {
 }
 
 fn f32s(values: &[f32]) -> Input {
-    let t = Tensor::new_host(
-        DType::F32,
-        &[values.len() as i64],
-        Default::default(),
-        |b| {
-            b.copy_from_slice(bytemuck::cast_slice(values));
-            Ok(())
-        },
-    )
-    .unwrap();
-    Input::Tensor(Arc::new(TensorRef::ready(Arc::new(t))))
+    Input::host(values, &[values.len() as i64]).unwrap()
 }
 
 fn out(node: &Arc<Node>) -> Input {

@@ -9,7 +9,7 @@ use ndx::error::{Error, ErrorKind};
 use ndx::exec::{
     ArgValue, Args, CallSite, Context, EvalMode, Input, Node, Settings, TensorRef, new_context,
 };
-use ndx::tensor::{DType, Tensor};
+use ndx::tensor::DType;
 
 fn context(mode: EvalMode, repro_max_bytes: u64) -> Context {
     new_context(
@@ -23,12 +23,7 @@ fn context(mode: EvalMode, repro_max_bytes: u64) -> Context {
 }
 
 fn i32s(values: &[i32], shape: &[i64]) -> Input {
-    let t = Tensor::new_host(DType::I32, shape, Default::default(), |b| {
-        b.copy_from_slice(bytemuck::cast_slice(values));
-        Ok(())
-    })
-    .unwrap();
-    Input::Tensor(Arc::new(TensorRef::ready(Arc::new(t))))
+    Input::host(values, shape).unwrap()
 }
 
 fn failure(node: &Arc<Node>) -> Error {

@@ -378,21 +378,10 @@ mod tests {
     use std::sync::Arc;
 
     use crate::error::Error;
-    use crate::exec::{Args, CallSite, EvalMode, Input, Node, Settings, TensorRef, new_context};
-    use crate::tensor::{DType, Tensor};
+    use crate::exec::{Args, CallSite, EvalMode, Input, Node, Settings, new_context};
 
     fn i32s(values: &[i32]) -> Input {
-        let t = Tensor::new_host(
-            DType::I32,
-            &[values.len() as i64],
-            Default::default(),
-            |b| {
-                b.copy_from_slice(bytemuck::cast_slice(values));
-                Ok(())
-            },
-        )
-        .unwrap();
-        Input::Tensor(Arc::new(TensorRef::ready(Arc::new(t))))
+        Input::host(values, &[values.len() as i64]).unwrap()
     }
 
     fn failure(node: &Arc<Node>) -> Error {

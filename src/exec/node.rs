@@ -37,6 +37,23 @@ pub enum Input {
 }
 
 impl Input {
+    /// A ready input: a new compact host tensor of shape `shape` holding `values` (as
+    /// many as the shape has elements), of the dtype of `T`.
+    pub fn host<T: crate::ops::kernels::Elem>(values: &[T], shape: &[i64]) -> Result<Input> {
+        let t = crate::ops::kernels::make_overwritten(shape, "", |out: &mut [T]| {
+            if out.len() != values.len() {
+                return Err(Error::value(format!(
+                    "shape {shape:?} holds {} elements, {} values were given",
+                    out.len(),
+                    values.len()
+                )));
+            }
+            out.copy_from_slice(values);
+            Ok(())
+        })?;
+        Ok(Input::Tensor(Arc::new(TensorRef::ready(Arc::new(t)))))
+    }
+
     fn producer(&self) -> Option<&Arc<Node>> {
         match self {
             Input::Tensor(t) => t.producer(),
