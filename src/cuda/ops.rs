@@ -193,8 +193,13 @@ pub fn common_device(op: &str, devices: &[Option<Device>]) -> Result<Option<(usi
                 )));
             }
             Some(d) if d.kind != DeviceKind::Cuda && op != "to_device" => {
+                let memory = match d.kind {
+                    DeviceKind::CudaManaged => "managed memory",
+                    DeviceKind::CudaHost => "pinned host memory",
+                    _ => "host memory",
+                };
                 return Err(Error::value(format!(
-                    "input {i} is in host memory ({d}) but input {first} is on {device}; move it with 'to_device' first"
+                    "input {i} is in {memory} ({d}) but input {first} is on {device}; move it with 'to_device' first"
                 )));
             }
             _ => {}
@@ -1233,5 +1238,42 @@ pub mod test_fault {
         };
         outs[0] = changed;
         Ok(outs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A host-accessible input beside a device input is refused, naming its kind of
+    /// memory: managed and pinned memory are not "host memory" to their owner.
+    #[test]
+    fn mixing_memory_names_the_kind_of_the_host_accessible_input() {
+        let gpu = Device {
+            kind: DeviceKind::Cuda,
+            id: 0,
+        };
+        for (kind, memory, dl) in [
+            (DeviceKind::Cpu, "host memory", "kDLCPU:0"),
+            (DeviceKind::CudaHost, "pinned host memory", "kDLCUDAHost:0"),
+            (
+                DeviceKind::CudaManaged,
+                "managed memory",
+                "kDLCUDAManaged:0",
+            ),
+        ] {
+            let other = Device { kind, id: 0 };
+            let e = common_device("add", &[Some(gpu), Some(other)]).unwrap_err();
+            assert_eq!(
+                e.message(),
+                format!(
+                    "input 1 is in {memory} ({dl}) but input 0 is on kDLCUDA:0; move it with 'to_device' first"
+                )
+            );
+            assert_eq!(
+                common_device("to_device", &[Some(gpu), Some(other)]).unwrap(),
+                Some((0, gpu))
+            );
+        }
     }
 }
