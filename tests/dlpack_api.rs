@@ -328,6 +328,60 @@ fn strided_views_with_byte_offset_and_negative_strides_read_correctly() {
     ndx_tensor_release(t);
 }
 
+/// `t + t` in SYNC_CPU: its f32 values.
+fn doubled(t: *const ndx_tensor_t) -> Vec<f32> {
+    let ctx = Ctx::new(ndx_eval_mode_t::NDX_EVAL_SYNC_CPU as i32);
+    let input = || ndx_input_t {
+        tensor: t,
+        batch: std::ptr::null(),
+    };
+    let inputs = [input(), input()];
+    let mut f = std::ptr::null_mut();
+    ok(ndx_invoke(
+        ctx.0,
+        c"add".as_ptr(),
+        inputs.as_ptr(),
+        2,
+        std::ptr::null(),
+        std::ptr::null(),
+        &mut f,
+    ));
+    ok(ndx_future_wait(f, -1));
+    let mut out = std::ptr::null_mut();
+    ok(ndx_future_tensor(f, 0, &mut out));
+    let v = values_f32(out);
+    ndx_tensor_release(out);
+    ndx_future_release(f);
+    v
+}
+
+#[test]
+fn any_stride_of_an_extent_of_one_is_accepted_and_never_stepped() {
+    // Found by tests/fuzz_api.rs: a dimension of extent 1 never moves an offset, so
+    // DLPack allows any stride there; scaling or adding an extreme one overflowed
+    // (a panic, NDX_ERROR_INTERNAL, in builds with overflow checks).
+    for huge in [i64::MIN, i64::MAX, i64::MAX / 4] {
+        // Innermost extent 1: reading the copy out.
+        let mut spec = Spec::f32s(&[1.0, 2.0, 3.0], &[2, 1]);
+        spec.strides = Some(vec![2, huge]);
+        let (m, count) = spec.versioned();
+        let t = import_v(m).expect("an extent of 1 takes any stride");
+        assert_eq!(strides_of(t), [2, huge], "the producer's strides are kept");
+        assert_eq!(values_f32(t), [1.0, 3.0]);
+        ndx_tensor_release(t);
+        assert_eq!(calls(&count), 1);
+
+        // Outer extent 1 between two others: an operator's strided walk.
+        let mut spec = Spec::f32s(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 1, 2]);
+        spec.strides = Some(vec![4, huge, 1]);
+        let (m, count) = spec.versioned();
+        let t = import_v(m).expect("an extent of 1 takes any stride");
+        assert_eq!(doubled(t), [2.0, 4.0, 10.0, 12.0]);
+        ndx_tensor_release(t);
+        assert_eq!(calls(&count), 1);
+    }
+}
+
 #[test]
 fn read_only_is_honoured_on_export_and_legacy_export_refuses_it() {
     let mut spec = base();

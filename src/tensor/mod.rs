@@ -449,7 +449,13 @@ impl Tensor {
             return;
         }
         let inner = self.shape[ndim - 1] as usize;
-        let step = self.strides[ndim - 1] as isize * item;
+        // A row of one element takes no step: its stride may be any value, even one
+        // that overflows when scaled to bytes.
+        let step = if inner > 1 {
+            self.strides[ndim - 1] as isize * item
+        } else {
+            item
+        };
         let row = inner * item as usize;
         let mut index = vec![0i64; ndim - 1];
         let mut out = 0usize;

@@ -744,6 +744,19 @@ static void test_strided_views(void) {
     }
     CHECK(c == 1, "deleted once");
 
+    /* Column 0 as {3,1}: an extent of 1 takes any stride, even one that overflows
+       scaled to bytes (it is never stepped). */
+    c = 0;
+    const int64_t eshape[2] = {3, 1}, estrides[2] = {4, INT64_MIN};
+    t = view_3x4(&c, legacy, 2, eshape, estrides, 0);
+    if (t) {
+      const float expect[3] = {0, 4, 8};
+      check_shape(t, 2, eshape, estrides);
+      CHECK_F32(t, expect, 3);
+      ndx_tensor_release(t);
+    }
+    CHECK(c == 1, "deleted once");
+
     /* Rows flipped: strides {-4,1}, element 0 is [2][0]. */
     c = 0;
     const int64_t fshape[2] = {3, 4}, fstrides[2] = {-4, 1};
