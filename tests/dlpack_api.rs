@@ -330,18 +330,25 @@ fn strided_views_with_byte_offset_and_negative_strides_read_correctly() {
 
 /// `t + t` in SYNC_CPU: its f32 values.
 fn doubled(t: *const ndx_tensor_t) -> Vec<f32> {
+    sync_values(c"add", &[t, t])
+}
+
+/// Operator `op` (no arguments) of `inputs` in SYNC_CPU: its f32 values.
+fn sync_values(op: &CStr, inputs: &[*const ndx_tensor_t]) -> Vec<f32> {
     let ctx = Ctx::new(ndx_eval_mode_t::NDX_EVAL_SYNC_CPU as i32);
-    let input = || ndx_input_t {
-        tensor: t,
-        batch: std::ptr::null(),
-    };
-    let inputs = [input(), input()];
+    let inputs: Vec<ndx_input_t> = inputs
+        .iter()
+        .map(|&t| ndx_input_t {
+            tensor: t,
+            batch: std::ptr::null(),
+        })
+        .collect();
     let mut f = std::ptr::null_mut();
     ok(ndx_invoke(
         ctx.0,
-        c"add".as_ptr(),
+        op.as_ptr(),
         inputs.as_ptr(),
-        2,
+        inputs.len(),
         std::ptr::null(),
         std::ptr::null(),
         &mut f,
@@ -380,6 +387,29 @@ fn any_stride_of_an_extent_of_one_is_accepted_and_never_stepped() {
         ndx_tensor_release(t);
         assert_eq!(calls(&count), 1);
     }
+}
+
+#[test]
+fn flip_leaves_the_stride_of_an_extent_of_one_alone() {
+    // Found by tests/fuzz_api.rs (flip of an int64 [1] with stride i64::MIN): flip
+    // negated the stride of every flipped axis, which overflows for i64::MIN (a panic,
+    // NDX_ERROR_INTERNAL, in builds with overflow checks); an extent of 0 or 1 needs
+    // no flipping.
+    let mut spec = Spec::f32s(&[1.0, 2.0], &[1]);
+    spec.strides = Some(vec![i64::MIN]);
+    let (m, count) = spec.versioned();
+    let t = import_v(m).expect("an extent of 1 takes any stride");
+    assert_eq!(sync_values(c"flip", &[t]), [1.0]);
+    ndx_tensor_release(t);
+    assert_eq!(calls(&count), 1);
+
+    let mut spec = Spec::f32s(&[1.0, 2.0, 3.0, 4.0, 5.0], &[2, 1]);
+    spec.strides = Some(vec![4, i64::MIN]);
+    let (m, count) = spec.versioned();
+    let t = import_v(m).expect("an extent of 1 takes any stride");
+    assert_eq!(sync_values(c"flip", &[t]), [5.0, 1.0]);
+    ndx_tensor_release(t);
+    assert_eq!(calls(&count), 1);
 }
 
 #[test]

@@ -231,11 +231,13 @@ fn flip_view(shape: &[i64], strides: &[i64], args: &Args) -> Result<View> {
         strides: strides.to_vec(),
         origin: 0,
     };
+    // Flipping an extent of 0 or 1 changes nothing; its stride, which may be any
+    // value there (even i64::MIN), is left as it is.
     for a in axes {
-        if shape[a] > 0 {
+        if shape[a] > 1 {
             view.origin += (shape[a] - 1) * strides[a];
+            view.strides[a] = -strides[a];
         }
-        view.strides[a] = -strides[a];
     }
     Ok(view)
 }
