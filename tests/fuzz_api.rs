@@ -32,6 +32,18 @@ fn no_internal(e: *mut ndx_error_t, what: &str) -> Option<(i32, String)> {
     (!e.is_null()).then(|| caller_error(e, what))
 }
 
+/// `cases` per property (modest, for CI), unless `PROPTEST_CASES` asks for more (a
+/// longer search: `PROPTEST_CASES=20000 cargo test --test fuzz_api`).
+fn config(cases: u32) -> ProptestConfig {
+    let asked = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    ProptestConfig {
+        cases: asked.unwrap_or(cases),
+        ..ProptestConfig::default()
+    }
+}
+
 // ---------------------------------------------------------------------------------
 // DLPack import
 // ---------------------------------------------------------------------------------
@@ -391,7 +403,7 @@ fn import_legacy_once(h: &Hostile) -> bool {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+    #![proptest_config(config(400))]
 
     #[test]
     fn versioned_dlpack_import_errs_cleanly_or_owns_the_tensor(h in hostile()) {
@@ -598,7 +610,8 @@ fn args_for(names: &'static [&'static str]) -> BoxedStrategy<Vec<(&'static str, 
 }
 
 /// A small valid host tensor: dtype, shape, layout, and per-dimension stride tricks
-/// (0: compact, 1: reversed, 2: broadcast with stride 0).
+/// (0: compact, 1: reversed, 2: broadcast with stride 0, 3: an extreme stride on an
+/// extent of 1).
 #[derive(Debug, Clone)]
 struct SmallTensor {
     dtype: i32,
@@ -630,7 +643,7 @@ fn like(dtype: i32, shape: Vec<i64>) -> impl Strategy<Value = SmallTensor> {
     (
         dtype,
         shape,
-        prop::collection::vec(prop_oneof![6 => Just(0u8), 1 => 1u8..3], 4),
+        prop::collection::vec(prop_oneof![6 => Just(0u8), 1 => 1u8..4], 4),
         any::<bool>(),
         any::<u64>(),
     )
@@ -699,6 +712,10 @@ impl SmallTensor {
                     strides[i] = -strides[i];
                 }
                 2 => strides[i] = 0,
+                // Any stride is valid on an extent of 1: an extreme one.
+                3 if self.shape[i] == 1 => {
+                    strides[i] = [i64::MIN, i64::MAX, i64::MAX / 3][self.seed as usize % 3]
+                }
                 _ => {}
             }
         }
@@ -933,7 +950,7 @@ fn invoke_once(inv: &Invocation) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 500, ..ProptestConfig::default() })]
+    #![proptest_config(config(500))]
 
     #[test]
     fn sync_invocations_succeed_or_fail_cleanly(inv in invocation()) {
