@@ -410,6 +410,24 @@ fn flip_leaves_the_stride_of_an_extent_of_one_alone() {
     assert_eq!(sync_values(c"flip", &[t]), [5.0, 1.0]);
     ndx_tensor_release(t);
     assert_eq!(calls(&count), 1);
+
+    // The image flips, on a CHW image one pixel wide (found the same way).
+    let mut spec = Spec::f32s(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0], &[1, 2, 1]);
+    spec.strides = Some(vec![6, 4, i64::MIN]);
+    let (m, count) = spec.versioned();
+    let layout = c"CHW";
+    let opts = ndx_import_options_t {
+        struct_size: std::mem::size_of::<ndx_import_options_t>(),
+        layout: layout.as_ptr(),
+        read_only: false,
+        stream: std::ptr::null_mut(),
+    };
+    let mut t = std::ptr::null_mut();
+    ok(ndx_tensor_from_dlpack_versioned(m, &opts, &mut t));
+    assert_eq!(sync_values(c"flip_horizontal", &[t]), [1.0, 5.0]);
+    assert_eq!(sync_values(c"flip_vertical", &[t]), [5.0, 1.0]);
+    ndx_tensor_release(t);
+    assert_eq!(calls(&count), 1);
 }
 
 #[test]

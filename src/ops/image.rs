@@ -264,8 +264,13 @@ fn flip_op(name: &'static str, horizontal: bool) -> OpDef {
             let (h, w, _) = hwc_axes(t.layout(), t.shape(), name)?;
             let a = if horizontal { w } else { h };
             let mut strides = t.strides().to_vec();
-            let origin = (t.shape()[a] - 1).max(0) * strides[a];
-            strides[a] = -strides[a];
+            let mut origin = 0;
+            // An extent of 0 or 1 is not flipped: its stride may be any value (even
+            // i64::MIN, which cannot be negated).
+            if t.shape()[a] > 1 {
+                origin = (t.shape()[a] - 1) * strides[a];
+                strides[a] = -strides[a];
+            }
             let flipped = t.restride(t.shape().to_vec(), strides, origin);
             Ok(vec![
                 flipped.to_compact()?.with_layout(t.c_layout().to_owned()),
