@@ -21,9 +21,9 @@ back to ndx's cache, so a steady-state pipeline takes no fresh pages).
   lt, add with a broadcast row, float32 4096 x 4096: vs `np.less` / `np.add` of the
         same operands.
   clamp, round, float32 16M: vs `np.clip` / `np.round`.
-  flip, transpose, pad, stack, concat, cast (f16, bf16 with ml_dtypes, u8, i32) and
-        mixed-dtype add of float32 1024 x 1024: vs NumPy's copies, `np.pad`,
-        `np.stack`, `np.concatenate`, `astype` and `np.add`.
+  flip, transpose, pad, stack, concat, cast (f16, bf16 with ml_dtypes, u8, i16, i32;
+        float64 to i32) and mixed-dtype add of float32 1024 x 1024: vs NumPy's
+        copies, `np.pad`, `np.stack`, `np.concatenate`, `astype` and `np.add`.
   resize uint8 1080x1920x3 -> 224x224, linear: ndx `resize` vs OpenCV's
         `cv2.resize(..., INTER_LINEAR)` with OpenCV's default threads (the values
         are equal bit for bit; tests/python/test_ops_image.py checks them).
@@ -128,7 +128,8 @@ def main():
     tm = [ndx.tensor_from_numpy(x) for x in m]
     i32 = rng.integers(-1000, 1000, (1024, 1024), dtype=np.int32)
     f16 = m[1].astype(np.float16)
-    ti32, tf16 = ndx.tensor_from_numpy(i32), ndx.tensor_from_numpy(f16)
+    f64 = m[2].astype(np.float64)
+    ti32, tf16, tf64 = ndx.tensor_from_numpy(i32), ndx.tensor_from_numpy(f16), ndx.tensor_from_numpy(f64)
     cases = [
         ("flip f32 1024^2 axis 1", ndx_op("flip", tm[:1], ndx.Args().set_int_array("axes", [1])), lambda: np.flip(m[0], 1).copy()),
         ("transpose f32 1024^2", ndx_op("transpose", tm[:1]), lambda: m[0].T.copy()),
@@ -139,7 +140,9 @@ def main():
         ("cast f32 1024^2 -> f16", ndx_op("cast", tm[:1], ndx.Args().set_dtype("dtype", ndx.NDX_DTYPE_FLOAT16)), lambda: m[0].astype(np.float16)),
         ("cast f16 1024^2 -> f32", ndx_op("cast", [tf16], ndx.Args().set_dtype("dtype", ndx.NDX_DTYPE_FLOAT32)), lambda: f16.astype(np.float32)),
         ("cast f32 1024^2 -> u8", ndx_op("cast", tm[:1], ndx.Args().set_dtype("dtype", ndx.NDX_DTYPE_UINT8)), lambda: m[0].astype(np.uint8)),
+        ("cast f32 1024^2 -> i16", ndx_op("cast", tm[:1], ndx.Args().set_dtype("dtype", ndx.NDX_DTYPE_INT16)), lambda: m[0].astype(np.int16)),
         ("cast f32 1024^2 -> i32", ndx_op("cast", tm[:1], ndx.Args().set_dtype("dtype", ndx.NDX_DTYPE_INT32)), lambda: m[0].astype(np.int32)),
+        ("cast f64 1024^2 -> i32", ndx_op("cast", [tf64], ndx.Args().set_dtype("dtype", ndx.NDX_DTYPE_INT32)), lambda: f64.astype(np.int32)),
         ("add f32 + i32 1024^2", ndx_op("add", [tm[0], ti32]), lambda: np.add(m[0], i32)),
         ("add f32 + f16 1024^2", ndx_op("add", [tm[0], tf16]), lambda: np.add(m[0], f16)),
     ]

@@ -109,6 +109,9 @@ macro_rules! int_elem {
             fn from_f32(v: f32) -> Self {
                 v as $t
             }
+            fn slice_from_f32(src: &[f32], dst: &mut [Self]) {
+                f32_to_int(src, dst);
+            }
             fn to_f64(self) -> f64 {
                 self as f64
             }
@@ -206,6 +209,68 @@ int_elem!(u8, DType::U8, true);
 int_elem!(u16, DType::U16, true);
 int_elem!(u32, DType::U32, false);
 int_elem!(u64, DType::U64, false);
+
+/// `dst[i] = src[i] as D` for an integer `D`: Rust's saturating conversion (toward
+/// zero, clamped to `D`'s range, NaN to 0), which the compiler does not vectorise, in
+/// branch-free `f32` and integer arithmetic that it does, for `D` of up to 32 bits
+/// (64-bit `D` keep the scalar conversion). Equal to `as` for every `f32`.
+#[inline(always)]
+fn f32_to_int<D: Elem>(src: &[f32], dst: &mut [D]) {
+    debug_assert!(D::INT);
+    // Adding M = 1.5 * 2^23 to a magnitude below 2^22 leaves its nearest integer in the
+    // low mantissa bits (the ulp there is 1).
+    const M: f32 = 12_582_912.0;
+    if size_of::<D>() > 4 {
+        for (d, &v) in dst.iter_mut().zip(src) {
+            *d = D::from_f32(v);
+        }
+        return;
+    }
+    // D's limits rounded to f32: exact up to 16 bits; 2^31 and 2^32 for i32 and u32's
+    // largest values.
+    let (lo, hi) = (
+        D::from_f32(f32::NEG_INFINITY).to_f32(),
+        D::from_f32(f32::INFINITY).to_f32(),
+    );
+    if size_of::<D>() <= 2 {
+        for (d, &v) in dst.iter_mut().zip(src) {
+            let c = if v < lo { lo } else { v };
+            let c = if c > hi { hi } else { c };
+            // Truncation is the floor of the magnitude: the nearest integer, less one
+            // where that rounded up.
+            let a = c.abs();
+            let r = a + M;
+            let n = r.to_bits().wrapping_sub(M.to_bits()) as i32 - i32::from(r - M > a);
+            let n = if c < 0.0 { -n } else { n };
+            *d = D::from_i128(i128::from(if v.is_nan() { 0 } else { n }));
+        }
+        return;
+    }
+    // Magnitudes up to 2^32 (u32) are split into a multiple of 2^shift, the magnitude
+    // rounded in the binade of `big` (where the ulp is 2^shift), and an exact rest of
+    // at most 2^(shift - 1) either way, whose floor is taken as above.
+    let big = 2.0 * if -lo > hi { -lo } else { hi }; // 2^32 (i32) or 2^33 (u32)
+    let shift = (big.to_bits() >> 23) - 127 - 23;
+    for (d, &v) in dst.iter_mut().zip(src) {
+        let c = if v < lo { lo } else { v };
+        let c = if c > hi { hi } else { c };
+        let a = c.abs();
+        let t = a + big;
+        let units = t.to_bits().wrapping_sub(big.to_bits());
+        let rest = a - (t - big);
+        let r = rest + M;
+        let floor_rest = r
+            .to_bits()
+            .wrapping_sub(M.to_bits())
+            .wrapping_sub(u32::from(r - M > rest));
+        let n = (units << shift).wrapping_add(floor_rest);
+        let n = if c < 0.0 { n.wrapping_neg() } else { n };
+        // `hi` is one past D's largest value, which wraps to D's smallest: step back.
+        let n = if c >= hi { n.wrapping_sub(1) } else { n };
+        // As D's bits (u32 to i32 wraps).
+        *d = D::from_i128(i128::from(if v.is_nan() { 0 } else { n }));
+    }
+}
 
 macro_rules! float_elem {
     ($t:ty, $d:expr, $to:expr, $from:expr, $exact:expr, $to32:expr, $from32:expr $(, $extra:item)*) => {
@@ -582,8 +647,13 @@ fn convert_pieces<S: Sync, D: Send>(
 
 /// `out[i] = src[i]` converted as [`cast`] documents.
 fn convert_run<S: Elem, D: Elem>(src: &[S], out: &mut [D]) {
-    if S::F32_EXACT && (S::DTYPE == DType::F16 || D::DTYPE == DType::F16) {
-        // Through f32 in blocks, so that halves convert as slices.
+    if D::INT && S::DTYPE == DType::F32 {
+        // As a slice, which converts in vectorised arithmetic.
+        return D::slice_from_f32(bytemuck::cast_slice(src), out);
+    }
+    if S::F32_EXACT && (S::DTYPE == DType::F16 || D::DTYPE == DType::F16 || (!S::INT && D::INT)) {
+        // Through f32 in blocks, so that halves and conversions of floats to integers
+        // run as slices.
         let mut buf = [0f32; 256];
         for (s, o) in src.chunks(buf.len()).zip(out.chunks_mut(buf.len())) {
             let b = &mut buf[..s.len()];
@@ -821,6 +891,122 @@ mod cast_tests {
         doubles.extend(f.iter().map(|&b| f64::from(f32::from_bits(b))));
         doubles.extend([1.0 + 2f64.powi(-8) + 2f64.powi(-40), 65519.999, -0.0, 1e300]);
         to_every_type::<f64>(&doubles);
+    }
+}
+
+#[cfg(test)]
+mod float_to_int_tests {
+    use super::*;
+
+    /// `src` to `D` by the slice conversion equals Rust's `as`, over every start and
+    /// length up to 40 (vectorised bodies and their scalar ends).
+    fn check<D: Elem>(src: &[f32]) {
+        let want: Vec<D> = src.iter().map(|&v| D::from_f32(v)).collect();
+        let mut out = vec![D::from_i128(0); src.len()];
+        D::slice_from_f32(src, &mut out);
+        for (i, (&v, (o, w))) in src.iter().zip(out.iter().zip(&want)).enumerate() {
+            assert_eq!(
+                bytemuck::bytes_of(o),
+                bytemuck::bytes_of(w),
+                "{} ({:#010x}) at {i} to {}",
+                v,
+                v.to_bits(),
+                D::DTYPE.name()
+            );
+        }
+        for start in 0..8.min(src.len()) {
+            for len in 0..=40.min(src.len() - start) {
+                let mut part = vec![D::from_i128(7); len];
+                D::slice_from_f32(&src[start..start + len], &mut part);
+                assert_eq!(
+                    bytemuck::cast_slice::<D, u8>(&part),
+                    bytemuck::cast_slice::<D, u8>(&want[start..start + len]),
+                    "{} from {start}, {len} elements",
+                    D::DTYPE.name()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn floats_to_integers_equal_rusts_saturating_as() {
+        // NaNs, infinities, zeros, subnormals, the largest values, ties and near-ties,
+        // and every integer type's limits with their neighbouring floats and halves.
+        let mut v: Vec<f32> = vec![
+            f32::NAN,
+            -f32::NAN,
+            f32::from_bits(0x7f80_0001),
+            f32::from_bits(0xffff_ffff),
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            0.0,
+            -0.0,
+            f32::from_bits(1),
+            -f32::from_bits(1),
+            f32::MIN_POSITIVE,
+            f32::MAX,
+            f32::MIN,
+            0.5,
+            -0.5,
+            0.999_999_94,
+            -0.999_999_94,
+            1.0,
+            -1.0,
+            1.5,
+            -1.5,
+            2.5,
+            -2.5,
+            3.5,
+            -3.5,
+            4_194_303.5,
+            4_194_304.5,
+            8_388_607.5,
+            -8_388_607.5,
+            8_388_608.0,
+            16_777_215.0,
+            16_777_216.0,
+            1_000_192.0,
+            1_000_448.5,
+            -1_000_447.75,
+        ];
+        let limits = [
+            i8::MIN as f32,
+            i8::MAX as f32,
+            u8::MAX as f32,
+            i16::MIN as f32,
+            i16::MAX as f32,
+            u16::MAX as f32,
+            i32::MIN as f32,
+            i32::MAX as f32,
+            u32::MAX as f32,
+            i64::MIN as f32,
+            i64::MAX as f32,
+            u64::MAX as f32,
+        ];
+        for l in limits {
+            for x in [l, -l] {
+                v.extend([x, x - 0.5, x + 0.5, x - 1.0, x + 1.0, x - 0.25, x + 0.75]);
+                v.extend([
+                    f32::from_bits(x.to_bits() - 1),
+                    f32::from_bits(x.to_bits() + 1),
+                ]);
+            }
+        }
+        // Values whose split into multiples of 512 or 1024 ties or rounds up.
+        for k in [1u32, 3, 1000, 4_194_303, 4_194_304] {
+            for d in [-256.5f32, -256.0, -255.5, 0.5, 255.5, 256.0, 256.5, 511.5] {
+                let x = (k * 512) as f32 + d;
+                v.extend([x, -x]);
+            }
+        }
+        check::<i8>(&v);
+        check::<u8>(&v);
+        check::<i16>(&v);
+        check::<u16>(&v);
+        check::<i32>(&v);
+        check::<u32>(&v);
+        check::<i64>(&v);
+        check::<u64>(&v);
     }
 }
 
