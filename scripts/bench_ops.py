@@ -16,8 +16,9 @@ back to ndx's cache, so a steady-state pipeline takes no fresh pages).
         in place through its strides, no compaction) against NumPy on the same views.
   sum   float32, 16M elements to a scalar: ndx `sum` vs `np.sum` (ndx accumulates in
         float64, NumPy pairwise in float32).
-  sum, max over axis 0 of the float32 as 4096 x 4096 (each output a column), and
-        max, argmax of all 16M: vs `np.sum(axis=0)` / `np.max` / `np.argmax`.
+  sum, max, min over axis 0 of the float32 as 4096 x 4096 (each output a column),
+        and max, argmax of all 16M: vs `np.sum(axis=0)` / `np.max` / `np.min` /
+        `np.argmax`.
   lt, add with a broadcast row, float32 4096 x 4096: vs `np.less` / `np.add` of the
         same operands.
   clamp, round, float32 16M: vs `np.clip` / `np.round`.
@@ -113,6 +114,7 @@ def main():
     for label, run_ndx, run_np in [
         ("sum f32 4096^2 over axis 0", ndx_op("sum", [ta2], axis0), lambda: np.sum(a2, axis=0)),
         ("max f32 4096^2 over axis 0", ndx_op("max", [ta2], axis0), lambda: np.max(a2, axis=0)),
+        ("min f32 4096^2 over axis 0", ndx_op("min", [ta2], axis0), lambda: np.min(a2, axis=0)),
         ("max f32 16M", ndx_op("max", [ta]), lambda: np.max(a)),
         ("argmax f32 16M", ndx_op("argmax", [ta]), lambda: np.argmax(a)),
         ("lt f32 4096^2", ndx_op("lt", [ta2, ndx.tensor_from_numpy(b2)]), lambda: np.less(a2, b2)),

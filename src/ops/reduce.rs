@@ -158,11 +158,8 @@ fn fold_middle<S: Copy + Sync, A: Copy + Send>(
     init: impl Fn(S) -> A + Sync + Send,
     step: impl Fn(A, S, usize) -> A + Sync + Send,
 ) {
-    // Pieces of whole outputs; a piece of a row reduction is up to 512 outputs wide,
-    // so that it reads long runs of each row.
-    let unit = if inner > 1 { inner.min(512) } else { 1 };
-    let _ = par::chunks_mut(out, unit, unit * len, |first, piece| {
-        if inner == 1 {
+    if inner == 1 {
+        let _ = par::chunks_mut(out, 1, len, |first, piece| {
             for (i, a) in piece.iter_mut().enumerate() {
                 let block = &src[(first + i) * len..(first + i + 1) * len];
                 let mut acc = init(block[0]);
@@ -171,26 +168,79 @@ fn fold_middle<S: Copy + Sync, A: Copy + Send>(
                 }
                 *a = acc;
             }
-            return Ok(());
+            Ok(())
+        });
+        return;
+    }
+    // Runs of up to 512 outputs, so that each row is read in long runs.
+    row_runs(len, inner, inner.min(512), out, |accs, start| {
+        let n = accs.len();
+        let row = |j: usize| &src[start + j * inner..start + j * inner + n];
+        for (a, &v) in accs.iter_mut().zip(row(0)) {
+            *a = init(v);
         }
+        for j in 1..len {
+            for (a, &v) in accs.iter_mut().zip(row(j)) {
+                *a = step(*a, v, j);
+            }
+        }
+    });
+}
+
+/// Cuts the outputs of a `[outer, len, inner]` reduction over its middle axis (`inner
+/// > 1`) into pieces of whole units of `unit` outputs for the worker pool, and calls
+/// `run(accs, start)` for each run of outputs in a piece that lies in one row: the
+/// run's elements of row `j` are `src[start + j * inner..][..accs.len()]`.
+fn row_runs<A: Send>(
+    len: usize,
+    inner: usize,
+    unit: usize,
+    out: &mut [A],
+    run: impl Fn(&mut [A], usize) + Sync + Send,
+) {
+    let _ = par::chunks_mut(out, unit, unit * len, |first, piece| {
         let (start, end) = (first * unit, first * unit + piece.len());
         let mut p = start;
         while p < end {
             let (o, k0) = (p / inner, p % inner);
             let k1 = inner.min(k0 + end - p);
-            let accs = &mut piece[p - start..p - start + (k1 - k0)];
-            let row = |j: usize| &src[(o * len + j) * inner + k0..(o * len + j) * inner + k1];
-            for (a, &v) in accs.iter_mut().zip(row(0)) {
-                *a = init(v);
-            }
-            for j in 1..len {
-                for (a, &v) in accs.iter_mut().zip(row(j)) {
-                    *a = step(*a, v, j);
-                }
-            }
+            run(
+                &mut piece[p - start..p - start + (k1 - k0)],
+                o * len * inner + k0,
+            );
             p += k1 - k0;
         }
         Ok(())
+    });
+}
+
+/// [`fold_middle`] of `replaces` for `inner > 1`: the minimum (maximum) of each
+/// output's elements in order, the first NaN or else the first of equal extremes. Rows
+/// fold with the plain comparison (one vector instruction), which gives the same bits
+/// unless a NaN comes after the first row; runs that saw one fold again with
+/// `replaces`. Runs are 4 KiB of each row (a page), read in full.
+fn extreme_middle<S: Elem>(max: bool, src: &[S], len: usize, inner: usize, out: &mut [S]) {
+    let unit = inner.min((4096 / size_of::<S>()).max(1));
+    row_runs(len, inner, unit, out, |accs, start| {
+        let n = accs.len();
+        let row = |j: usize| &src[start + j * inner..start + j * inner + n];
+        accs.copy_from_slice(row(0));
+        let mut nan = false;
+        for j in 1..len {
+            for (a, &v) in accs.iter_mut().zip(row(j)) {
+                nan |= Elem::is_nan(v);
+                let better = if max { v > *a } else { v < *a };
+                *a = if better { v } else { *a };
+            }
+        }
+        if nan {
+            accs.copy_from_slice(row(0));
+            for j in 1..len {
+                for (a, &v) in accs.iter_mut().zip(row(j)) {
+                    *a = if replaces(max, *a, v) { v } else { *a };
+                }
+            }
+        }
     });
 }
 
@@ -490,16 +540,7 @@ fn reduce_middle<S: Elem>(
                         Ok(())
                     });
                 } else {
-                    fold_middle(
-                        src,
-                        len,
-                        inner,
-                        out,
-                        |v| v,
-                        |a, v, _| {
-                            if replaces(max, a, v) { v } else { a }
-                        },
-                    );
+                    extreme_middle(max, src, len, inner, out);
                 }
                 Ok(())
             })
@@ -830,6 +871,50 @@ mod fast_path_tests {
             }
         }
         (vals, idx)
+    }
+
+    #[test]
+    fn min_max_over_rows_give_the_sequential_bits_with_nans_anywhere() {
+        // Rows wider than one run (runs of 1024 f32 cut across the outer index too),
+        // equal zeros of both signs, NaNs of distinct payloads: in the first row (kept),
+        // late in a column (the first one wins), in the last row, and none in some
+        // runs; on several threads for the larger shapes.
+        let pattern = [0.0f32, -0.0, -1.0, -0.0, 0.0, -3.0, 2.0, 2.0];
+        let nans = [0x7fc0_0001u32, 0x7fc0_0002, 0xffc0_0003, 0x7f80_0004];
+        for (len, inner) in [(5, 1500), (70, 2100), (2, 3000), (9, 2)] {
+            let outer = 3;
+            let mut v: Vec<f32> = (0..outer * len * inner)
+                .map(|i| pattern[(i * 7 + i / 5) % pattern.len()])
+                .collect();
+            let at = |o: usize, j: usize, k: usize| (o * len + j) * inner + k;
+            v[at(0, 0, 1)] = f32::from_bits(nans[0]);
+            v[at(0, len - 1, 1)] = f32::from_bits(nans[1]);
+            v[at(1, len / 2, inner - 1)] = f32::from_bits(nans[2]);
+            v[at(1, len - 1, inner - 1)] = f32::from_bits(nans[3]);
+            v[at(2, len - 1, 0)] = f32::from_bits(nans[3]);
+            let t = make::<f32>(&[outer as i64, len as i64, inner as i64], "", |o| {
+                o.copy_from_slice(&v);
+                Ok(())
+            })
+            .unwrap();
+            for max in [false, true] {
+                let (want, _) = sequential(max, &v, len, inner);
+                let red = if max { Red::Max } else { Red::Min };
+                let got = reduce(red, &t, &[1], false).unwrap();
+                let got: Vec<u32> = typed::<f32>(&got)
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.to_bits())
+                    .collect();
+                let first_wrong = got.iter().zip(&want).position(|(g, w)| g != w);
+                assert_eq!(first_wrong, None, "{red:?} len {len} inner {inner}");
+                assert_eq!(got[1], nans[0], "the first row's NaN stays");
+                if len > 2 {
+                    assert_eq!(got[2 * inner - 1], nans[2], "the first NaN wins");
+                }
+                assert_eq!(got[2 * inner], nans[3], "a NaN in the last row");
+            }
+        }
     }
 
     #[test]
