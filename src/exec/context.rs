@@ -927,18 +927,50 @@ fn check_outputs(
             }
         }
     }
-    for (k, (i, a)) in all.iter().enumerate() {
-        for (j, b) in &all[k + 1..] {
-            if a.overlaps(b) {
-                return Err(Error::value(if i == j {
-                    format!("two samples of outputs[{i}] share memory")
-                } else {
-                    format!("outputs[{i}] and outputs[{j}] share memory")
-                }));
-            }
-        }
+    let views: Vec<&Tensor> = all.iter().map(|&(_, t)| t).collect();
+    if let Some((a, b)) = first_overlap(&views) {
+        let (i, j) = (all[a].0, all[b].0);
+        return Err(Error::value(if i == j {
+            format!("two samples of outputs[{i}] share memory")
+        } else {
+            format!("outputs[{i}] and outputs[{j}] share memory")
+        }));
     }
     Ok(())
+}
+
+/// The first pair `(a, b)`, `a < b`, of `views` that may share memory
+/// ([`Tensor::overlaps`]) in the order of a pairwise scan (`a` smallest, then `b`), in
+/// O(n log n) for the many samples of a batch. Within an address space, sorted by
+/// start, a view overlaps an earlier one exactly when the largest end before it
+/// passes its start, and a later one when the next one starts before its end. `a` is
+/// the first view that overlaps any (its partners all come after it), `b` the first
+/// after `a` that overlaps it.
+fn first_overlap(views: &[&Tensor]) -> Option<(usize, usize)> {
+    let extents: Vec<_> = views.iter().map(|t| t.extent()).collect();
+    let mut spaces: HashMap<Option<Device>, Vec<(usize, usize, usize)>> = HashMap::new();
+    for (v, e) in extents.iter().enumerate() {
+        if let &Some((space, start, end)) = e {
+            spaces.entry(space).or_default().push((start, end, v));
+        }
+    }
+    let mut first: Option<usize> = None;
+    for mut sorted in spaces.into_values() {
+        sorted.sort_unstable();
+        let mut max_end = 0;
+        for (w, &(start, end, v)) in sorted.iter().enumerate() {
+            let after = sorted.get(w + 1).is_some_and(|&(next, _, _)| next < end);
+            if (w > 0 && max_end > start) || after {
+                first = Some(first.map_or(v, |f| f.min(v)));
+            }
+            max_end = max_end.max(end);
+        }
+    }
+    let a = first?;
+    let (space, start, end) = extents[a]?;
+    let b = (a + 1..views.len())
+        .find(|&b| extents[b].is_some_and(|(s, bs, be)| s == space && bs < end && start < be))?;
+    Some((a, b))
 }
 
 /// Checks one out tensor (or batch sample) named `what` against its expected metadata
@@ -1014,11 +1046,146 @@ pub fn output_batch(node: &Arc<Node>, index: usize) -> Result<BatchRef> {
 
 #[cfg(test)]
 mod tests {
+    use std::ffi::CString;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::Duration;
 
-    use super::{Settings, new_context};
+    use super::{Data, OutMeta, Settings, check_outputs, new_context};
+    use crate::tensor::{Batch, DType, Tensor};
+
+    /// A pairwise scan of the views of `outputs` (in order, samples in order) for the
+    /// first two that share memory: the message `check_outputs` must give.
+    fn pairwise(outputs: &[Option<Data>]) -> Option<String> {
+        let mut all: Vec<(usize, &Tensor)> = Vec::new();
+        for (i, out) in outputs.iter().enumerate() {
+            match out {
+                Some(Data::Tensor(t)) => all.push((i, t)),
+                Some(Data::Batch(b)) => all.extend(b.samples().iter().map(|t| (i, &**t))),
+                None => {}
+            }
+        }
+        for (k, (i, a)) in all.iter().enumerate() {
+            for (j, b) in &all[k + 1..] {
+                if a.overlaps(b) {
+                    return Some(if i == j {
+                        format!("two samples of outputs[{i}] share memory")
+                    } else {
+                        format!("outputs[{i}] and outputs[{j}] share memory")
+                    });
+                }
+            }
+        }
+        None
+    }
+
+    fn check(outputs: &[Option<Data>]) -> Option<String> {
+        let metas: Vec<OutMeta> = outputs
+            .iter()
+            .map(|o| match o {
+                Some(Data::Batch(_)) => OutMeta::Batch(None),
+                _ => OutMeta::Tensor(None),
+            })
+            .collect();
+        check_outputs(&metas, outputs, None)
+            .err()
+            .map(|e| e.message().to_string())
+    }
+
+    /// Out tensors and batch samples that share memory are found, and the pair named is
+    /// the first one in order (as a pairwise scan finds it), among many samples in
+    /// shuffled address order, where the views that overlap need not be neighbours in
+    /// address order.
+    #[test]
+    fn outputs_that_share_memory_are_found_in_order_among_many_samples() {
+        let buf = Tensor::new_host(DType::F32, &[1 << 14], CString::default(), |_| Ok(())).unwrap();
+        let view = |origin: usize, len: usize| {
+            Arc::new(buf.restride(vec![len as i64], vec![1], origin as i64))
+        };
+        let batch = |v: Vec<Arc<Tensor>>| Some(Data::Batch(Arc::new(Batch::new(v).unwrap())));
+        // A view at position 0 inside a long one at the end, where a view between them
+        // in address order (position 2) overlaps only the long one: the pair is
+        // (0, last), outputs[0] and outputs[2], not outputs[1] and outputs[2].
+        let outputs = [
+            Some(Data::Tensor(view(50, 10))),
+            batch(vec![view(200, 8), view(10, 10), view(300, 8)]),
+            batch(
+                (0..600)
+                    .map(|s| view(1000 + 8 * s, 8))
+                    .chain([view(0, 100)])
+                    .collect(),
+            ),
+        ];
+        assert_eq!(
+            check(&outputs).as_deref(),
+            Some("outputs[0] and outputs[2] share memory")
+        );
+        // Two samples of one batch.
+        let outputs = [batch(
+            (0..500)
+                .map(|s| view(16 * (s * 7 % 500), 8))
+                .chain([view(16 * 77 + 4, 8)])
+                .collect(),
+        )];
+        assert_eq!(
+            check(&outputs).as_deref(),
+            Some("two samples of outputs[0] share memory")
+        );
+        // Many samples in a pseudo-random order of disjoint slots, some of them
+        // lengthened over their next slots, and some empty.
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = |n: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % n as u64) as usize
+        };
+        let (mut overlapping, mut clean) = (0, 0);
+        for case in 0..300 {
+            let n = 2 + next(400);
+            let mut slots: Vec<usize> = (0..n).collect();
+            for i in (1..n).rev() {
+                slots.swap(i, next(i + 1));
+            }
+            let long = if case % 3 == 0 { 0 } else { 1 + next(3) };
+            let views: Vec<Arc<Tensor>> = slots
+                .iter()
+                .enumerate()
+                .map(|(k, &slot)| {
+                    let len = if k < long {
+                        8 * (1 + next(6)) + next(8)
+                    } else if next(20) == 0 {
+                        0
+                    } else {
+                        1 + next(8)
+                    };
+                    view(16 * slot, len.min((1 << 14) - 16 * slot))
+                })
+                .collect();
+            let cut = next(n);
+            let mut rest = views;
+            let tail = rest.split_off(cut.max(1));
+            let outputs: Vec<Option<Data>> = if tail.is_empty() {
+                vec![batch(rest)]
+            } else if next(2) == 0 {
+                vec![batch(rest), None, batch(tail)]
+            } else {
+                let mut outs = vec![Some(Data::Tensor(rest.remove(0)))];
+                if !rest.is_empty() {
+                    outs.push(batch(rest));
+                }
+                outs.push(batch(tail));
+                outs
+            };
+            let want = pairwise(&outputs);
+            match &want {
+                Some(_) => overlapping += 1,
+                None => clean += 1,
+            }
+            assert_eq!(check(&outputs), want, "case {case}");
+        }
+        assert!(overlapping > 50 && clean > 50, "{overlapping} {clean}");
+    }
 
     /// Dropping the last public reference waits until every job holding one of the
     /// context's invocations let go of it: a job still finishing (its node, and what

@@ -583,7 +583,7 @@ impl Tensor {
     /// The addresses `[start, end)` of the bytes this view touches, with the address
     /// space they live in: the host's (`None`: every host-accessible kind of memory) or
     /// a CUDA device's. `None` when the view touches no byte.
-    fn extent(&self) -> Option<(Option<Device>, usize, usize)> {
+    pub(crate) fn extent(&self) -> Option<(Option<Device>, usize, usize)> {
         let device = self.device();
         if device.host_accessible() {
             let (start, end) = self.host_extent()?;
