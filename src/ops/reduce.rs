@@ -220,6 +220,16 @@ fn row_runs<A: Send>(
 /// unless a NaN comes after the first row; runs that saw one fold again with
 /// `replaces`. Runs are 4 KiB of each row (a page), read in full.
 fn extreme_middle<S: Elem>(max: bool, src: &[S], len: usize, inner: usize, out: &mut [S]) {
+    // One loop per direction (a constant, not a captured flag), so that the comparison
+    // is one instruction.
+    if max {
+        extreme_rows::<S, true>(src, len, inner, out);
+    } else {
+        extreme_rows::<S, false>(src, len, inner, out);
+    }
+}
+
+fn extreme_rows<S: Elem, const MAX: bool>(src: &[S], len: usize, inner: usize, out: &mut [S]) {
     let unit = inner.min((4096 / size_of::<S>()).max(1));
     row_runs(len, inner, unit, out, |accs, start| {
         let n = accs.len();
@@ -229,7 +239,7 @@ fn extreme_middle<S: Elem>(max: bool, src: &[S], len: usize, inner: usize, out: 
         for j in 1..len {
             for (a, &v) in accs.iter_mut().zip(row(j)) {
                 nan |= Elem::is_nan(v);
-                let better = if max { v > *a } else { v < *a };
+                let better = if MAX { v > *a } else { v < *a };
                 *a = if better { v } else { *a };
             }
         }
@@ -237,7 +247,7 @@ fn extreme_middle<S: Elem>(max: bool, src: &[S], len: usize, inner: usize, out: 
             accs.copy_from_slice(row(0));
             for j in 1..len {
                 for (a, &v) in accs.iter_mut().zip(row(j)) {
-                    *a = if replaces(max, *a, v) { v } else { *a };
+                    *a = if replaces(MAX, *a, v) { v } else { *a };
                 }
             }
         }
