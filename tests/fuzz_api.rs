@@ -319,10 +319,12 @@ fn check_imported(t: *mut ndx_tensor_t, h: &Hostile) {
     unsafe { ((*m).deleter.expect("export deleter"))(m) };
 }
 
-/// One versioned import of `h`: checks the ownership contract. Returns whether it
-/// was accepted.
-fn import_versioned_once(h: &Hostile) -> bool {
-    let (m, count) = h.spec().versioned();
+/// Calls `import` with `h`'s options (or NULL) and out-param (or NULL): its error and
+/// the tensor it gave.
+fn import_with(
+    h: &Hostile,
+    import: impl FnOnce(*const ndx_import_options_t, *mut *mut ndx_tensor_t) -> *mut ndx_error_t,
+) -> (*mut ndx_error_t, *mut ndx_tensor_t) {
     let layout = h
         .opts
         .as_ref()
@@ -338,7 +340,17 @@ fn import_versioned_once(h: &Hostile) -> bool {
     } else {
         &mut t as *mut _
     };
-    let e = ndx_tensor_from_dlpack_versioned(m, opts_ptr, out);
+    let e = import(opts_ptr, out);
+    (e, t)
+}
+
+/// One versioned import of `h`: checks the ownership contract. Returns whether it
+/// was accepted.
+fn import_versioned_once(h: &Hostile) -> bool {
+    let (m, count) = h.spec().versioned();
+    let (e, t) = import_with(h, |opts, out| {
+        ndx_tensor_from_dlpack_versioned(m, opts, out)
+    });
     if e.is_null() {
         assert!(!h.null_out, "a NULL out-param was accepted");
         assert!(!t.is_null());
@@ -368,22 +380,7 @@ fn import_versioned_once(h: &Hostile) -> bool {
 /// One legacy import of `h` (no version, no flags).
 fn import_legacy_once(h: &Hostile) -> bool {
     let (m, count) = h.spec().legacy();
-    let layout = h
-        .opts
-        .as_ref()
-        .and_then(|o| o.layout.as_ref())
-        .and_then(|s| CString::new(s.as_str()).ok());
-    let opts = h.opts.as_ref().map(|o| c_opts(o, &layout));
-    let opts_ptr = opts
-        .as_ref()
-        .map_or(std::ptr::null(), |o| &o.opts as *const _);
-    let mut t: *mut ndx_tensor_t = std::ptr::null_mut();
-    let out = if h.null_out {
-        std::ptr::null_mut()
-    } else {
-        &mut t as *mut _
-    };
-    let e = ndx_tensor_from_dlpack(m, opts_ptr, out);
+    let (e, t) = import_with(h, |opts, out| ndx_tensor_from_dlpack(m, opts, out));
     if e.is_null() {
         assert!(!h.null_out, "a NULL out-param was accepted");
         assert!(!t.is_null());

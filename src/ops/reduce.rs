@@ -909,13 +909,7 @@ mod fast_path_tests {
             .unwrap();
             for max in [false, true] {
                 let (want, _) = sequential(max, &v, len, inner);
-                let red = if max { Red::Max } else { Red::Min };
-                let got = reduce(red, &t, &[1], false).unwrap();
-                let got: Vec<u32> = typed::<f32>(&got)
-                    .unwrap()
-                    .iter()
-                    .map(|x| x.to_bits())
-                    .collect();
+                let (red, got) = extreme_bits(max, &t);
                 let first_wrong = got.iter().zip(&want).position(|(g, w)| g != w);
                 assert_eq!(first_wrong, None, "{red:?} len {len} inner {inner}");
                 assert_eq!(got[1], nans[0], "the first row's NaN stays");
@@ -925,6 +919,14 @@ mod fast_path_tests {
                 assert_eq!(got[2 * inner], nans[3], "a NaN in the last row");
             }
         }
+    }
+
+    /// min (or max) of float32 `t` over axis 1, as bits.
+    fn extreme_bits(max: bool, t: &Tensor) -> (Red, Vec<u32>) {
+        let red = if max { Red::Max } else { Red::Min };
+        let got = reduce(red, t, &[1], false).unwrap();
+        let values = typed::<f32>(&got).unwrap();
+        (red, values.iter().map(|x| x.to_bits()).collect())
     }
 
     #[test]
@@ -953,13 +955,7 @@ mod fast_path_tests {
             .unwrap();
             for max in [false, true] {
                 let (want, want_idx) = sequential(max, &v, len, inner);
-                let red = if max { Red::Max } else { Red::Min };
-                let got = reduce(red, &t, &[1], false).unwrap();
-                let got: Vec<u32> = typed::<f32>(&got)
-                    .unwrap()
-                    .iter()
-                    .map(|x| x.to_bits())
-                    .collect();
+                let (red, got) = extreme_bits(max, &t);
                 assert_eq!(got, want, "{red:?} len {len} inner {inner}");
                 let idx = argreduce(max, &t, Some(1), false).unwrap();
                 assert_eq!(
