@@ -40,6 +40,20 @@ pub fn chunks_mut<T: Send>(
     let Some((per, _)) = pieces(units, work_per_unit) else {
         return f(0, out);
     };
+    split_chunks_mut(out, unit, per, &f)
+}
+
+/// The parallel part of [`chunks_mut`], through `dyn`: the pool's machinery is
+/// compiled once per element type rather than once per kernel closure (one call
+/// through a pointer per piece of 2^16 element-operations costs nothing measurable;
+/// the closures' names nested in the pool's generic types made most of the debug
+/// information of a test binary).
+fn split_chunks_mut<T: Send>(
+    out: &mut [T],
+    unit: usize,
+    per: usize,
+    f: &(dyn Fn(usize, &mut [T]) -> Result<()> + Sync),
+) -> Result<()> {
     let first_error = crate::exec::pool::install(|| {
         out.par_chunks_mut(per * unit)
             .enumerate()
@@ -59,6 +73,16 @@ pub fn map_pieces<R: Send>(
     let Some((per, n)) = pieces(units, work_per_unit) else {
         return vec![f(0..units)];
     };
+    split_map(units, per, n, &f)
+}
+
+/// The parallel part of [`map_pieces`], through `dyn` (as [`split_chunks_mut`]).
+fn split_map<R: Send>(
+    units: usize,
+    per: usize,
+    n: usize,
+    f: &(dyn Fn(std::ops::Range<usize>) -> R + Sync),
+) -> Vec<R> {
     crate::exec::pool::install(|| {
         (0..n)
             .into_par_iter()
