@@ -185,6 +185,45 @@ fn add_writes_into_the_out_tensor_in_every_mode() {
     }
 }
 
+/// An out tensor at an address its dtype is not aligned to (nothing asks for more)
+/// gets the result in every mode: the kernel does not write its output there
+/// directly, through typed slices that need alignment (its cast panicked, an INTERNAL
+/// failure of the future); the result is copied in.
+#[test]
+fn a_misaligned_out_tensor_gets_the_result_in_every_mode() {
+    for mode in [SYNC, EAGER, DEFERRED] {
+        let ctx = Ctx::new(mode);
+        let a = T::copy(&[1f32, -2., 3.], F32, &[3]);
+        let mut buf = [0u32; 4];
+        // SAFETY: byte 1 of 16; the 12 bytes of the out tensor stay inside.
+        let at = unsafe { buf.as_mut_ptr().cast::<u8>().add(1) };
+        let out = T::raw(at.cast(), F32, &[3], None, false);
+        let f = invoke(
+            &ctx,
+            c"neg",
+            &[a.input()],
+            std::ptr::null(),
+            &[out.out()],
+            0,
+        )
+        .unwrap_or_else(|e| {
+            ok(e);
+            unreachable!()
+        });
+        let r = output(f);
+        assert_eq!(values_f32(r.0), [-1., 2., -3.], "mode {mode}");
+        assert_eq!(data_address(&r), at as usize, "mode {mode}");
+        drop((r, out));
+        // SAFETY: the 16 bytes of `buf`, which nothing else uses any more.
+        let bytes = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), 16) };
+        let written: Vec<f32> = bytes[1..13]
+            .chunks(4)
+            .map(|c| f32::from_ne_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(written, [-1., 2., -3.], "mode {mode}");
+    }
+}
+
 #[test]
 fn deferred_work_writes_only_when_it_runs() {
     let ctx = Ctx::new(DEFERRED);

@@ -952,7 +952,13 @@ impl Node {
             let lent = dests
                 .iter()
                 .flatten()
-                .filter(|d| !later && d.is_compact() && !tensors.iter().any(|t| t.overlaps(d)))
+                .filter(|d| {
+                    // A misaligned one is computed aside and copied in, byte by byte.
+                    !later
+                        && d.is_compact()
+                        && d.is_aligned()
+                        && !tensors.iter().any(|t| t.overlaps(d))
+                })
                 .cloned()
                 .collect();
             let outs = crate::tensor::dest::with_lent(lent, || {

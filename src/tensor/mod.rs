@@ -605,6 +605,13 @@ impl Tensor {
         (len > 0).then_some((start, start + len))
     }
 
+    /// Whether the view's elements lie at addresses aligned for its dtype, as the typed
+    /// host kernels read and write them; true when it touches no host byte.
+    pub fn is_aligned(&self) -> bool {
+        self.host_extent()
+            .is_none_or(|(start, _)| start.is_multiple_of(self.dtype.itemsize()))
+    }
+
     /// Whether two indices of this view may name one element (a zero stride, or
     /// strides too small for the sizes below them); such a view cannot be an out
     /// tensor.
