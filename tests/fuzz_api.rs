@@ -1376,6 +1376,9 @@ struct Invocation {
     samples: usize,
     /// Every other input batch has one sample more (refused).
     ragged: bool,
+    /// Tensor inputs are imported through DLPack (0), or wrapped host memory with
+    /// room around it (1), at an odd address (2).
+    memory: u8,
     args: Vec<(&'static str, ArgVal)>,
 }
 
@@ -1397,16 +1400,18 @@ fn invocation() -> impl Strategy<Value = Invocation> {
                 prop::bool::weighted(0.1),
                 1usize..4,
                 prop::bool::weighted(0.1),
+                prop_oneof![8 => Just(0u8), 1 => Just(1u8), 1 => Just(2u8)],
             );
             (Just(op), inputs, batch, args_for(names))
         })
         .prop_map(
-            |(op, inputs, (as_batch, samples, ragged), args)| Invocation {
+            |(op, inputs, (as_batch, samples, ragged, memory), args)| Invocation {
                 op,
                 inputs,
                 as_batch,
                 samples,
                 ragged,
+                memory,
                 args,
             },
         )
@@ -1459,12 +1464,106 @@ fn read_output_tensor(t: *mut ndx_tensor_t) {
     ));
 }
 
+/// Host memory the test lends to `ndx_tensor_wrap_host`, freed by the deleter.
+struct Wrapped {
+    bytes: Vec<u8>,
+    count: Count,
+}
+
+unsafe extern "C" fn delete_wrapped(_data: *mut c_void, user: *mut c_void) {
+    // SAFETY: the `Wrapped` that `wrap_misaligned` gave away; called once.
+    let w = unsafe { Box::from_raw(user.cast::<Wrapped>()) };
+    w.count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Bytes around wrapped inputs, where out tensors that overlap them may lie.
+const ROOM: usize = 4096;
+
+/// The bytes of a wrapped input's buffer, `[start, end)`, and of its element 0.
+#[derive(Debug, Clone, Copy)]
+struct Region {
+    start: usize,
+    end: usize,
+    origin: usize,
+}
+
+/// `spec`'s elements copied into a buffer with [`ROOM`] bytes around them (one more
+/// before when `misaligned`) and wrapped there.
+fn wrap_copy(
+    spec: &Spec,
+    opts: &ndx_import_options_t,
+    misaligned: bool,
+) -> (*mut ndx_tensor_t, Count, Region) {
+    let count = Count::default();
+    let skip = ROOM + usize::from(misaligned);
+    let mut w = Box::new(Wrapped {
+        bytes: vec![0u8; skip + spec.data.len() + ROOM],
+        count: count.clone(),
+    });
+    w.bytes[skip..skip + spec.data.len()].copy_from_slice(&spec.data);
+    let dtype = (1..=13).find(|&d| dl_of(d).0 == spec.dtype).unwrap();
+    let start = w.bytes.as_ptr() as usize;
+    let region = Region {
+        start,
+        end: start + w.bytes.len(),
+        origin: start + skip + spec.byte_offset as usize,
+    };
+    // SAFETY: the element-0 offset lies inside the copied data.
+    let data = unsafe { w.bytes.as_mut_ptr().add(skip + spec.byte_offset as usize) };
+    let strides = spec.strides.as_ref().unwrap();
+    let mut t = std::ptr::null_mut();
+    ok(ndx_tensor_wrap_host(
+        data.cast(),
+        dtype,
+        spec.shape.len() as i32,
+        spec.shape.as_ptr(),
+        strides.as_ptr(),
+        Some(delete_wrapped),
+        Box::into_raw(w).cast(),
+        opts,
+        &mut t,
+    ));
+    (t, count, region)
+}
+
+/// `spec`'s elements copied into a new buffer in `buffers` with [`ROOM`] bytes around
+/// them (one more before when `misaligned`), and a DLPack view of them there.
+fn view_copy(
+    spec: &Spec,
+    misaligned: bool,
+    buffers: &mut Vec<Vec<u8>>,
+) -> (*mut DLManagedTensorVersioned, Count, Region) {
+    let skip = ROOM + usize::from(misaligned);
+    let mut bytes = vec![0u8; skip + spec.data.len() + ROOM];
+    bytes[skip..skip + spec.data.len()].copy_from_slice(&spec.data);
+    let dtype = (1..=13).find(|&d| dl_of(d).0 == spec.dtype).unwrap();
+    let start = bytes.as_ptr() as usize;
+    let at = skip + spec.byte_offset as usize;
+    let region = Region {
+        start,
+        end: start + bytes.len(),
+        origin: start + at,
+    };
+    // SAFETY: the element-0 offset lies inside the copied data.
+    let data = unsafe { bytes.as_mut_ptr().add(at) };
+    let strides = spec.strides.as_ref().unwrap();
+    let (m, count) = view(data, dtype, &spec.shape, strides, false);
+    buffers.push(bytes);
+    (m, count, region)
+}
+
 /// The imported inputs of an invocation (tensors, or batches of copies), with
 /// their producers' deleter counts.
 struct Inputs {
     counts: Vec<Count>,
     tensors: Vec<*mut ndx_tensor_t>,
     batches: Vec<*mut ndx_batch_t>,
+    /// The memory of each wrapped tensor input.
+    regions: Vec<Region>,
+    /// The memory of each sample of each batch input made of views (DLPack views of
+    /// `buffers`).
+    batch_regions: Vec<Vec<Region>>,
+    buffers: Vec<Vec<u8>>,
 }
 
 impl Inputs {
@@ -1473,6 +1572,9 @@ impl Inputs {
             counts: Vec::new(),
             tensors: Vec::new(),
             batches: Vec::new(),
+            regions: Vec::new(),
+            batch_regions: Vec::new(),
+            buffers: Vec::new(),
         };
         for (i, s) in inv.inputs.iter().enumerate() {
             let layout = s.layout.map(|l| CString::new(l).unwrap());
@@ -1484,13 +1586,23 @@ impl Inputs {
             };
             if inv.as_batch {
                 let n = inv.samples + usize::from(inv.ragged && i % 2 == 1);
+                let mut regions = Vec::new();
                 let (ms, counts): (Vec<_>, Vec<_>) = (0..n as u64)
                     .map(|j| {
                         let mut sample = s.clone();
                         sample.seed = s.seed.wrapping_add(j);
-                        sample.spec().versioned()
+                        if inv.memory == 0 {
+                            return sample.spec().versioned();
+                        }
+                        let (m, count, region) =
+                            view_copy(&sample.spec(), inv.memory == 2, &mut inputs.buffers);
+                        regions.push(region);
+                        (m, count)
                     })
                     .unzip();
+                if inv.memory > 0 {
+                    inputs.batch_regions.push(regions);
+                }
                 inputs.counts.extend(counts);
                 let mut b = std::ptr::null_mut();
                 ok(ndx_batch_from_dlpack_versioned(
@@ -1500,6 +1612,11 @@ impl Inputs {
                     &mut b,
                 ));
                 inputs.batches.push(b);
+            } else if inv.memory > 0 {
+                let (t, count, region) = wrap_copy(&s.spec(), &opts, inv.memory == 2);
+                inputs.counts.push(count);
+                inputs.tensors.push(t);
+                inputs.regions.push(region);
             } else {
                 let (m, count) = s.spec().versioned();
                 inputs.counts.push(count);
@@ -1527,14 +1644,14 @@ impl Inputs {
 
     /// Releases the handles and returns the deleter counts, to check once the context
     /// (whose workers may still hold references) is gone.
-    fn release(self) -> Vec<Count> {
+    fn release(self) -> (Vec<Count>, Vec<Vec<u8>>) {
         for t in self.tensors {
             ndx_tensor_release(t);
         }
         for b in self.batches {
             ndx_batch_release(b);
         }
-        self.counts
+        (self.counts, self.buffers)
     }
 }
 
@@ -1667,7 +1784,7 @@ fn invoke_once(inv: &Invocation) {
         }
     }
     ndx_args_free(args);
-    let counts = inputs.release();
+    let (counts, _buffers) = inputs.release();
     drop(ctx); // waits for workers that might still hold references
     every_deleter_once(&counts);
 }
@@ -1784,7 +1901,7 @@ fn staged_once(s: &Staged) {
     for t in pending {
         ndx_tensor_release(t);
     }
-    let counts = inputs.release();
+    let (counts, _buffers) = inputs.release();
     if !matches!(s.finish, Finish::Drop) {
         no_internal(ndx_context_evaluate(ctx.0), "ndx_context_evaluate");
     }
@@ -1886,6 +2003,12 @@ enum OutKind {
     WrongCount,
     /// The output of a `to_host` of `Exact` memory, pending when `.0` (DEFERRED).
     Chained(bool),
+    /// Like `Exact`, at an odd address.
+    Misaligned,
+    /// Compact memory `.1` elements from element 0 of wrapped input `.0` (so it
+    /// overlaps the input, or lies next to it; for a batch, each sample over the next
+    /// sample's input); otherwise like `Exact`.
+    Shifted(usize, i8),
 }
 
 fn out_kind() -> impl Strategy<Value = OutKind> {
@@ -1902,6 +2025,8 @@ fn out_kind() -> impl Strategy<Value = OutKind> {
         3 => (0u8..6).prop_map(OutKind::Packed),
         1 => Just(OutKind::WrongCount),
         1 => any::<bool>().prop_map(OutKind::Chained),
+        1 => Just(OutKind::Misaligned),
+        2 => (0usize..3, -6i8..7).prop_map(|(k, shift)| OutKind::Shifted(k, shift)),
     ]
 }
 
@@ -1923,10 +2048,13 @@ fn out_case() -> impl Strategy<Value = OutCase> {
         ndx_eval_mode_t::NDX_EVAL_EAGER as i32,
         ndx_eval_mode_t::NDX_EVAL_DEFERRED as i32,
     ]);
-    // More per-sample invocations than elsewhere: out batches have more to check.
+    // More per-sample invocations and wrapped inputs than elsewhere: out batches, and
+    // out tensors over inputs, have more to check.
     let batch = prop::bool::weighted(0.3);
-    (invocation(), outs, mode, batch).prop_map(|(mut inv, outs, mode, batch)| {
+    let memory = prop_oneof![2 => Just(0u8), 1 => Just(1u8), 1 => Just(2u8)];
+    (invocation(), outs, mode, batch, memory).prop_map(|(mut inv, outs, mode, batch, memory)| {
         inv.as_batch |= batch;
+        inv.memory = inv.memory.max(memory);
         OutCase { inv, outs, mode }
     })
 }
@@ -2109,8 +2237,36 @@ impl Lent {
         let (dtype, shape, strides, read_only, fit) = Lent::geometry(dtype, shape, kind);
         let item = dl_of(dtype).1;
         let (span, origin) = Lent::span(&shape, &strides, item);
+        let misaligned = usize::from(matches!(kind, OutKind::Misaligned));
         // SAFETY: `origin` lies inside the buffer of `span` bytes (or both are 0).
-        let data = unsafe { self.buffer(span).add(origin) };
+        let data = unsafe { self.buffer(span + misaligned).add(origin + misaligned) };
+        (self.wrap(data, dtype, &shape, &strides, read_only), fit)
+    }
+
+    /// A compact out tensor for an output of `(dtype, shape)` at `at` bytes from
+    /// element 0 of the input in `region`, when it fits in the region's buffer.
+    fn shifted(
+        &mut self,
+        dtype: i32,
+        shape: &[i64],
+        region: Region,
+        at: isize,
+    ) -> Option<*mut ndx_tensor_t> {
+        let strides = compact(shape).unwrap();
+        let (span, _) = Lent::span(shape, &strides, dl_of(dtype).1);
+        let start = region.origin.checked_add_signed(at)?;
+        (start >= region.start && start + span <= region.end)
+            .then(|| self.wrap(start as *mut u8, dtype, shape, &strides, false))
+    }
+
+    fn wrap(
+        &mut self,
+        data: *mut u8,
+        dtype: i32,
+        shape: &[i64],
+        strides: &[i64],
+        read_only: bool,
+    ) -> *mut ndx_tensor_t {
         let opts = ndx_import_options_t {
             struct_size: std::mem::size_of::<ndx_import_options_t>(),
             layout: std::ptr::null(),
@@ -2130,7 +2286,44 @@ impl Lent {
             &mut t,
         ));
         self.tensors.push(t);
-        (t, fit)
+        t
+    }
+
+    /// A compact out batch for a batch output of `samples` (dtype, shape), sample `j`
+    /// at `shift` elements from element 0 of the input sample in `regions[j + 1]`
+    /// (cyclically: over another sample's input), when it fits in that buffer.
+    fn batch_over(
+        &mut self,
+        samples: &[(i32, Vec<i64>)],
+        regions: &[Region],
+        shift: i8,
+    ) -> *mut ndx_batch_t {
+        let (ms, counts): (Vec<_>, Vec<_>) = samples
+            .iter()
+            .enumerate()
+            .map(|(j, (dtype, shape))| {
+                let r = regions[(j + 1) % regions.len()];
+                let strides = compact(shape).unwrap();
+                let item = dl_of(*dtype).1;
+                let (span, _) = Lent::span(shape, &strides, item);
+                let data = r
+                    .origin
+                    .checked_add_signed(shift as isize * item as isize)
+                    .filter(|&at| at >= r.start && at + span <= r.end)
+                    .map_or_else(|| self.buffer(span), |at| at as *mut u8);
+                view(data, *dtype, shape, &strides, false)
+            })
+            .unzip();
+        self.counts.extend(counts);
+        let mut b = std::ptr::null_mut();
+        ok(ndx_batch_from_dlpack_versioned(
+            ms.as_ptr(),
+            ms.len(),
+            std::ptr::null(),
+            &mut b,
+        ));
+        self.batches.push(b);
+        b
     }
 
     /// An out batch for a batch output of `samples` (dtype, shape).
@@ -2176,14 +2369,17 @@ impl Lent {
                     OutKind::WrongShape(_) if shape.is_empty() => &OutKind::Exact,
                     OutKind::WrongShape(_) if j > 0 => &OutKind::Exact,
                     OutKind::WrongShape(_) => &OutKind::WrongShape(1),
-                    OutKind::WrongCount | OutKind::Chained(_) => &OutKind::Exact,
+                    OutKind::WrongCount | OutKind::Chained(_) | OutKind::Shifted(..) => {
+                        &OutKind::Exact
+                    }
                     k => k,
                 };
                 let (dtype, shape, strides, read_only, f) = Lent::geometry(*dtype, shape, kind);
                 let item = dl_of(dtype).1;
                 let (span, origin) = Lent::span(&shape, &strides, item);
+                let misaligned = usize::from(matches!(kind, OutKind::Misaligned));
                 // SAFETY: as in `tensor`.
-                let data = unsafe { self.buffer(span).add(origin) };
+                let data = unsafe { self.buffer(span + misaligned).add(origin + misaligned) };
                 views.push(view(data, dtype, &shape, &strides, read_only));
                 if f == Some(false) {
                     fit = f;
@@ -2282,6 +2478,22 @@ fn out_once(c: &OutCase) {
                         .map_or((std::ptr::null(), std::ptr::null(), Some(true)), |input| {
                             (input.tensor, input.batch, None)
                         }),
+                    (&OutKind::Shifted(k, shift), Produced::Tensor(s)) => {
+                        let at = shift as isize * dl_of(s.dtype).1 as isize;
+                        let t = inputs
+                            .regions
+                            .get(k)
+                            .and_then(|&r| lent.shifted(s.dtype, &s.shape, r, at))
+                            .unwrap_or_else(|| lent.tensor(s.dtype, &s.shape, &OutKind::Exact).0);
+                        (t, std::ptr::null(), Some(true))
+                    }
+                    (&OutKind::Shifted(k, shift), Produced::Batch(s))
+                        if k < inputs.batch_regions.len() =>
+                    {
+                        let metas: Vec<_> = s.iter().map(|s| (s.dtype, s.shape.clone())).collect();
+                        let b = lent.batch_over(&metas, &inputs.batch_regions[k], shift);
+                        (std::ptr::null(), b, Some(true))
+                    }
                     (OutKind::Both, Produced::Tensor(s)) => {
                         let (t, _) = lent.tensor(s.dtype, &s.shape, &OutKind::Exact);
                         let (b, _) = lent.batch(&[(s.dtype, s.shape.clone())], &OutKind::Exact);
@@ -2314,7 +2526,9 @@ fn out_once(c: &OutCase) {
         .collect();
     let count_fits = c.outs.is_empty() || ready.is_some_and(|r| r.len() == c.outs.len());
     let count_wrong = !c.outs.is_empty() && ready.is_some_and(|r| r.len() != c.outs.len());
-    let must_refuse = reference.is_none() || count_wrong || fits.contains(&Some(false));
+    // (Entries made from guessed metadata may fit by chance.)
+    let misfit = ready.is_some() && fits.contains(&Some(false));
+    let must_refuse = reference.is_none() || count_wrong || misfit;
     let must_accept = ready.is_some() && count_fits && fits.iter().all(|&f| f == Some(true));
 
     let ctx = quiet_ctx(c.mode);
@@ -2351,7 +2565,7 @@ fn out_once(c: &OutCase) {
     }
     ndx_args_free(args);
     let (lent_counts, buffers) = lent.release();
-    let counts = inputs.release();
+    let (counts, _buffers) = inputs.release();
     drop(ctx);
     drop(buffers);
     every_deleter_once(&counts);
