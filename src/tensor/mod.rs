@@ -46,8 +46,10 @@ pub fn compact_strides(shape: &[i64]) -> Option<Vec<i64>> {
 }
 
 /// The byte size of a compact tensor of `shape` and `itemsize`, when such a tensor can be
-/// addressed: sizes non-negative, compact strides representable in `i64`, and
-/// `numel * itemsize` at most `isize::MAX`; `None` otherwise.
+/// addressed: sizes non-negative, compact strides representable in `i64`, and the
+/// itemsize times the sizes, multiplied from the outermost, at most `isize::MAX` before
+/// any zero size (an empty shape whose other sizes overflow is refused too: kernels
+/// multiply sizes without meeting the zero first); `None` otherwise.
 pub fn compact_nbytes(shape: &[i64], itemsize: usize) -> Option<usize> {
     if shape.iter().any(|&d| d < 0) {
         return None;
@@ -106,9 +108,16 @@ pub fn validate_geometry(
     // Whatever the strides (zero ones broadcast a few bytes to many elements), the
     // elements must fit compacted: copies, exports and outputs of the same shape.
     if compact_nbytes(shape, itemsize).is_none() {
+        let why = if numel == 0 {
+            "it holds no elements, but its other sizes multiply past the address space".to_string()
+        } else {
+            format!(
+                "its compact size ({numel} elements x {itemsize} bytes) overflows the \
+                 address space"
+            )
+        };
         return Err(Error::value(format!(
-            "{what}: shape {} of itemsize {itemsize} is too large to address: its compact \
-             size ({numel} elements x {itemsize} bytes) overflows the address space",
+            "{what}: shape {} of itemsize {itemsize} is too large to address: {why}",
             dims(shape),
         )));
     }
@@ -889,6 +898,14 @@ mod tests {
         assert!(e.message().contains("too large to address"), "{e}");
         let e = validate_geometry("t", 4096, &[1 << 62, 3], Some(&[0, 0]), 1, 0).unwrap_err();
         assert!(e.message().contains("too large to address"), "{e}");
+        // Empty, but the sizes before the zero overflow: said so, not "0 elements x 4
+        // bytes overflows".
+        let e = validate_geometry("t", 4096, &[1 << 62, 0], None, 4, 0).unwrap_err();
+        assert_eq!(
+            e.message(),
+            "t: shape [4611686018427387904, 0] of itemsize 4 is too large to address: it \
+             holds no elements, but its other sizes multiply past the address space"
+        );
     }
 
     #[test]
