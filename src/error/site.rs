@@ -266,19 +266,31 @@ impl Site {
     fn resolve_native(&self, skip: usize) -> Vec<Frame> {
         let mut frames = Vec::with_capacity(self.ips.len());
         let mut leading = true;
-        for &ip in self.ips.iter().skip(skip) {
-            let symbols = symbolise(ip);
-            for frame in symbols.iter() {
-                if leading && is_internal(frame, self.trim_by_name) {
-                    continue;
-                }
-                leading = false;
-                // Outward of the caller, ndx's own frames are its machinery that ran
-                // the caller's code (a callback's or host kernel's trampoline, the
-                // worker): left out, as the runtime's are.
-                if !is_runtime(frame) && !is_ndx(frame) {
-                    frames.push(frame.clone());
-                }
+        let symbols: Vec<Arc<[Frame]>> = self
+            .ips
+            .iter()
+            .skip(skip)
+            .map(|&ip| symbolise(ip))
+            .collect();
+        // Trimming by name, everything inward of ndx's first frame is the unwinder's
+        // (whose inlined frames have no path in their names in a build with line
+        // tables only); without an ndx frame, the names alone decide.
+        let all = || symbols.iter().flat_map(|s| s.iter());
+        let unwinder = if self.trim_by_name {
+            all().position(is_ndx).unwrap_or(0)
+        } else {
+            0
+        };
+        for frame in all().skip(unwinder) {
+            if leading && is_internal(frame, self.trim_by_name) {
+                continue;
+            }
+            leading = false;
+            // Outward of the caller, ndx's own frames are its machinery that ran the
+            // caller's code (a callback's or host kernel's trampoline, the worker):
+            // left out, as the runtime's are.
+            if !is_runtime(frame) && !is_ndx(frame) {
+                frames.push(frame.clone());
             }
         }
         if self.trim_by_name {
@@ -357,11 +369,27 @@ fn is_internal(frame: &Frame, trim_by_name: bool) -> bool {
         || is_runtime(frame)
 }
 
-/// Frames of ndx's Rust code (by path: a C caller's function named `ndx_...` is not).
+/// Frames of ndx's Rust code: by path in the name (a C caller's function named
+/// `ndx_...` is not one), or, where the name has no path (a function inlined in a
+/// build with line tables only), by ndx's source directory.
 fn is_ndx(frame: &Frame) -> bool {
     frame
         .function()
         .is_some_and(|name| name.starts_with("ndx::") || name.starts_with("<ndx::"))
+        || frame
+            .file()
+            .is_some_and(|f| f.starts_with(concat!(env!("CARGO_MANIFEST_DIR"), "/src/")))
+}
+
+/// Whether `file` is a source of the crates [`is_runtime`] names: `std`, `core` and
+/// `alloc` (as rustc records them: `/rustc/<commit>/library/core/...`) or the worker
+/// pool's.
+fn is_runtime_source(file: &str) -> bool {
+    (file.starts_with("/rustc/")
+        && ["/library/std/", "/library/core/", "/library/alloc/"]
+            .iter()
+            .any(|l| file.contains(l)))
+        || file.contains("/rayon-core-")
 }
 
 /// Frames of the Rust runtime and standard library, of the worker pool (rayon), and
@@ -391,7 +419,9 @@ fn is_runtime(frame: &Frame) -> bool {
         "start_thread",
         "clone3",
     ];
-    PREFIXES.iter().any(|p| name.starts_with(p)) || START_UP.contains(&name)
+    PREFIXES.iter().any(|p| name.starts_with(p))
+        || START_UP.contains(&name)
+        || frame.file().is_some_and(is_runtime_source)
 }
 
 impl std::fmt::Debug for Site {
@@ -405,6 +435,33 @@ impl std::fmt::Debug for Site {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Where a name has no path (inlined frames in a build with line tables only), the
+    /// file tells ndx's and the runtime's frames from the caller's.
+    #[test]
+    fn frames_without_a_path_in_their_name_are_told_apart_by_their_file() {
+        // Names as a build with line tables only gives inlined frames.
+        let at = |name: &str, file: &str| {
+            Frame::new(Some(name), Some(file), 7, 0, 0, FrameOrigin::Native)
+        };
+        let src = concat!(env!("CARGO_MANIFEST_DIR"), "/src/exec/context.rs");
+        assert!(is_ndx(&at("invoke", src)));
+        assert!(is_internal(&at("invoke", src), true));
+        let core = "/rustc/0123abcd/library/core/src/ops/function.rs";
+        assert!(is_runtime(&at("call_once<fn()>", core)));
+        let pool = "/home/u/.cargo/registry/src/x/rayon-core-1.13.0/src/job.rs";
+        assert!(is_runtime(&at("execute", pool)));
+        // The caller's own frames, in C or Rust, are neither.
+        for user in [
+            at("invoke", "/home/u/app/src/main.c"),
+            at("ndx_invoke_all", "/home/u/app/tests/t.rs"),
+            at("run", "/rustc_app/library/std/run.rs"),
+            at("run_test", "/rustc/0123abcd/library/test/src/lib.rs"),
+        ] {
+            assert!(!is_ndx(&user) && !is_runtime(&user), "{user:?}");
+            assert!(!is_internal(&user, true), "{user:?}");
+        }
+    }
 
     /// The depth is a limit, not a size to allocate: an absurd one captures the stack
     /// as it is.
