@@ -24,6 +24,13 @@ cargo clippy --all-targets --features test-hooks -- -D warnings
 step "cargo test"
 cargo test
 
+# The call-site tests again in a build with line tables only (a common profile for
+# users who want file and line in backtraces and nothing more): inlined frames have no
+# path in their names there, and sites must still point at the caller's line.
+step "cargo test of call sites with debug = line-tables-only"
+CARGO_PROFILE_DEV_DEBUG=line-tables-only CARGO_TARGET_DIR=target/line-tables \
+  cargo test --test checks_api --test error_api
+
 # The CUDA tests again, on the emulated driver of tests/cuda_emu (g++; no GPU): the
 # tests that need a device run the launchers, the pool and the copies (with the test
 # hooks, which the debug backend's device test needs).
