@@ -208,13 +208,7 @@ fn hostile() -> impl Strategy<Value = Hostile> {
                 (null_data, null_shape, flags, major, opts, null_out),
             )| {
                 let (shape, strides): (Vec<i64>, Vec<i64>) = dims.into_iter().unzip();
-                let ndim = ndim.map(|n| {
-                    if (0..=32).contains(&n) {
-                        n.min(shape.len() as i32)
-                    } else {
-                        n
-                    }
-                });
+                let ndim = fitted_ndim(ndim, shape.len());
                 Hostile {
                     shape,
                     strides: with_strides.then_some(strides),
@@ -272,6 +266,18 @@ impl Hostile {
         let hi = self.byte_offset as i128 + (hi + 1) * item;
         lo >= 0 && hi <= BACKING as i128
     }
+}
+
+/// A chosen ndim: a valid one (0..=32) at most the shape's length (the shape array
+/// holds no more), an invalid one as it is.
+fn fitted_ndim(ndim: Option<i32>, len: usize) -> Option<i32> {
+    ndim.map(|n| {
+        if (0..=32).contains(&n) {
+            n.min(len as i32)
+        } else {
+            n
+        }
+    })
 }
 
 /// Checks a tensor that an import accepted: its metadata is what was given, and (when
@@ -753,13 +759,7 @@ fn host_case() -> impl Strategy<Value = HostCase> {
                 (null_data, null_shape, opts, null_out, wrap, deleter),
             )| {
                 let (shape, strides): (Vec<i64>, Vec<i64>) = dims.into_iter().unzip();
-                let ndim = ndim.map(|n| {
-                    if (0..=32).contains(&n) {
-                        n.min(shape.len() as i32)
-                    } else {
-                        n
-                    }
-                });
+                let ndim = fitted_ndim(ndim, shape.len());
                 HostCase {
                     dtype,
                     shape,
@@ -2267,24 +2267,7 @@ impl Lent {
         strides: &[i64],
         read_only: bool,
     ) -> *mut ndx_tensor_t {
-        let opts = ndx_import_options_t {
-            struct_size: std::mem::size_of::<ndx_import_options_t>(),
-            layout: std::ptr::null(),
-            read_only,
-            stream: std::ptr::null_mut(),
-        };
-        let mut t = std::ptr::null_mut();
-        ok(ndx_tensor_wrap_host(
-            data.cast(),
-            dtype,
-            shape.len() as i32,
-            shape.as_ptr(),
-            strides.as_ptr(),
-            None,
-            std::ptr::null_mut(),
-            &opts,
-            &mut t,
-        ));
+        let t = wrap_host(data.cast(), dtype, shape, Some(strides), read_only);
         self.tensors.push(t);
         t
     }

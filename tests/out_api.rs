@@ -58,25 +58,7 @@ impl T {
         strides: Option<&[i64]>,
         read_only: bool,
     ) -> T {
-        let opts = ndx_import_options_t {
-            struct_size: std::mem::size_of::<ndx_import_options_t>(),
-            layout: std::ptr::null(),
-            read_only,
-            stream: std::ptr::null_mut(),
-        };
-        let mut t = std::ptr::null_mut();
-        ok(ndx_tensor_wrap_host(
-            data,
-            dtype,
-            shape.len() as i32,
-            shape.as_ptr(),
-            strides.map_or(std::ptr::null(), <[i64]>::as_ptr),
-            None,
-            std::ptr::null_mut(),
-            &opts,
-            &mut t,
-        ));
-        T(t)
+        T(wrap_host(data, dtype, shape, strides, read_only))
     }
 
     fn input(&self) -> ndx_input_t {

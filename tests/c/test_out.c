@@ -35,17 +35,24 @@ static ndx_invoke_options_t with_outputs(const ndx_output_t* outs, size_t n) {
   return o;
 }
 
+static const int32_t MODES[3] = {NDX_EVAL_SYNC_CPU, NDX_EVAL_EAGER, NDX_EVAL_DEFERRED};
+static const char* const MODE_NAMES[3] = {"SYNC_CPU", "EAGER", "DEFERRED"};
+
+/* A new context evaluating in `mode` (NULL, with the failure counted, on an error). */
+static ndx_context_t* context_in(int32_t mode) {
+  ndx_context_options_t co;
+  memset(&co, 0, sizeof co);
+  co.struct_size = sizeof co;
+  co.eval_mode = mode;
+  ndx_context_t* ctx = NULL;
+  CHECK_OK(ndx_context_new(&co, &ctx));
+  return ctx;
+}
+
 static void test_modes(void) {
-  const int32_t modes[3] = {NDX_EVAL_SYNC_CPU, NDX_EVAL_EAGER, NDX_EVAL_DEFERRED};
-  const char* names[3] = {"SYNC_CPU", "EAGER", "DEFERRED"};
   for (int m = 0; m < 3; m++) {
-    NDX_TEST_CONTEXT(names[m]);
-    ndx_context_options_t co;
-    memset(&co, 0, sizeof co);
-    co.struct_size = sizeof co;
-    co.eval_mode = modes[m];
-    ndx_context_t* ctx = NULL;
-    CHECK_OK(ndx_context_new(&co, &ctx));
+    NDX_TEST_CONTEXT(MODE_NAMES[m]);
+    ndx_context_t* ctx = context_in(MODES[m]);
     const float av[4] = {1, 2, 3, 4}, bv[2] = {10, 20};
     const int64_t sa[2] = {2, 2}, sb[1] = {2};
     ndx_tensor_t* a = ndx_test_tensor(av, NDX_DTYPE_FLOAT32, 2, sa);
@@ -57,7 +64,7 @@ static void test_modes(void) {
     ndx_invoke_options_t o = with_outputs(outs, 1);
     ndx_future_t* f = NULL;
     CHECK_OK(ndx_invoke(ctx, "mul", in, 2, NULL, &o, &f));
-    if (modes[m] == NDX_EVAL_DEFERRED) {
+    if (MODES[m] == NDX_EVAL_DEFERRED) {
       CHECK(buf[0] == 0.0f, "deferred work has not written yet");
     }
     CHECK_OK(ndx_future_wait(f, -1));
@@ -82,16 +89,9 @@ static void test_modes(void) {
  * does not write there through typed slices that need alignment (a caught panic, an
  * INTERNAL failure, before); the result is copied in. */
 static void test_misaligned(void) {
-  const int32_t modes[3] = {NDX_EVAL_SYNC_CPU, NDX_EVAL_EAGER, NDX_EVAL_DEFERRED};
-  const char* names[3] = {"SYNC_CPU", "EAGER", "DEFERRED"};
   for (int m = 0; m < 3; m++) {
-    NDX_TEST_CONTEXT(names[m]);
-    ndx_context_options_t co;
-    memset(&co, 0, sizeof co);
-    co.struct_size = sizeof co;
-    co.eval_mode = modes[m];
-    ndx_context_t* ctx = NULL;
-    CHECK_OK(ndx_context_new(&co, &ctx));
+    NDX_TEST_CONTEXT(MODE_NAMES[m]);
+    ndx_context_t* ctx = context_in(MODES[m]);
     const float av[3] = {1, -2, 3};
     const int64_t n3 = 3;
     ndx_tensor_t* a = ndx_test_tensor(av, NDX_DTYPE_FLOAT32, 1, &n3);
@@ -251,14 +251,8 @@ static ndx_error_t* k_second_first(void* user, const ndx_tensor_t* const* inputs
 /* Output 1 is made in the out tensor of output 0 (the first allocation of its dtype
  * and shape takes it), and must be copied out before output 0 is copied in. */
 static void test_host_outputs_made_out_of_order(void) {
-  const int32_t modes[3] = {NDX_EVAL_SYNC_CPU, NDX_EVAL_EAGER, NDX_EVAL_DEFERRED};
   for (int m = 0; m < 3; m++) {
-    ndx_context_options_t co;
-    memset(&co, 0, sizeof co);
-    co.struct_size = sizeof co;
-    co.eval_mode = modes[m];
-    ndx_context_t* ctx = NULL;
-    CHECK_OK(ndx_context_new(&co, &ctx));
+    ndx_context_t* ctx = context_in(MODES[m]);
     ndx_op_schema_t s;
     memset(&s, 0, sizeof s);
     s.struct_size = sizeof s;
@@ -304,14 +298,8 @@ static ndx_batch_t* batch_over(float* a, float* b) {
 /* Per-sample runs where one sample's out tensor is another sample's input: every
  * input is read before anything is written, as NumPy would compute it. */
 static void test_batch_out_over_another_samples_input(void) {
-  const int32_t modes[3] = {NDX_EVAL_SYNC_CPU, NDX_EVAL_EAGER, NDX_EVAL_DEFERRED};
   for (int m = 0; m < 3; m++) {
-    ndx_context_options_t co;
-    memset(&co, 0, sizeof co);
-    co.struct_size = sizeof co;
-    co.eval_mode = modes[m];
-    ndx_context_t* ctx = NULL;
-    CHECK_OK(ndx_context_new(&co, &ctx));
+    ndx_context_t* ctx = context_in(MODES[m]);
     /* neg over the two halves of one buffer, each written over the other half. */
     float buf[4] = {1, 2, 3, 4};
     ndx_batch_t* in = batch_over(buf, buf + 2);
@@ -405,12 +393,7 @@ static void count_out_free(void* data, void* user) {
  * invocation let go of it before ndx_context_release returned. */
 static void test_deleter_ran_when_the_context_release_returns(void) {
   for (int i = 0; i < 300; i++) {
-    ndx_context_options_t co;
-    memset(&co, 0, sizeof co);
-    co.struct_size = sizeof co;
-    co.eval_mode = NDX_EVAL_EAGER;
-    ndx_context_t* ctx = NULL;
-    CHECK_OK(ndx_context_new(&co, &ctx));
+    ndx_context_t* ctx = context_in(NDX_EVAL_EAGER);
     static float av[4096], buf[4096];
     for (int k = 0; k < 4096; k++) av[k] = (float)k;
     memset(buf, 0, sizeof buf);

@@ -354,3 +354,34 @@ pub fn f32_batch(samples: &[(&[f32], &[i64])]) -> (*mut ndx_batch_t, Vec<Count>)
     ));
     (b, counts)
 }
+
+/// A view of caller memory at `data` through `ndx_tensor_wrap_host` (no copy, no
+/// deleter; the test keeps the memory alive and in bounds), maybe strided or
+/// read-only; panics on an error.
+pub fn wrap_host(
+    data: *mut c_void,
+    dtype: i32,
+    shape: &[i64],
+    strides: Option<&[i64]>,
+    read_only: bool,
+) -> *mut ndx_tensor_t {
+    let opts = ndx_import_options_t {
+        struct_size: std::mem::size_of::<ndx_import_options_t>(),
+        layout: std::ptr::null(),
+        read_only,
+        stream: std::ptr::null_mut(),
+    };
+    let mut t = std::ptr::null_mut();
+    ok(ndx_tensor_wrap_host(
+        data,
+        dtype,
+        shape.len() as i32,
+        shape.as_ptr(),
+        strides.map_or(std::ptr::null(), <[i64]>::as_ptr),
+        None,
+        std::ptr::null_mut(),
+        &opts,
+        &mut t,
+    ));
+    t
+}
