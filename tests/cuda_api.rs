@@ -210,14 +210,7 @@ fn cuda_imports_and_exports_with_streams() {
         })
         .collect();
     let ptrs: Vec<_> = specs.iter().map(|(m, _)| *m).collect();
-    let mut b = std::ptr::null_mut();
-    ok(ndx_batch_from_dlpack_versioned(
-        ptrs.as_ptr(),
-        3,
-        &import_opts(0),
-        &mut b,
-    ));
-    ndx_batch_release(b);
+    ndx_batch_release(import_batch(&ptrs, &import_opts(0)));
     for (_, c) in &specs {
         assert_eq!(calls(c), 1);
     }

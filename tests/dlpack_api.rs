@@ -563,13 +563,7 @@ fn bulk_import_takes_all_on_success_and_none_on_failure() {
         Spec::f32s(&[3.0; 6], &[3, 2]),
     ];
     let (ptrs, counts) = batch_v(&specs);
-    let mut b = std::ptr::null_mut();
-    ok(ndx_batch_from_dlpack_versioned(
-        ptrs.as_ptr(),
-        3,
-        std::ptr::null(),
-        &mut b,
-    ));
+    let b = import_batch(&ptrs, std::ptr::null());
     let (mut n, mut uniform) = (0usize, true);
     ok(ndx_batch_size(b, &mut n));
     ok(ndx_batch_is_uniform(b, &mut uniform));
@@ -743,13 +737,7 @@ fn uniform_batch_stacks_with_a_leading_dimension() {
         read_only: false,
         stream: std::ptr::null_mut(),
     };
-    let mut b = std::ptr::null_mut();
-    ok(ndx_batch_from_dlpack_versioned(
-        ptrs.as_ptr(),
-        2,
-        &opts,
-        &mut b,
-    ));
+    let b = import_batch(&ptrs, &opts);
     let mut t = std::ptr::null_mut();
     ok(ndx_batch_to_tensor(b, &mut t));
     assert_eq!(shape_of(t), [2, 2, 2]);

@@ -1599,14 +1599,7 @@ impl Inputs {
                     inputs.batch_regions.push(regions);
                 }
                 inputs.counts.extend(counts);
-                let mut b = std::ptr::null_mut();
-                ok(ndx_batch_from_dlpack_versioned(
-                    ms.as_ptr(),
-                    ms.len(),
-                    &opts,
-                    &mut b,
-                ));
-                inputs.batches.push(b);
+                inputs.batches.push(import_batch(&ms, &opts));
             } else if inv.memory > 0 {
                 let (t, count, region) = wrap_copy(&s.spec(), &opts, inv.memory == 2);
                 inputs.counts.push(count);
@@ -1667,24 +1660,6 @@ fn args_of(inv: &Invocation) -> *mut ndx_args_t {
         set_arg(args, name, v);
     }
     args
-}
-
-fn invoke_options(mode: i32, outputs: &[ndx_output_t]) -> ndx_invoke_options_t {
-    ndx_invoke_options_t {
-        struct_size: std::mem::size_of::<ndx_invoke_options_t>(),
-        location: ndx_location_t {
-            file: std::ptr::null(),
-            line: 0,
-            function: std::ptr::null(),
-        },
-        mode,
-        outputs: if outputs.is_empty() {
-            std::ptr::null()
-        } else {
-            outputs.as_ptr()
-        },
-        n_outputs: outputs.len(),
-    }
 }
 
 /// A context in `mode` that captures no frames (faster).
@@ -2293,13 +2268,7 @@ impl Lent {
             })
             .unzip();
         self.counts.extend(counts);
-        let mut b = std::ptr::null_mut();
-        ok(ndx_batch_from_dlpack_versioned(
-            ms.as_ptr(),
-            ms.len(),
-            std::ptr::null(),
-            &mut b,
-        ));
+        let b = import_batch(&ms, std::ptr::null());
         self.batches.push(b);
         b
     }
@@ -2366,13 +2335,7 @@ impl Lent {
         }
         let (ms, counts): (Vec<_>, Vec<_>) = views.into_iter().unzip();
         self.counts.extend(counts);
-        let mut b = std::ptr::null_mut();
-        ok(ndx_batch_from_dlpack_versioned(
-            ms.as_ptr(),
-            ms.len(),
-            std::ptr::null(),
-            &mut b,
-        ));
+        let b = import_batch(&ms, std::ptr::null());
         self.batches.push(b);
         (b, fit)
     }

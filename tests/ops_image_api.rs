@@ -646,13 +646,7 @@ fn resize_of_a_ragged_batch_runs_per_sample() {
         read_only: false,
         stream: std::ptr::null_mut(),
     };
-    let mut batch = std::ptr::null_mut();
-    ok(ndx_batch_from_dlpack_versioned(
-        ptrs.as_ptr(),
-        2,
-        &opts,
-        &mut batch,
-    ));
+    let batch = import_batch(&ptrs, &opts);
     let mut uniform = true;
     ok(ndx_batch_is_uniform(batch, &mut uniform));
     assert!(!uniform, "the input batch is ragged");

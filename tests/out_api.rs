@@ -85,16 +85,7 @@ fn invoke(
     outputs: &[ndx_output_t],
     mode: i32,
 ) -> Result<*mut ndx_future_t, *mut ndx_error_t> {
-    let opts = ndx_invoke_options_t {
-        mode,
-        outputs: if outputs.is_empty() {
-            std::ptr::null()
-        } else {
-            outputs.as_ptr()
-        },
-        n_outputs: outputs.len(),
-        ..Default::default()
-    };
+    let opts = invoke_options(mode, outputs);
     invoke_with(ctx, op, inputs, args, &opts)
 }
 
@@ -724,14 +715,7 @@ fn batch_over(samples: &[(*mut f32, i64)]) -> (*mut ndx_batch_t, Vec<Count>) {
             (m, count)
         })
         .unzip();
-    let mut b = std::ptr::null_mut();
-    ok(ndx_batch_from_dlpack_versioned(
-        managed.as_ptr(),
-        managed.len(),
-        std::ptr::null(),
-        &mut b,
-    ));
-    (b, counts)
+    (import_batch(&managed, std::ptr::null()), counts)
 }
 
 #[test]

@@ -345,14 +345,38 @@ pub fn f32_batch(samples: &[(&[f32], &[i64])]) -> (*mut ndx_batch_t, Vec<Count>)
         .iter()
         .map(|(v, s)| Spec::f32s(v, s).versioned())
         .unzip();
+    (import_batch(&managed, std::ptr::null()), counts)
+}
+
+/// The batch `ndx_batch_from_dlpack_versioned` imports from `managed` with `opts`
+/// (may be NULL); panics on an error.
+pub fn import_batch(
+    managed: &[*mut DLManagedTensorVersioned],
+    opts: *const ndx_import_options_t,
+) -> *mut ndx_batch_t {
     let mut b = std::ptr::null_mut();
     ok(ndx_batch_from_dlpack_versioned(
         managed.as_ptr(),
         managed.len(),
-        std::ptr::null(),
+        opts,
         &mut b,
     ));
-    (b, counts)
+    b
+}
+
+/// Invoke options in `mode` (0: the context's) writing into `outputs` (none: new
+/// tensors).
+pub fn invoke_options(mode: i32, outputs: &[ndx_output_t]) -> ndx_invoke_options_t {
+    ndx_invoke_options_t {
+        mode,
+        outputs: if outputs.is_empty() {
+            std::ptr::null()
+        } else {
+            outputs.as_ptr()
+        },
+        n_outputs: outputs.len(),
+        ..Default::default()
+    }
 }
 
 /// A view of caller memory at `data` through `ndx_tensor_wrap_host` (no copy, no
