@@ -28,6 +28,7 @@ const F32: i32 = ndx_dtype_t::NDX_DTYPE_FLOAT32 as i32;
 const BOOL: i32 = ndx_dtype_t::NDX_DTYPE_BOOL as i32;
 const DEFERRED: i32 = ndx_eval_mode_t::NDX_EVAL_DEFERRED as i32;
 const EAGER: i32 = ndx_eval_mode_t::NDX_EVAL_EAGER as i32;
+const SYNC_CPU: i32 = ndx_eval_mode_t::NDX_EVAL_SYNC_CPU as i32;
 
 /// This file, NUL-terminated, for the explicit invocation location.
 const THIS_FILE: &CStr = match CStr::from_bytes_with_nul(concat!(file!(), "\0").as_bytes()) {
@@ -563,6 +564,48 @@ fn outputs_too_large_to_address_are_refused_at_invoke() {
             NDX_ERROR_VALUE,
             "operator 'add': output 0: shape [4294967296, 4294967296] of int8 (itemsize 1) \
              is too large to address",
+        );
+    }
+}
+
+/// An output that fits the address space but not the machine (768 TiB) fails when its
+/// work runs with `NDX_ERROR_MEMORY`, naming the output, the size asked for and what the
+/// system had available, at the invocation's own line; nothing is left half-made.
+#[test]
+fn outputs_too_large_for_the_machine_fail_with_a_memory_error() {
+    let img = T::host(&[7u8; 12], U8, &[2, 2, 3], Some(c"HWC"));
+    let huge = Args::resize(1 << 24, 1 << 24, None);
+    for mode in [SYNC_CPU, EAGER] {
+        let ctx = Ctx::new(mode);
+        let line = line!() + 1;
+        let e = match invoke(&ctx, c"resize", &[img.input()], Some(&huge), 0, line) {
+            Ok(f) => {
+                let e = ndx_future_wait(f, -1);
+                ndx_future_release(f);
+                e
+            }
+            Err(e) => e,
+        };
+        assert!(!e.is_null(), "mode {mode}: the 768 TiB resize failed");
+        assert_eq!(cstr(ndx_error_op(e)), "resize");
+        assert_eq!(frame(e, 0).line, line, "mode {mode}: the invocation's line");
+        let (kind, msg) = take_error(e).unwrap();
+        assert_eq!(kind, NDX_ERROR_MEMORY as i32, "mode {mode}: {msg}");
+        for fragment in [
+            "the output of shape [16777216, 16777216, 3] (uint8): cannot allocate \
+             768.00 TiB (844424930131968 bytes) of host memory: ",
+            " available; ndx released ",
+        ] {
+            assert!(
+                msg.contains(fragment),
+                "mode {mode}: {msg:?} lacks {fragment:?}"
+            );
+        }
+        // The context still works.
+        let small = Args::resize(1, 1, None);
+        assert_eq!(
+            run(&ctx, c"resize", &[img.input()], Some(&small)).bytes(),
+            [7, 7, 7]
         );
     }
 }

@@ -23,7 +23,7 @@ use cudarc::driver::sys;
 use parking_lot::Mutex;
 
 use super::device::{DeviceState, Event, check};
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, ErrorKind, Result, human_bytes};
 
 /// Where blocks come from: the driver, or a fake in the unit tests.
 pub trait Backend {
@@ -80,25 +80,6 @@ pub fn size_class(bytes: usize) -> usize {
     bytes.max(1).div_ceil(step).saturating_mul(step)
 }
 
-/// `1.50 GiB (1610612736 bytes)`.
-fn human(bytes: usize) -> String {
-    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
-    let mut v = bytes as f64;
-    let mut unit = "bytes";
-    for u in UNITS {
-        if v < 1024.0 {
-            break;
-        }
-        v /= 1024.0;
-        unit = u;
-    }
-    if unit == "bytes" {
-        format!("{bytes} bytes")
-    } else {
-        format!("{v:.2} {unit} ({bytes} bytes)")
-    }
-}
-
 impl<B: Backend, E> Pool<B, E> {
     /// An empty pool over `backend`.
     pub fn new(backend: B) -> Pool<B, E> {
@@ -137,11 +118,11 @@ impl<B: Backend, E> Pool<B, E> {
                             ErrorKind::Memory,
                             format!(
                                 "CUDA out of memory on {device}: asked for {}, {} free of {}; ndx had {} in use and released {} it held cached",
-                                human(bytes),
-                                human(free),
-                                human(total),
-                                human(self.stats.in_use),
-                                human(held)
+                                human_bytes(bytes),
+                                human_bytes(free),
+                                human_bytes(total),
+                                human_bytes(self.stats.in_use),
+                                human_bytes(held)
                             ),
                         ));
                     }

@@ -11,6 +11,25 @@ use std::ffi::CString;
 use std::fmt;
 use std::sync::Arc;
 
+/// A byte count for messages: `1.50 GiB (1610612736 bytes)`, or `512 bytes`.
+pub(crate) fn human_bytes(bytes: usize) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut unit = "bytes";
+    for u in UNITS {
+        if v < 1024.0 {
+            break;
+        }
+        v /= 1024.0;
+        unit = u;
+    }
+    if unit == "bytes" {
+        format!("{bytes} bytes")
+    } else {
+        format!("{v:.2} {unit} ({bytes} bytes)")
+    }
+}
+
 /// What went wrong, named after the Python exception an embedder should raise.
 ///
 /// The discriminants are the C ABI values (`NDX_ERROR_*`); they are never renumbered.

@@ -279,11 +279,22 @@ impl Tensor {
                     format!("shape {} is too large to allocate", dims(shape)),
                 )
             })?;
-        let mut storage = if zeroed {
-            Storage::owned(nbytes)?
+        let storage = if zeroed {
+            Storage::owned(nbytes)
         } else {
-            Storage::owned_stale(nbytes)?
+            Storage::owned_stale(nbytes)
         };
+        let mut storage = storage.map_err(|e| {
+            Error::new(
+                e.kind(),
+                format!(
+                    "the output of shape {} ({}): {}",
+                    dims(shape),
+                    dtype.name(),
+                    e.message()
+                ),
+            )
+        })?;
         if let Some(bytes) = storage.owned_bytes_mut() {
             fill(bytes)?;
         }

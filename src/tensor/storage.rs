@@ -10,7 +10,7 @@ use std::ffi::c_void;
 use dlpark::ffi::{DLManagedTensor, DLManagedTensorVersioned};
 
 use super::dtype::Device;
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, ErrorKind, Result, human_bytes};
 
 /// Alignment of buffers ndx allocates (a cache line; enough for any SIMD load).
 pub const ALIGNMENT: usize = 64;
@@ -144,6 +144,55 @@ fn cache_put(ptr: *mut u8, len: usize) -> Option<*mut u8> {
     None
 }
 
+/// Frees every cached buffer; returns the bytes released.
+fn cache_release_all() -> usize {
+    let mut c = cache().lock();
+    let buffers = std::mem::take(&mut c.by_len);
+    c.order.clear();
+    let released = std::mem::replace(&mut c.bytes, 0);
+    drop(c);
+    for (len, ptrs) in buffers {
+        for p in ptrs {
+            // SAFETY: a cached buffer was allocated in `owned` with this length and
+            // alignment, and the cache held the only pointer to it.
+            unsafe { std::alloc::dealloc(p.0, Layout::from_size_align_unchecked(len, ALIGNMENT)) };
+        }
+    }
+    released
+}
+
+/// The `NDX_ERROR_MEMORY` of a host allocation the system refused: the size asked
+/// for, what the system reports available (Linux: `MemAvailable` of
+/// `/proc/meminfo`) and what ndx gave back from its cache before the last try.
+fn host_out_of_memory(len: usize, released: usize) -> Error {
+    let available = match available_host_memory() {
+        Some(bytes) => format!("{} available", human_bytes(bytes)),
+        None => "the memory available is unknown".to_string(),
+    };
+    Error::new(
+        ErrorKind::Memory,
+        format!(
+            "cannot allocate {} of host memory: {available}; ndx released {} it held cached",
+            human_bytes(len),
+            human_bytes(released)
+        ),
+    )
+}
+
+/// `MemAvailable` of `/proc/meminfo` in bytes, where there is one.
+fn available_host_memory() -> Option<usize> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: usize = line
+        .trim_start_matches("MemAvailable:")
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    kib.checked_mul(1024)
+}
+
 impl Storage {
     /// A new zeroed host buffer of `len` bytes, aligned to [`ALIGNMENT`].
     pub fn owned(len: usize) -> Result<Storage> {
@@ -176,12 +225,17 @@ impl Storage {
                 )
             })?;
             // SAFETY: `layout` has a non-zero size.
-            let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+            let mut ptr = unsafe { std::alloc::alloc_zeroed(layout) };
             if ptr.is_null() {
-                return Err(Error::new(
-                    ErrorKind::Memory,
-                    format!("cannot allocate {len} bytes of host memory"),
-                ));
+                // Out of memory: give the cached buffers back and try once more.
+                let released = cache_release_all();
+                if released > 0 {
+                    // SAFETY: as above.
+                    ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+                }
+                if ptr.is_null() {
+                    return Err(host_out_of_memory(len, released));
+                }
             }
             (ptr, Some(layout), false)
         };
@@ -513,5 +567,42 @@ impl std::fmt::Debug for Storage {
             .field("len", &self.len)
             .field("read_only", &self.read_only)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_host_allocation_is_a_memory_error_saying_what_was_available() {
+        // 4 EiB: more than any address space, so every system refuses it.
+        let Err(e) = Storage::owned(1 << 62) else {
+            panic!("a 4 EiB allocation succeeded");
+        };
+        assert_eq!(e.kind(), ErrorKind::Memory);
+        assert!(
+            e.message().starts_with(
+                "cannot allocate 4194304.00 TiB (4611686018427387904 bytes) of host memory: "
+            ),
+            "{}",
+            e.message()
+        );
+        if cfg!(target_os = "linux") {
+            let available = available_host_memory().expect("MemAvailable on Linux");
+            assert!(available > 0);
+            assert!(
+                e.message().contains(" available; ndx released "),
+                "{}",
+                e.message()
+            );
+        }
+        let e = host_out_of_memory(3 << 40, 5 << 20);
+        assert!(
+            e.message()
+                .ends_with("; ndx released 5.00 MiB (5242880 bytes) it held cached"),
+            "{}",
+            e.message()
+        );
     }
 }

@@ -400,12 +400,30 @@ static NDX_TEST_NOINLINE void test_resize(void) {
                         "(itemsize 1) is too large to address");
   }
 
+  /* An output that fits the address space but not the machine (256 TiB) fails when its
+   * work runs, with NDX_ERROR_MEMORY naming the output, the size asked for and what the
+   * system had available, at the invocation's line. */
+  ndx_args_t* vast = resize_args(INT64_C(1) << 24, INT64_C(1) << 24, NULL);
+  ndx_future_t* vf = NULL;
+  const int vast_line = __LINE__ + 1;
+  CHECK_OK(INVOKE(ctx, "resize", in, 1, vast, NDX_EVAL_EAGER, &vf));
+  ndx_error_t* ve = ndx_future_wait(vf, -1);
+  if (CHECK(ve != NULL, "the 256 TiB resize failed")) {
+    CHECK_FRAME(ve, 0, THIS_FILE, vast_line, "test_resize", NDX_FRAME_HOST);
+    CHECK_CONTAINS(ndx_error_message(ve), " available; ndx released ");
+  }
+  expect_error(ve, NDX_ERROR_MEMORY,
+               "the output of shape [16777216, 16777216, 1] (uint8): cannot allocate "
+               "256.00 TiB (281474976710656 bytes) of host memory: ");
+  ndx_future_release(vf);
+
   ndx_args_free(linear);
   ndx_args_free(dflt);
   ndx_args_free(nearest);
   ndx_args_free(zero_h);
   ndx_args_free(cubic);
   ndx_args_free(huge);
+  ndx_args_free(vast);
   ndx_tensor_release(img);
   ndx_tensor_release(bimg);
   ndx_tensor_release(col);
