@@ -423,7 +423,7 @@ pub fn view_bytes(t: &Tensor) -> Result<Vec<u8>> {
             ev.wait_on(device.stream())?;
         }
         let (start, len) = t.byte_range();
-        let mut bytes = vec![0u8; len];
+        let mut bytes = crate::tensor::try_host_vec(len, 0u8)?;
         if len > 0 {
             let span =
                 (t.storage().data_ptr() as u64).wrapping_add(t.storage().span_start() as u64);
@@ -1030,8 +1030,8 @@ fn normalize(job: &Job, t: &Tensor, args: &Args, meta: &TMeta) -> Result<Tensor>
             Arg::U64(c as u64),
             Arg::U64(inner),
             Arg::Ptr(p.ptr),
-            Arg::Ptr(p.ptr + 8 * c as u64),
-            Arg::U64(1),
+            Arg::Ptr(p.ptr + 8 * mean.len() as u64),
+            Arg::U64(u64::from(mean.len() > 1)),
         ],
     )?;
     Ok(out)

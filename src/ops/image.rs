@@ -187,8 +187,10 @@ fn crop_window(m: &TMeta, args: &Args) -> Result<(usize, usize, [i64; 4])> {
     Ok((h_ax, w_ax, [x, y, w, h]))
 }
 
-/// `normalize`'s channel axis and per-channel mean and std (a single value repeated),
-/// validated against the image's metadata.
+/// `normalize`'s channel axis and per-channel mean and std, validated against the
+/// image's metadata: both of one length, 1 (one value for every channel) or the
+/// number of channels. A single value is not repeated per channel: an image may have
+/// more channels than memory (a broadcast view, or no pixels at all).
 pub(crate) fn normalize_params(m: &TMeta, args: &Args) -> Result<(usize, Vec<f64>, Vec<f64>)> {
     let (_, _, c_ax) = hwc_axes(&m.layout, &m.shape, "normalize")?;
     let c = m.shape[c_ax] as usize;
@@ -204,14 +206,22 @@ pub(crate) fn normalize_params(m: &TMeta, args: &Args) -> Result<(usize, Vec<f64
             }
         };
         match v.len() {
-            1 => Ok(vec![v[0]; c]),
-            k if k == c => Ok(v),
+            k if k == 1 || k == c => Ok(v),
             k => Err(Error::value(format!(
                 "normalize: '{n}' has {k} values, the image has {c} channels"
             ))),
         }
     };
-    let (mean, std) = (get("mean")?, get("std")?);
+    let (mut mean, mut std) = (get("mean")?, get("std")?);
+    // One given per channel and the other once: repeat that one (c values exist).
+    if mean.len() != std.len() {
+        let (one, many) = if mean.len() == 1 {
+            (&mut mean, std.len())
+        } else {
+            (&mut std, mean.len())
+        };
+        *one = vec![one[0]; many];
+    }
     if std.contains(&0.0) {
         return Err(Error::value("normalize: 'std' contains 0"));
     }
@@ -223,9 +233,11 @@ fn normalize(t: &Tensor, c_ax: usize, mean: &[f64], std: &[f64]) -> Result<Tenso
     let v = typed::<f64>(&x)?;
     let inner: usize = t.shape()[c_ax + 1..].iter().map(|&d| d as usize).product();
     let c = t.shape()[c_ax] as usize;
+    // Parameters per channel (stride 1) or one for all (stride 0).
+    let stride = usize::from(mean.len() > 1);
     make::<f32>(t.shape(), t.layout(), |out| {
         for (i, (o, &val)) in out.iter_mut().zip(v.iter()).enumerate() {
-            let ch = (i / inner) % c;
+            let ch = (i / inner) % c * stride;
             *o = ((val - mean[ch]) / std[ch]) as f32;
         }
         Ok(())

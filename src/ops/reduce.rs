@@ -8,7 +8,7 @@ use super::kernels::{self, Elem, make, typed, with_elem};
 use super::{ArgSpec, Kernel, OpDef, TMeta, par};
 use crate::error::{Error, Result};
 use crate::exec::args::{ArgType, Args};
-use crate::tensor::{DType, Tensor, dims};
+use crate::tensor::{DType, Tensor, dims, try_host_vec};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Red {
@@ -357,9 +357,8 @@ fn reduce(red: Red, t: &Tensor, axes: &[usize], keepdims: bool) -> Result<Tensor
             })
             .map(|t| t.with_dtype_of_same_size(DType::Bool));
         }
-        let mut accs = Vec::new();
         let n = for_each_output(t.shape(), axes, |_, _| {});
-        accs.resize(n, all);
+        let mut accs = accumulators(&out_shape, n, all)?;
         for_each_output(t.shape(), axes, |i, o| {
             if all {
                 accs[o] &= v[i] != 0;
@@ -433,9 +432,8 @@ fn reduce_typed<S: Elem>(
     }
     match red {
         Red::Min | Red::Max => {
-            let mut accs: Vec<Option<S>> = Vec::new();
             let n = for_each_output(t.shape(), axes, |_, _| {});
-            accs.resize(n, None);
+            let mut accs: Vec<Option<S>> = accumulators(out_shape, n, None)?;
             let max = red == Red::Max;
             for_each_output(t.shape(), axes, |i, o| {
                 let v = src[i];
@@ -456,9 +454,8 @@ fn reduce_typed<S: Elem>(
         }
         Red::Sum | Red::Prod if S::INT => {
             let prod = red == Red::Prod;
-            let mut accs: Vec<i128> = Vec::new();
             let n = for_each_output(t.shape(), axes, |_, _| {});
-            accs.resize(n, i128::from(prod));
+            let mut accs = accumulators(out_shape, n, i128::from(prod))?;
             for_each_output(t.shape(), axes, |i, o| {
                 let v = src[i].to_i128();
                 accs[o] = if prod {
@@ -478,7 +475,7 @@ fn reduce_typed<S: Elem>(
             // Each output sums one contiguous block: the fast path.
             let n_out: usize = out_shape.iter().map(|&d| d as usize).product();
             let mut accs: Vec<f64> = if count == 0 {
-                vec![0.0; n_out]
+                accumulators(out_shape, n_out, 0.0)?
             } else {
                 src.chunks(count).map(sum_block).collect()
             };
@@ -494,9 +491,8 @@ fn reduce_typed<S: Elem>(
         }
         Red::Sum | Red::Prod | Red::Mean => {
             let prod = red == Red::Prod;
-            let mut accs: Vec<f64> = Vec::new();
             let n = for_each_output(t.shape(), axes, |_, _| {});
-            accs.resize(n, if prod { 1.0 } else { 0.0 });
+            let mut accs = accumulators(out_shape, n, if prod { 1.0 } else { 0.0 })?;
             for_each_output(t.shape(), axes, |i, o| {
                 let v = src[i].to_f64();
                 if prod {
@@ -559,7 +555,7 @@ fn reduce_middle<S: Elem>(
             // Wrapping in 64 bits: the int64/uint64 result of the exact sum's wrap.
             let prod = red == Red::Prod;
             let wide = |v: S| v.to_i128() as u64;
-            let mut accs = vec![u64::from(prod); out_count(out_shape)];
+            let mut accs = accumulators(out_shape, out_count(out_shape), u64::from(prod))?;
             if len > 0 && !accs.is_empty() {
                 if prod {
                     fold_middle(src, len, inner, &mut accs, wide, |a, v, _| {
@@ -581,7 +577,7 @@ fn reduce_middle<S: Elem>(
         Red::Sum | Red::Prod | Red::Mean => {
             let prod = red == Red::Prod;
             let identity = if prod { 1.0 } else { 0.0 };
-            let mut accs = vec![identity; out_count(out_shape)];
+            let mut accs = accumulators(out_shape, out_count(out_shape), identity)?;
             if len > 0 && !accs.is_empty() {
                 // The first element joins the identity like every other one (0.0 + -0.0
                 // is 0.0).
@@ -610,6 +606,22 @@ fn reduce_middle<S: Elem>(
         }
         Red::All | Red::Any => unreachable!("handled on bools"),
     }
+}
+
+/// `n` accumulators, one per element of the output of shape `out_shape`, or
+/// `NDX_ERROR_MEMORY` naming that output where the system refuses the memory: a
+/// reduction over an empty axis has outputs without inputs to bound them.
+fn accumulators<T: Clone>(out_shape: &[i64], n: usize, init: T) -> Result<Vec<T>> {
+    try_host_vec(n, init).map_err(|e| {
+        Error::new(
+            e.kind(),
+            format!(
+                "the accumulators of the output of shape {}: {}",
+                dims(out_shape),
+                e.message()
+            ),
+        )
+    })
 }
 
 fn out_count(shape: &[i64]) -> usize {

@@ -6,6 +6,7 @@ mod dtype;
 mod storage;
 
 pub use dtype::{DType, Device, DeviceKind, describe_dl_dtype, dl_device_name};
+pub(crate) use storage::try_host_vec;
 pub use storage::{ALIGNMENT, HostDeleter, Storage};
 
 use std::ffi::{CStr, CString};
@@ -712,7 +713,17 @@ impl Tensor {
 
     /// The elements as a compact vector of bytes.
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
-        let mut out = vec![0u8; self.nbytes()];
+        let mut out = storage::try_host_vec(self.nbytes(), 0u8).map_err(|e| {
+            Error::new(
+                e.kind(),
+                format!(
+                    "a compact copy of the {} tensor of shape {}: {}",
+                    self.dtype.name(),
+                    dims(&self.shape),
+                    e.message()
+                ),
+            )
+        })?;
         self.copy_to(&mut out)?;
         Ok(out)
     }

@@ -179,6 +179,22 @@ fn host_out_of_memory(len: usize, released: usize) -> Error {
     )
 }
 
+/// A vector of `n` copies of `value`, or `NDX_ERROR_MEMORY` where the system refuses
+/// the memory (`vec![value; n]` would abort the process): for kernel buffers whose size
+/// follows the data, such as the compact copy of a broadcast input.
+pub fn try_host_vec<T: Clone>(n: usize, value: T) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    if v.try_reserve_exact(n).is_err() {
+        let released = cache_release_all();
+        if released == 0 || v.try_reserve_exact(n).is_err() {
+            let bytes = n.saturating_mul(std::mem::size_of::<T>());
+            return Err(host_out_of_memory(bytes, released));
+        }
+    }
+    v.resize(n, value);
+    Ok(v)
+}
+
 /// `MemAvailable` of `/proc/meminfo` in bytes, where there is one.
 fn available_host_memory() -> Option<usize> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;

@@ -619,6 +619,56 @@ static NDX_TEST_NOINLINE void test_modes(void) {
   ndx_tensor_release(img);
 }
 
+/* ---- memory ----------------------------------------------------------------------------- */
+
+/* Sizes that follow the data never abort the process. A float repeated over 2^44
+ * elements (strides 0) is summed, which compacts it first: the 64 TiB copy is refused
+ * with NDX_ERROR_MEMORY naming the tensor, at the invocation's line; the context then
+ * goes on. An image with no pixels and 2^44 channels normalises (one mean and std for
+ * all channels are not repeated per channel) to an empty image. */
+static NDX_TEST_NOINLINE void test_memory(void) {
+  ndx_context_t* ctx = make_ctx(NDX_EVAL_EAGER);
+  const float one = 1.5f;
+  const int64_t big_shape[1] = {INT64_C(1) << 44}, zero_stride[1] = {0};
+  ndx_tensor_t* big = NULL;
+  CHECK_OK(ndx_tensor_wrap_host((void*)&one, NDX_DTYPE_FLOAT32, 1, big_shape, zero_stride, NULL,
+                                NULL, NULL, &big));
+  ndx_input_t in[1] = {ndx_test_in(big)};
+  ndx_future_t* f = NULL;
+  const int line = __LINE__ + 1;
+  CHECK_OK(INVOKE(ctx, "sum", in, 1, NULL, 0, &f));
+  ndx_error_t* e = ndx_future_wait(f, -1);
+  if (CHECK(e != NULL, "the sum of a 64 TiB view failed")) {
+    CHECK_FRAME(e, 0, THIS_FILE, line, "test_memory", NDX_FRAME_HOST);
+  }
+  expect_error(e, NDX_ERROR_MEMORY,
+               "a compact copy of the float32 tensor of shape [17592186044416]: cannot allocate "
+               "64.00 TiB (70368744177664 bytes) of host memory: ");
+  ndx_future_release(f);
+
+  const uint8_t pixel = 0;
+  const int64_t empty_shape[3] = {0, 0, INT64_C(1) << 44}, zero_strides[3] = {0, 0, 0};
+  ndx_import_options_t hwc = ndx_test_options("HWC", true);
+  ndx_tensor_t* empty = NULL;
+  CHECK_OK(ndx_tensor_wrap_host((void*)&pixel, NDX_DTYPE_UINT8, 3, empty_shape, zero_strides,
+                                NULL, NULL, &hwc, &empty));
+  ndx_args_t* a = new_args();
+  const double mean = 0.5, std = 2.0;
+  CHECK_OK(ndx_args_set_float_array(a, "mean", &mean, 1));
+  CHECK_OK(ndx_args_set_float_array(a, "std", &std, 1));
+  ndx_input_t ein[1] = {ndx_test_in(empty)};
+  ndx_tensor_t* r = run_op(ctx, "normalize", ein, 1, a);
+  if (r) {
+    check_meta(r, NDX_DTYPE_FLOAT32, 3, empty_shape, "HWC");
+    ndx_tensor_release(r);
+  }
+
+  ndx_args_free(a);
+  ndx_tensor_release(empty);
+  ndx_tensor_release(big);
+  ndx_context_release(ctx);
+}
+
 int main(void) {
   test_concat();
   test_crop();
@@ -626,5 +676,6 @@ int main(void) {
   test_gray_and_normalize();
   test_batch();
   test_modes();
+  test_memory();
   return NDX_TEST_SUMMARY("test_ops_image");
 }

@@ -197,13 +197,17 @@ def test_sum_and_mean_of_nothing_and_max_of_nothing_fails(ctx, cpu):
 
 @pytest.mark.parametrize("dt", [np.float32, np.float16, np.uint8, np.int32], ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("layout", ["HWC", "CHW"])
-def test_normalize_matches_the_cpu(ctx, cpu, dt, layout):
+@pytest.mark.parametrize("params", [
+    {"mean": [1.0, 2.5, -3.0], "std": [2.0, 0.5, 4.0]},  # per channel (stride 1)
+    {"mean": [1.5], "std": [-0.25]},                     # one for all (stride 0)
+    {"mean": [1.0, 2.5, -3.0], "std": [3.0]},            # mixed: std repeated
+], ids=["per_channel", "one", "mixed"])
+def test_normalize_matches_the_cpu(ctx, cpu, dt, layout, params):
     shape = (5, 6, 3) if layout == "HWC" else (3, 5, 6)
     img = sample(dt, shape, 9)
     t = ctx.invoke("to_device", [ndx.tensor_from_numpy(img, layout=layout)]).tensor()
-    got = to_np(ctx, ctx.invoke("normalize", [t], args={"mean": [1.0, 2.5, -3.0], "std": [2.0, 0.5, 4.0]}).tensor())
-    want = cpu.invoke("normalize", [ndx.tensor_from_numpy(img, layout=layout)],
-                      args={"mean": [1.0, 2.5, -3.0], "std": [2.0, 0.5, 4.0]}).result()
+    got = to_np(ctx, ctx.invoke("normalize", [t], args=params).tensor())
+    want = cpu.invoke("normalize", [ndx.tensor_from_numpy(img, layout=layout)], args=params).result()
     same(got, want)
 
 

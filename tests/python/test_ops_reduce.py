@@ -658,3 +658,25 @@ def test_input_count_is_checked(ctx, op):
 
 def test_every_reduction_is_covered():
     assert set(OPS) == set("sum prod mean min max all any argmin argmax".split())
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_a_broadcast_view_too_large_to_copy_is_a_memory_error(ctx, op):
+    # np.broadcast_to views one float as 2^44 elements (strides 0); reducing it compacts
+    # it first, and the 64 TiB copy is refused with MemoryError instead of aborting the
+    # interpreter. The context goes on working.
+    x = np.broadcast_to(np.float32(1.5), (2**44,))
+    err = execution_error(ctx, op, x)
+    assert err.kind == ndx.NDX_ERROR_MEMORY and err.kind_name == "MemoryError", (op, err)
+    assert "a compact copy of the float32 tensor of shape [17592186044416]: cannot allocate " \
+        "64.00 TiB (70368744177664 bytes) of host memory: " in err.message, err.message
+    assert run(ctx, op, np.broadcast_to(np.float32(1.5), (4,))).shape == ()
+
+
+@pytest.mark.parametrize("op", ["sum", "prod", "mean"])
+def test_accumulators_of_a_huge_output_over_an_empty_axis_are_a_memory_error(ctx, op):
+    x = np.zeros((2**44, 0), np.float32)
+    err = execution_error(ctx, op, x, make_args(op, axes=[1]))
+    assert err.kind == ndx.NDX_ERROR_MEMORY, (op, err)
+    assert "the accumulators of the output of shape [17592186044416]: cannot allocate " \
+        "128.00 TiB (140737488355328 bytes)" in err.message, err.message
