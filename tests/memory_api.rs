@@ -219,3 +219,28 @@ fn normalize_of_an_empty_image_with_countless_channels_succeeds() {
     let norm = Args::new().floats(c"mean", &[0.5]).floats(c"std", &[2.0]);
     assert_eq!(run(&ctx, c"normalize", &[image.input()], Some(&norm)), None);
 }
+
+/// `ndx_tensor_from_host` of a view too large to copy says so, naming the copy, and
+/// leaves the out-param NULL.
+#[test]
+fn from_host_of_a_view_too_large_to_copy_is_a_memory_error() {
+    let one = 2.5f32;
+    let (shape, strides) = ([1i64 << 44], [0i64]);
+    let mut t = 0x5a5a_5a5ausize as *mut ndx_tensor_t;
+    let e = ndx_tensor_from_host(
+        (&one as *const f32).cast::<c_void>(),
+        F32,
+        1,
+        shape.as_ptr(),
+        strides.as_ptr(),
+        std::ptr::null(),
+        &mut t,
+    );
+    assert!(t.is_null(), "the out-param is NULL after an error");
+    expect_err(
+        e,
+        NDX_ERROR_MEMORY,
+        "the copy of shape [17592186044416] (float32): cannot allocate 64.00 TiB \
+         (70368744177664 bytes) of host memory: ",
+    );
+}

@@ -297,7 +297,7 @@ pub extern "C" fn ndx_tensor_from_host(
             layout.clone(),
             true,
         );
-        let copy = Tensor::new_host(dtype, &shape, layout, |bytes| view.copy_to(bytes))?;
+        let copy = Tensor::new_host_copy(dtype, &shape, layout, |bytes| view.copy_to(bytes))?;
         let copy = if opts.read_only {
             copy.into_read_only()
         } else {

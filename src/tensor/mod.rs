@@ -240,7 +240,18 @@ impl Tensor {
         layout: CString,
         fill: impl FnOnce(&mut [u8]) -> Result<()>,
     ) -> Result<Tensor> {
-        Tensor::new_host_in(dtype, shape, layout, true, fill)
+        Tensor::new_host_in("the output", dtype, shape, layout, true, fill)
+    }
+
+    /// Like [`Tensor::new_host`] for a copy of another tensor: an allocation failure
+    /// names "the copy" rather than "the output".
+    pub(crate) fn new_host_copy(
+        dtype: DType,
+        shape: &[i64],
+        layout: CString,
+        fill: impl FnOnce(&mut [u8]) -> Result<()>,
+    ) -> Result<Tensor> {
+        Tensor::new_host_in("the copy", dtype, shape, layout, true, fill)
     }
 
     /// Like [`Tensor::new_host`] for a `fill` that writes every byte: the bytes it
@@ -251,10 +262,11 @@ impl Tensor {
         layout: CString,
         fill: impl FnOnce(&mut [u8]) -> Result<()>,
     ) -> Result<Tensor> {
-        Tensor::new_host_in(dtype, shape, layout, false, fill)
+        Tensor::new_host_in("the output", dtype, shape, layout, false, fill)
     }
 
     fn new_host_in(
+        what: &str,
         dtype: DType,
         shape: &[i64],
         layout: CString,
@@ -289,7 +301,7 @@ impl Tensor {
             Error::new(
                 e.kind(),
                 format!(
-                    "the output of shape {} ({}): {}",
+                    "{what} of shape {} ({}): {}",
                     dims(shape),
                     dtype.name(),
                     e.message()

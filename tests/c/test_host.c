@@ -230,6 +230,15 @@ static void test_from_host_edge_cases(void) {
   expect_error(ndx_tensor_from_host(data, NDX_DTYPE_FLOAT32, 2, shape, NULL, NULL, NULL),
                NDX_ERROR_VALUE, "argument 'out' is NULL");
   CHECK(t == NULL, "still NULL");
+  /* One float viewed as 2^44 (strides 0): a valid view whose 64 TiB copy no system
+   * grants, refused with NDX_ERROR_MEMORY (never an abort). */
+  const int64_t vast[1] = {INT64_C(1) << 44}, zero_stride[1] = {0};
+  t = (ndx_tensor_t*)NDX_TEST_BOGUS_PTR;
+  expect_error(ndx_tensor_from_host(data, NDX_DTYPE_FLOAT32, 1, vast, zero_stride, NULL, &t),
+               NDX_ERROR_MEMORY,
+               "the copy of shape [17592186044416] (float32): cannot allocate 64.00 TiB "
+               "(70368744177664 bytes) of host memory: ");
+  CHECK(t == NULL, "out reset after a memory error");
 }
 
 static void test_from_host_every_dtype(void) {
