@@ -1,0 +1,576 @@
+//! One context used from several threads at once through the C API (`ndx::ffi`):
+//! futures waited on, polled and given callbacks on threads other than the one that
+//! made them, in every eval mode; the context released by one thread while others
+//! still hold (and wait on) its pending work; check flags raised from several threads
+//! reported once, in enqueue order, each with its own call site. Inputs come from
+//! DLPack producers whose deleters are counted: each must run exactly once.
+//!
+//! Every wait is bounded, so a deadlock fails the test instead of hanging it.
+
+mod common;
+
+use std::ffi::{CString, c_void};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier, mpsc};
+use std::thread;
+
+use common::*;
+use dlpark::ffi::DLManagedTensorVersioned;
+use ndx::ffi::*;
+
+const SYNC_CPU: i32 = ndx_eval_mode_t::NDX_EVAL_SYNC_CPU as i32;
+const SYNC_FULL: i32 = ndx_eval_mode_t::NDX_EVAL_SYNC_FULL as i32;
+const DEFERRED: i32 = ndx_eval_mode_t::NDX_EVAL_DEFERRED as i32;
+const EAGER: i32 = ndx_eval_mode_t::NDX_EVAL_EAGER as i32;
+const MODES: [i32; 4] = [SYNC_CPU, SYNC_FULL, DEFERRED, EAGER];
+
+const READY: i32 = ndx_future_status_t::NDX_FUTURE_READY as i32;
+const FAILED: i32 = ndx_future_status_t::NDX_FUTURE_FAILED as i32;
+const PENDING: i32 = ndx_future_status_t::NDX_FUTURE_PENDING as i32;
+
+/// How long a test waits for any one thing before calling it a deadlock.
+const WAIT_NS: i64 = 20_000_000_000;
+
+/// A handle moved to another thread (the handles are thread-safe; raw pointers are
+/// not `Send` to the compiler).
+struct Handle<T>(*mut T);
+impl<T> Clone for Handle<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for Handle<T> {}
+// SAFETY: ndx handles are reference counted and thread-safe (the C API contract).
+unsafe impl<T> Send for Handle<T> {}
+
+/// An int32 tensor imported from a counting DLPack producer.
+fn import_i32(values: &[i32]) -> (*mut ndx_tensor_t, Count) {
+    let mut spec = Spec::f32s(&[], &[values.len() as i64]);
+    spec.data = values.iter().flat_map(|v| v.to_ne_bytes()).collect();
+    spec.dtype = i32_dtype();
+    let (m, count): (*mut DLManagedTensorVersioned, Count) = spec.versioned();
+    let mut t = std::ptr::null_mut();
+    ok(ndx_tensor_from_dlpack_versioned(
+        m,
+        std::ptr::null(),
+        &mut t,
+    ));
+    (t, count)
+}
+
+fn values_i32(t: *const ndx_tensor_t) -> Vec<i32> {
+    let mut n = 0usize;
+    ok(ndx_tensor_numel(t, &mut n));
+    let mut out = vec![0i32; n];
+    ok(ndx_tensor_copy_to(
+        t,
+        out.as_mut_ptr().cast::<c_void>(),
+        n * 4,
+    ));
+    out
+}
+
+fn tensor_in(t: *const ndx_tensor_t) -> ndx_input_t {
+    ndx_input_t {
+        tensor: t,
+        batch: std::ptr::null(),
+    }
+}
+
+/// Invoke options in `mode` with an explicit caller location (`line`).
+fn located(mode: i32, file: &CString, function: &CString, line: u32) -> ndx_invoke_options_t {
+    ndx_invoke_options_t {
+        location: ndx_location_t {
+            file: file.as_ptr(),
+            line,
+            function: function.as_ptr(),
+        },
+        ..invoke_options(mode, &[])
+    }
+}
+
+/// The line of frame 0 of `e` (the explicit location it was enqueued with).
+fn site_line(e: *const ndx_error_t) -> u32 {
+    assert!(ndx_error_frame_count(e) > 0, "an error without frames");
+    frame(e, 0).line
+}
+
+unsafe extern "C" fn count_fired(user: *mut c_void, _f: *const ndx_future_t) {
+    // SAFETY: `user` is a live `Callbacks` (freed by `count_freed` only).
+    unsafe { &*user.cast::<Callbacks>() }
+        .fired
+        .fetch_add(1, Ordering::SeqCst);
+}
+
+unsafe extern "C" fn count_freed(user: *mut c_void) {
+    // SAFETY: an `Arc<Callbacks>` reference made by `on_ready`, given up here once.
+    let c = unsafe { Arc::from_raw(user.cast::<Callbacks>()) };
+    c.freed.fetch_add(1, Ordering::SeqCst);
+}
+
+#[derive(Default)]
+struct Callbacks {
+    registered: AtomicUsize,
+    fired: AtomicUsize,
+    freed: AtomicUsize,
+}
+
+/// Registers a counting callback on `f` (its `user` is a reference to `c`).
+fn on_ready(f: *const ndx_future_t, c: &Arc<Callbacks>) {
+    let user = Arc::into_raw(c.clone()).cast_mut().cast::<c_void>();
+    ok(ndx_future_on_ready(
+        f,
+        Some(count_fired),
+        user,
+        Some(count_freed),
+    ));
+    c.registered.fetch_add(1, Ordering::SeqCst);
+}
+
+/// Polls `f` until it completes (bounded); its final status.
+fn poll_until_done(f: *const ndx_future_t) -> i32 {
+    let end = std::time::Instant::now() + std::time::Duration::from_nanos(WAIT_NS as u64);
+    loop {
+        let st = ndx_future_poll(f);
+        if st != PENDING || std::time::Instant::now() >= end {
+            return st;
+        }
+        thread::yield_now();
+    }
+}
+
+/// What a consumer thread expects of a future made on another thread.
+struct Made {
+    future: Handle<ndx_future_t>,
+    /// `None`: it fails (a division by zero, or a sum of one) at `line`, caused
+    /// (when `cause_line` is set) by the failure enqueued at that line.
+    sum: Option<Vec<i32>>,
+    line: u32,
+    cause_line: Option<u32>,
+}
+
+/// Producers invoke in every eval mode (some invocations fail, some read the pending
+/// output of the one before); consumers on other threads wait on, poll and register
+/// callbacks on those futures: right values, errors with the op and the site of
+/// their own enqueue, every callback once, nothing left unobserved, each producer
+/// deleter once.
+#[test]
+fn futures_made_on_one_thread_complete_on_others_in_every_mode() {
+    const PRODUCERS: usize = 2;
+    const PER_PRODUCER: u32 = 120;
+    let ctx = Ctx::new(EAGER);
+    let (a, ca) = import_i32(&[7, -7, 9, 10]);
+    let (b, cb) = import_i32(&[2, 2, 3, 5]);
+    let (z, cz) = import_i32(&[2, 0, 3, 5]);
+    let (ah, bh, zh, ch) = (Handle(a), Handle(b), Handle(z), Handle(ctx.0));
+    let callbacks = Arc::new(Callbacks::default());
+    let (tx, rx) = mpsc::channel::<Made>();
+    let rx = Arc::new(std::sync::Mutex::new(rx));
+    let file = CString::new("producer.c").unwrap();
+    let function = CString::new("produce").unwrap();
+
+    let producers: Vec<_> = (0..PRODUCERS as u32)
+        .map(|p| {
+            let tx = tx.clone();
+            let (file, function) = (file.clone(), function.clone());
+            thread::spawn(move || {
+                let (ctx, a, b, z) = (ch, ah, bh, zh);
+                let ctx = Ctx(ctx.0);
+                for i in 0..PER_PRODUCER {
+                    let line = 10_000 * (p + 1) + 10 * i;
+                    let mode = MODES[(i as usize + p as usize) % 4];
+                    let next = MODES[(i as usize / 4 + p as usize) % 4];
+                    let o1 = located(mode, &file, &function, line);
+                    let o2 = located(next, &file, &function, line + 1);
+                    let made = match i % 3 {
+                        // add, then add of its (maybe pending) output and b.
+                        0 => {
+                            let f1 = invoke_with(
+                                &ctx,
+                                c"add",
+                                &[tensor_in(a.0), tensor_in(b.0)],
+                                std::ptr::null(),
+                                &o1,
+                            )
+                            .unwrap_or_else(|e| panic!("{:?}", take_error(e)));
+                            let mut t = std::ptr::null_mut();
+                            ok(ndx_future_tensor(f1, 0, &mut t));
+                            let f2 = invoke_with(
+                                &ctx,
+                                c"add",
+                                &[tensor_in(t), tensor_in(b.0)],
+                                std::ptr::null(),
+                                &o2,
+                            )
+                            .unwrap_or_else(|e| panic!("{:?}", take_error(e)));
+                            ndx_tensor_release(t);
+                            ndx_future_release(f1);
+                            Made {
+                                future: Handle(f2),
+                                sum: Some(vec![11, -3, 15, 20]),
+                                line: line + 1,
+                                cause_line: None,
+                            }
+                        }
+                        // An integer division by zero.
+                        1 => {
+                            let f = invoke_with(
+                                &ctx,
+                                c"div",
+                                &[tensor_in(a.0), tensor_in(z.0)],
+                                std::ptr::null(),
+                                &o1,
+                            )
+                            .unwrap_or_else(|e| panic!("{:?}", take_error(e)));
+                            Made {
+                                future: Handle(f),
+                                sum: None,
+                                line,
+                                cause_line: None,
+                            }
+                        }
+                        // A sum of that: fails with the division as its cause.
+                        _ => {
+                            let f1 = invoke_with(
+                                &ctx,
+                                c"div",
+                                &[tensor_in(a.0), tensor_in(z.0)],
+                                std::ptr::null(),
+                                &o1,
+                            )
+                            .unwrap_or_else(|e| panic!("{:?}", take_error(e)));
+                            let mut t = std::ptr::null_mut();
+                            ok(ndx_future_tensor(f1, 0, &mut t));
+                            let f2 =
+                                invoke_with(&ctx, c"sum", &[tensor_in(t)], std::ptr::null(), &o2)
+                                    .unwrap_or_else(|e| panic!("{:?}", take_error(e)));
+                            ndx_tensor_release(t);
+                            ndx_future_release(f1);
+                            Made {
+                                future: Handle(f2),
+                                sum: None,
+                                line: line + 1,
+                                cause_line: Some(line),
+                            }
+                        }
+                    };
+                    tx.send(made).unwrap();
+                }
+                std::mem::forget(ctx); // the test's reference, released by the test
+            })
+        })
+        .collect();
+    drop(tx);
+
+    let consumers: Vec<_> = (0..3usize)
+        .map(|k| {
+            let rx = rx.clone();
+            let callbacks = callbacks.clone();
+            thread::spawn(move || {
+                let mut n = 0usize;
+                loop {
+                    let Ok(m) = rx.lock().unwrap().recv() else {
+                        break;
+                    };
+                    let f = m.future.0;
+                    on_ready(f, &callbacks);
+                    let e = match (n + k) % 3 {
+                        0 => ndx_future_wait(f, WAIT_NS),
+                        1 => {
+                            let st = poll_until_done(f);
+                            assert_eq!(st, if m.sum.is_some() { READY } else { FAILED });
+                            ndx_future_error(f)
+                        }
+                        _ => {
+                            // Read the output: forces evaluation and waits.
+                            let mut t = std::ptr::null_mut();
+                            ok(ndx_future_tensor(f, 0, &mut t));
+                            let mut v = [0i32; 4];
+                            let e = ndx_tensor_copy_to(t, v.as_mut_ptr().cast(), 16);
+                            ndx_tensor_release(t);
+                            if e.is_null() {
+                                assert_eq!(Some(v.to_vec()), m.sum);
+                            } else {
+                                ndx_error_free(e);
+                            }
+                            ndx_future_error(f)
+                        }
+                    };
+                    match &m.sum {
+                        Some(sum) => {
+                            assert!(e.is_null(), "{:?}", take_error(e));
+                            let mut t = std::ptr::null_mut();
+                            ok(ndx_future_tensor(f, 0, &mut t));
+                            assert_eq!(&values_i32(t), sum);
+                            ndx_tensor_release(t);
+                        }
+                        None => {
+                            assert!(!e.is_null(), "a failing invocation succeeded");
+                            assert_ne!(
+                                ndx_error_kind(e),
+                                ndx_error_kind_t::NDX_ERROR_TIMEOUT as i32
+                            );
+                            assert_eq!(ndx_error_kind(e), ndx_error_kind_t::NDX_ERROR_VALUE as i32);
+                            assert_eq!(site_line(e), m.line, "the failure's own site");
+                            let cause = ndx_error_cause(e);
+                            match m.cause_line {
+                                Some(line) => {
+                                    assert_eq!(cstr(ndx_error_op(e)), "sum");
+                                    assert!(!cause.is_null());
+                                    assert_eq!(cstr(ndx_error_op(cause)), "div");
+                                    assert_eq!(site_line(cause), line, "the cause's own site");
+                                }
+                                None => assert_eq!(cstr(ndx_error_op(e)), "div"),
+                            }
+                            ndx_error_free(e);
+                        }
+                    }
+                    // Complete now: the callback runs at once, on this thread.
+                    let now = Arc::new(Callbacks::default());
+                    on_ready(f, &now);
+                    assert_eq!(now.fired.load(Ordering::SeqCst), 1);
+                    assert_eq!(now.freed.load(Ordering::SeqCst), 1);
+                    ndx_future_release(f);
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+
+    for p in producers {
+        p.join().expect("producer");
+    }
+    let consumed: usize = consumers
+        .into_iter()
+        .map(|c| c.join().expect("consumer"))
+        .sum();
+    assert_eq!(consumed, PRODUCERS * PER_PRODUCER as usize);
+    // Every failure was observed by a consumer: nothing is reported again.
+    ok(ndx_context_evaluate(ctx.0));
+    let registered = callbacks.registered.load(Ordering::SeqCst);
+    assert_eq!(registered, consumed);
+    assert_eq!(callbacks.fired.load(Ordering::SeqCst), registered);
+    assert_eq!(callbacks.freed.load(Ordering::SeqCst), registered);
+    drop(ctx);
+    for (t, c) in [(a, &ca), (b, &cb), (z, &cz)] {
+        ndx_tensor_release(t);
+        assert_eq!(calls(c), 1, "the producer's deleter runs once");
+    }
+}
+
+/// Rounds of: several threads enqueue chains in every eval mode (DEFERRED ones never
+/// asked for, EAGER ones maybe still queued or running) and register callbacks; then
+/// the main thread releases the context while those threads wait on and poll their
+/// futures. Every future completes (no wait times out): READY with the right values,
+/// or cancelled by the release; every callback fires once; each producer deleter
+/// runs once, after the last reference.
+#[test]
+fn releasing_the_context_while_other_threads_wait_on_its_work() {
+    const THREADS: usize = 3;
+    const CHAIN: usize = 8;
+    for round in 0..15usize {
+        let ctx = Ctx::new(EAGER);
+        let (a, ca) = import_i32(&[1, 2, 3, 4]);
+        let (b, cb) = import_i32(&[10, 20, 30, 40]);
+        let (ah, bh, ch) = (Handle(a), Handle(b), Handle(ctx.0));
+        let callbacks = Arc::new(Callbacks::default());
+        let enqueued = Arc::new(Barrier::new(THREADS + 1));
+        let released = Arc::new(Barrier::new(THREADS + 1));
+        let threads: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (callbacks, enqueued, released) =
+                    (callbacks.clone(), enqueued.clone(), released.clone());
+                thread::spawn(move || {
+                    let (ch, ah, bh) = (ch, ah, bh);
+                    let ctx = Ctx(ch.0);
+                    // Chain k: a + b, then + b again CHAIN - 1 times, modes mixed.
+                    let mut futures = Vec::new();
+                    let mut input = ah.0;
+                    let mut owned: Option<*mut ndx_tensor_t> = None;
+                    for k in 0..CHAIN {
+                        let mode = MODES[(k + t + round) % 4];
+                        let f = invoke_with(
+                            &ctx,
+                            c"add",
+                            &[tensor_in(input), tensor_in(bh.0)],
+                            std::ptr::null(),
+                            &invoke_options(mode, &[]),
+                        )
+                        .unwrap_or_else(|e| panic!("{:?}", take_error(e)));
+                        if k % 3 == t % 3 {
+                            on_ready(f, &callbacks);
+                        }
+                        let mut out = std::ptr::null_mut();
+                        ok(ndx_future_tensor(f, 0, &mut out));
+                        if let Some(o) = owned.replace(out) {
+                            ndx_tensor_release(o);
+                        }
+                        input = out;
+                        futures.push(f);
+                    }
+                    if let Some(o) = owned {
+                        ndx_tensor_release(o);
+                    }
+                    std::mem::forget(ctx); // released by the main thread
+                    enqueued.wait();
+                    // Racing the release: waits on the even futures now, the rest after.
+                    let settle = |k: usize, f: *mut ndx_future_t| {
+                        let e = if k.is_multiple_of(2) {
+                            ndx_future_wait(f, WAIT_NS)
+                        } else {
+                            let st = poll_until_done(f);
+                            assert_ne!(st, PENDING, "round {round}: still pending");
+                            ndx_future_error(f)
+                        };
+                        match take_error(e) {
+                            None => {
+                                let mut t = std::ptr::null_mut();
+                                ok(ndx_future_tensor(f, 0, &mut t));
+                                let n = k as i32 + 1;
+                                assert_eq!(
+                                    values_i32(t),
+                                    [1 + 10 * n, 2 + 20 * n, 3 + 30 * n, 4 + 40 * n]
+                                );
+                                ndx_tensor_release(t);
+                            }
+                            // Cancelled by the release, or its input was.
+                            Some((kind, msg)) => assert_eq!(
+                                kind,
+                                ndx_error_kind_t::NDX_ERROR_CANCELLED as i32,
+                                "round {round}: {msg}"
+                            ),
+                        }
+                    };
+                    for (k, &f) in futures.iter().enumerate().filter(|(k, _)| k % 2 == 0) {
+                        settle(k, f);
+                    }
+                    released.wait();
+                    for (k, &f) in futures.iter().enumerate().filter(|(k, _)| k % 2 == 1) {
+                        settle(k, f);
+                    }
+                    for f in futures {
+                        ndx_future_release(f);
+                    }
+                })
+            })
+            .collect();
+        enqueued.wait();
+        drop(ctx);
+        released.wait();
+        for t in threads {
+            t.join().expect("a thread failed");
+        }
+        let registered = callbacks.registered.load(Ordering::SeqCst);
+        assert_eq!(callbacks.fired.load(Ordering::SeqCst), registered);
+        assert_eq!(callbacks.freed.load(Ordering::SeqCst), registered);
+        ndx_tensor_release(a);
+        ndx_tensor_release(b);
+        assert_eq!(
+            (calls(&ca), calls(&cb)),
+            (1, 1),
+            "round {round}: deleter calls"
+        );
+    }
+}
+
+/// Threads raise check flags (COLLECT) on one context in every eval mode, each
+/// invocation with its own explicit location: the group reported at the end holds
+/// every flag once, in enqueue order (ascending sequence numbers, each thread's in
+/// the order it enqueued them), each with the site it was enqueued at; a second
+/// report has nothing left.
+#[test]
+fn check_flags_from_several_threads_come_in_enqueue_order_with_their_sites() {
+    const THREADS: u32 = 4;
+    const EACH: u32 = 30;
+    let ctx = Ctx::new(EAGER);
+    ok(ndx_context_set_checks(
+        ctx.0,
+        ndx_check_policy_t::NDX_CHECKS_COLLECT as i32,
+        0,
+        0,
+    ));
+    let values: Vec<u8> = [1.0f32, f32::NAN, 3.0]
+        .iter()
+        .flat_map(|v| v.to_ne_bytes())
+        .collect();
+    let mut spec = Spec::f32s(&[], &[3]);
+    spec.data = values;
+    let (m, count) = spec.versioned();
+    let mut x = std::ptr::null_mut();
+    ok(ndx_tensor_from_dlpack_versioned(
+        m,
+        std::ptr::null(),
+        &mut x,
+    ));
+    let (xh, ch) = (Handle(x), Handle(ctx.0));
+    let start = Arc::new(Barrier::new(THREADS as usize));
+    let threads: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let start = start.clone();
+            thread::spawn(move || {
+                let (ch, xh) = (ch, xh);
+                let ctx = Ctx(ch.0);
+                let file = CString::new(format!("thread{t}.c")).unwrap();
+                let function = CString::new(format!("check_on_thread_{t}")).unwrap();
+                start.wait();
+                for i in 0..EACH {
+                    let mode = MODES[((i + t) % 4) as usize];
+                    let o = located(mode, &file, &function, 1000 * (t + 1) + i);
+                    let f = invoke_with(
+                        &ctx,
+                        c"check_finite",
+                        &[tensor_in(xh.0)],
+                        std::ptr::null(),
+                        &o,
+                    )
+                    .unwrap_or_else(|e| panic!("{:?}", take_error(e)));
+                    // A flag does not fail the invocation.
+                    if mode != DEFERRED {
+                        assert_ne!(ndx_future_poll(f), FAILED);
+                    }
+                    ndx_future_release(f);
+                }
+                std::mem::forget(ctx);
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("a thread failed");
+    }
+    let e = ndx_context_evaluate(ctx.0);
+    assert!(!e.is_null(), "the flags were not reported");
+    assert_eq!(ndx_error_kind(e), ndx_error_kind_t::NDX_ERROR_CHECK as i32);
+    let n = ndx_error_related_count(e);
+    assert_eq!(
+        n,
+        (THREADS * EACH) as usize,
+        "{}",
+        cstr(ndx_error_message(e))
+    );
+    let mut last_seq = 0u64;
+    let mut last_line = [0u32; THREADS as usize];
+    for i in 0..n {
+        let r = ndx_error_related(e, i);
+        assert_eq!(ndx_error_kind(r), ndx_error_kind_t::NDX_ERROR_CHECK as i32);
+        assert_eq!(cstr(ndx_error_op(r)), "check_finite");
+        let seq = ndx_error_sequence(r);
+        assert!(seq > last_seq, "flag {i}: sequence {seq} after {last_seq}");
+        last_seq = seq;
+        let f = frame(r, 0);
+        let t = f.line / 1000 - 1;
+        assert!(t < THREADS, "flag {i}: line {}", f.line);
+        assert_eq!(cstr(f.file), format!("thread{t}.c"));
+        assert_eq!(cstr(f.function), format!("check_on_thread_{t}"));
+        assert!(
+            f.line > last_line[t as usize],
+            "flag {i}: thread {t}'s flags out of order"
+        );
+        last_line[t as usize] = f.line;
+    }
+    ndx_error_free(e);
+    ok(ndx_context_evaluate(ctx.0));
+    drop(ctx);
+    ndx_tensor_release(x);
+    assert_eq!(calls(&count), 1);
+}
