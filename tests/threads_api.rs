@@ -574,3 +574,106 @@ fn check_flags_from_several_threads_come_in_enqueue_order_with_their_sites() {
     ndx_tensor_release(x);
     assert_eq!(calls(&count), 1);
 }
+
+/// What the callbacks of the release test share with the thread that registers.
+#[derive(Default)]
+struct Handshake {
+    /// The first callback is running (inside `ndx_context_release`).
+    running: std::sync::atomic::AtomicBool,
+    /// The other thread has registered its callback.
+    registered: std::sync::atomic::AtomicBool,
+    late: Callbacks,
+}
+
+/// Waits (bounded) until `flag` is set.
+fn wait_for(flag: &std::sync::atomic::AtomicBool) -> bool {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !flag.load(Ordering::SeqCst) {
+        if std::time::Instant::now() >= end {
+            return false;
+        }
+        thread::yield_now();
+    }
+    true
+}
+
+unsafe extern "C" fn first_callback(user: *mut c_void, _f: *const ndx_future_t) {
+    // SAFETY: the test's `Handshake`, alive until the test ends.
+    let h = unsafe { &*user.cast::<Handshake>() };
+    h.running.store(true, Ordering::SeqCst);
+    wait_for(&h.registered);
+}
+
+unsafe extern "C" fn late_fired(user: *mut c_void, _f: *const ndx_future_t) {
+    // SAFETY: as above.
+    let h = unsafe { &*user.cast::<Handshake>() };
+    h.late.fired.fetch_add(1, Ordering::SeqCst);
+}
+
+unsafe extern "C" fn late_freed(user: *mut c_void) {
+    // SAFETY: as above.
+    let h = unsafe { &*user.cast::<Handshake>() };
+    h.late.freed.fetch_add(1, Ordering::SeqCst);
+}
+
+/// Process-events mode: the releasing thread runs the callbacks still queued; one of
+/// them runs while another thread registers a callback on a completed future of the
+/// same context. That callback still runs, exactly once (on the releasing thread or
+/// at once on the registering one), and is not dropped uncalled with the queue.
+#[test]
+fn a_callback_registered_while_the_release_runs_the_queued_ones_still_runs() {
+    let opts = ndx_context_options_t {
+        eval_mode: SYNC_CPU,
+        process_events_callbacks: true,
+        ..Default::default()
+    };
+    let mut raw = std::ptr::null_mut();
+    ok(ndx_context_new(&opts, &mut raw));
+    let ctx = Ctx(raw);
+    let (a, ca) = import_i32(&[1, 2, 3, 4]);
+    let add = |ctx: &Ctx| {
+        invoke_with(
+            ctx,
+            c"add",
+            &[tensor_in(a), tensor_in(a)],
+            std::ptr::null(),
+            &invoke_options(0, &[]),
+        )
+        .unwrap_or_else(|e| panic!("{:?}", take_error(e)))
+    };
+    let (f1, f2) = (add(&ctx), add(&ctx));
+    let h = Arc::new(Handshake::default());
+    let user = Arc::as_ptr(&h).cast_mut().cast::<c_void>();
+    // Complete, so queued for process-events: run by the release.
+    ok(ndx_future_on_ready(f1, Some(first_callback), user, None));
+    let f2h = Handle(f2);
+    let h2 = h.clone();
+    let other = thread::spawn(move || {
+        let f2h = f2h;
+        assert!(wait_for(&h2.running), "the queued callback never ran");
+        let user = Arc::as_ptr(&h2).cast_mut().cast::<c_void>();
+        ok(ndx_future_on_ready(
+            f2h.0,
+            Some(late_fired),
+            user,
+            Some(late_freed),
+        ));
+        h2.registered.store(true, Ordering::SeqCst);
+    });
+    drop(ctx); // runs `first_callback`, which waits for the registration
+    other.join().expect("the registering thread");
+    assert_eq!(
+        h.late.fired.load(Ordering::SeqCst),
+        1,
+        "the late callback's calls"
+    );
+    assert_eq!(
+        h.late.freed.load(Ordering::SeqCst),
+        1,
+        "the late callback's user_free"
+    );
+    ndx_future_release(f1);
+    ndx_future_release(f2);
+    ndx_tensor_release(a);
+    assert_eq!(calls(&ca), 1);
+}

@@ -190,6 +190,9 @@ struct Tracker {
     failed: Vec<Arc<Node>>,
 }
 
+/// A callback or host operator queued for process-events.
+pub(crate) type Event = Box<dyn FnOnce() + Send>;
+
 /// A context's shared state. Work in flight holds it too (`Arc` clones): only the
 /// public references ([`Context`]) decide when the context is released.
 pub struct ContextInner {
@@ -204,7 +207,7 @@ pub struct ContextInner {
     seq: AtomicU64,
     tracker: Mutex<Tracker>,
     idle: Condvar,
-    events: Mutex<VecDeque<Box<dyn FnOnce() + Send>>>,
+    events: Mutex<VecDeque<Event>>,
     /// Jobs on workers and completion threads that hold an invocation of this context
     /// ([`JobHold`]); a release that waits waits for them to let go.
     jobs: Mutex<usize>,
@@ -529,8 +532,16 @@ impl ContextInner {
         }
     }
 
-    pub(crate) fn push_event(&self, event: Box<dyn FnOnce() + Send>) {
-        self.events.lock().push_back(event);
+    /// Queues a callback or host operator for process-events; gives it back when the
+    /// context is closed (checked under the queue's lock, which the release closes it
+    /// under: a queued event is always run or dropped by someone).
+    pub(crate) fn push_event(&self, event: Event) -> std::result::Result<(), Event> {
+        let mut queue = self.events.lock();
+        if self.closed() {
+            return Err(event);
+        }
+        queue.push_back(event);
+        Ok(())
     }
 
     /// Whether no thread will run queued callbacks any more (released).
@@ -657,15 +668,28 @@ impl ContextInner {
             // Nothing of this context runs any more: host operators' user data can go.
             self.registry.release_host_data();
         }
-        let events: Vec<_> = self.events.lock().drain(..).collect();
-        if self.closed() {
-            drop(events); // process-events callbacks never run on a worker
-        } else {
-            for event in events {
-                as_callback(event);
+        // Until the queue is empty: a callback may be queued while the queued ones run
+        // (another thread registering one on a complete future). The queue closes
+        // under its lock, so whatever is queued later is refused and run (or dropped)
+        // by whoever queued it.
+        let drop_queued = self.closed(); // process-events callbacks never run on a worker
+        loop {
+            let events: Vec<_> = {
+                let mut queue = self.events.lock();
+                if queue.is_empty() {
+                    self.closed.store(true, Ordering::Release);
+                    break;
+                }
+                queue.drain(..).collect()
+            };
+            if drop_queued {
+                drop(events);
+            } else {
+                for event in events {
+                    as_callback(event);
+                }
             }
         }
-        self.closed.store(true, Ordering::Release);
     }
 }
 

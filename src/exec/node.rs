@@ -715,7 +715,10 @@ impl Node {
             && host_op
             && let Some(ctx) = self.ctx.upgrade()
         {
-            ctx.push_event(Box::new(move || node.execute()));
+            // Refused once the context is closed: no thread would run it any more.
+            if ctx.push_event(Box::new(move || node.execute())).is_err() {
+                self.cancel("its context was released");
+            }
             return;
         }
         let hold = self.hold_job();
@@ -1474,12 +1477,11 @@ impl Node {
     fn fire(self: &Arc<Self>, cb: Callback, ctx: Option<&Arc<ContextInner>>) {
         let node = self.clone();
         match ctx {
-            Some(ctx) if self.events && !ctx.closed() => {
-                ctx.push_event(Box::new(move || cb(&node)));
-            }
-            // Its context was released without waiting for this work: no thread will
-            // process its events any more, and a process-events callback never runs
-            // on the thread completing the work. Dropped uncalled (its user_free runs).
+            // Refused when its context was released without waiting for this work: no
+            // thread will process its events any more, and a process-events callback
+            // never runs on the thread completing the work. Dropped uncalled (its
+            // user_free runs).
+            Some(ctx) if self.events => drop(ctx.push_event(Box::new(move || cb(&node)))),
             _ if self.events => drop(cb),
             _ => as_callback(|| cb(&node)),
         }
@@ -1504,12 +1506,15 @@ impl Node {
             self.submit_as(Why::new(Flush::Poll));
             return;
         };
-        // Complete: queued for process-events while someone processes them, else run
-        // at once on the registering thread.
+        // Complete: queued for process-events while someone processes them, else (its
+        // context released, or the queue refusing it as the release closes it) run at
+        // once on the registering thread.
         match self.ctx.upgrade() {
-            Some(ctx) if self.events && !ctx.closed() => {
+            Some(ctx) if self.events => {
                 let node = self.clone();
-                ctx.push_event(Box::new(move || cb(&node)));
+                if let Err(cb) = ctx.push_event(Box::new(move || cb(&node))) {
+                    as_callback(cb);
+                }
             }
             _ => as_callback(|| cb(self)),
         }

@@ -9,6 +9,8 @@
  *  - the host operators' user_free ran once the context and every future were released.
  * Then a stress phase: 4 threads x 2000 EAGER "add -> add of its output" chains on a
  * second context, and one ndx_context_evaluate that must return.
+ * Then, in process-events mode, a callback registered on another thread while the release
+ * runs the queued callbacks must still run once.
  * A watchdog turns a hang into a failure naming the phase (30 s).
  * CMake runs the -O0 build under valgrind too (it must stay well under 20 s there).
  *
@@ -361,6 +363,82 @@ static void stress_chains(void) {
   stress_ctx = NULL;
 }
 
+/* ---- a callback registered while the release runs the queued ones ---------------------
+ *
+ * Process-events mode: ndx_context_release runs the callbacks still queued on the
+ * releasing thread. While one of them runs, another thread registers a callback on a
+ * complete future of that context: it must still run, once (it used to be queued behind
+ * the drained queue and dropped uncalled with it, only its user_free running). */
+
+typedef struct {
+  int running;    /* atomic: the queued callback runs (inside the release) */
+  int registered; /* atomic: the other thread registered its callback */
+  int late_fired; /* atomic */
+  int late_freed; /* atomic */
+  ndx_future_t* complete;
+} late_t;
+
+static void wait_flag(const int* flag) {
+  for (int i = 0; i < 10000 && !load_int(flag); i++) sleep_us(1000);
+}
+
+static void late_fired(void* user, const ndx_future_t* f) {
+  (void)f;
+  inc_int(&((late_t*)user)->late_fired);
+}
+
+static void late_freed(void* user) { inc_int(&((late_t*)user)->late_freed); }
+
+static void queued_waits_for_registration(void* user, const ndx_future_t* f) {
+  (void)f;
+  late_t* l = (late_t*)user;
+  inc_int(&l->running);
+  wait_flag(&l->registered);
+}
+
+static void* late_register_main(void* p) {
+  late_t* l = (late_t*)p;
+  wait_flag(&l->running);
+  ndx_error_t* e = ndx_future_on_ready(l->complete, late_fired, l, late_freed);
+  if (e != NULL) inc_int(&l->late_freed); /* counted as a failure below */
+  ndx_error_free(e);
+  inc_int(&l->registered);
+  return NULL;
+}
+
+static void test_callback_registered_during_release(void) {
+  ndx_test_watchdog_phase("a callback registered while the release runs the queued ones");
+  ndx_context_options_t o;
+  memset(&o, 0, sizeof o);
+  o.struct_size = sizeof o;
+  o.eval_mode = NDX_EVAL_SYNC_CPU;
+  o.process_events_callbacks = true;
+  ndx_context_t* c = NULL;
+  if (!CHECK_OK(ndx_context_new(&o, &c))) return;
+  ndx_tensor_t* a = ndx_test_tensor(kA, NDX_DTYPE_INT32, 1, kShape);
+  ndx_input_t in[2] = {ndx_test_in(a), ndx_test_in(a)};
+  ndx_future_t *f1 = NULL, *f2 = NULL;
+  late_t l;
+  memset(&l, 0, sizeof l);
+  CHECK_OK(ndx_invoke(c, "add", in, 2, NULL, NULL, &f1));
+  CHECK_OK(ndx_invoke(c, "add", in, 2, NULL, NULL, &f2));
+  l.complete = f2;
+  /* Complete already: queued for process-events, so the release runs it. */
+  CHECK_OK(ndx_future_on_ready(f1, queued_waits_for_registration, &l, NULL));
+  pthread_t t;
+  int started = pthread_create(&t, NULL, late_register_main, &l) == 0;
+  CHECK(started, "registering thread started");
+  ndx_context_release(c);
+  if (started) pthread_join(t, NULL);
+  CHECK(load_int(&l.running) == 1, "the queued callback ran in the release");
+  CHECK(load_int(&l.late_fired) == 1, "the late callback fired %d times", load_int(&l.late_fired));
+  CHECK(load_int(&l.late_freed) == 1, "the late callback's user_free: %d",
+        load_int(&l.late_freed));
+  ndx_future_release(f1);
+  ndx_future_release(f2);
+  ndx_tensor_release(a);
+}
+
 int main(void) {
   double t0 = now_ms();
   ndx_test_watchdog_start(30, "test_engine_threads");
@@ -440,6 +518,7 @@ int main(void) {
   ndx_test_watchdog_phase("ndx_context_release");
   ndx_context_release(ctx);
   stress_chains();
+  test_callback_registered_during_release();
   ndx_tensor_release(ta);
   ndx_tensor_release(tb_ok);
   ndx_tensor_release(tb_zero);
