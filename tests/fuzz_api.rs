@@ -2521,3 +2521,273 @@ proptest! {
         out_once(&c);
     }
 }
+
+// ---------------------------------------------------------------------------------
+// Stacking imported batches: ndx_batch_to_tensor
+// ---------------------------------------------------------------------------------
+
+/// Bytes behind every sample of a stacked batch: room for a view that reaches 36
+/// elements of 8 bytes before and after its element 0.
+const STACK_BACKING: usize = 1024;
+
+#[derive(Debug, Clone)]
+struct StackSample {
+    shape: Vec<i64>,
+    strides: Option<Vec<i64>>,
+    /// Elements past the least byte_offset that keeps the view in the backing.
+    extra: u64,
+    /// NULL data (kept only when the sample has no elements).
+    null_data: bool,
+    seed: u8,
+}
+
+/// A batch imported from DLPack (legacy or versioned, on the host or pinned host
+/// memory, with a layout or none), then stacked; or a NULL batch or out-param.
+#[derive(Debug, Clone)]
+struct StackCase {
+    dtype: i32,
+    samples: Vec<StackSample>,
+    layout: Option<String>,
+    legacy: bool,
+    device: u32,
+    null_batch: bool,
+    null_out: bool,
+}
+
+fn stack_case() -> impl Strategy<Value = StackCase> {
+    let base = (
+        1i32..=13,
+        0usize..4,
+        prop_oneof![8 => Just(1u32), 1 => Just(3u32)],
+    );
+    base.prop_flat_map(|(dtype, ndim, device)| {
+        let dims = || prop::collection::vec(prop_oneof![6 => 1i64..4, 1 => Just(0i64)], ndim);
+        (dims(), 1usize..7).prop_flat_map(move |(shape0, n)| {
+            let shape = prop_oneof![
+                6 => Just(shape0.clone()),
+                1 => prop::collection::vec(0i64..4, ndim),
+            ];
+            let sample = (
+                shape,
+                prop::option::of(prop::collection::vec(-4i64..5, ndim)),
+                0u64..4,
+                prop::bool::weighted(0.3),
+                any::<u8>(),
+            )
+                .prop_map(|(shape, strides, extra, null_data, seed)| StackSample {
+                    shape,
+                    strides,
+                    extra,
+                    null_data,
+                    seed,
+                });
+            let layout = prop::option::of(prop::sample::select(vec!["HWC", "CHW", "NHW"]))
+                .prop_map(move |l| l.map(|l| l[..ndim].to_string()));
+            (
+                prop::collection::vec(sample, n),
+                layout,
+                any::<bool>(),
+                prop::bool::weighted(0.03),
+                prop::bool::weighted(0.03),
+            )
+                .prop_map(move |(samples, layout, legacy, null_batch, null_out)| {
+                    StackCase {
+                        dtype,
+                        samples,
+                        layout,
+                        legacy,
+                        device,
+                        null_batch,
+                        null_out,
+                    }
+                })
+        })
+    })
+}
+
+impl StackSample {
+    /// The producer tensor (its bytes fit the view) and the compact bytes it holds.
+    fn spec(&self, dtype: i32) -> (Spec, Vec<u8>) {
+        let (dl, item) = dl_of(dtype);
+        let strides = self
+            .strides
+            .clone()
+            .or_else(|| compact(&self.shape))
+            .expect("small shapes have compact strides");
+        let (mut lo, mut hi) = (0i64, 0i64);
+        for (&d, &s) in self.shape.iter().zip(&strides) {
+            let reach = (d - 1).max(0) * s;
+            if reach < 0 { lo += reach } else { hi += reach }
+        }
+        let byte_offset = (self.extra as i64 - lo) as u64 * item as u64;
+        assert!(byte_offset as usize + (hi as usize + 1) * item <= STACK_BACKING);
+        let data: Vec<u8> = (0..STACK_BACKING)
+            .map(|i| {
+                let b = (i as u8).wrapping_mul(31).wrapping_add(self.seed);
+                if dtype == 1 { b & 1 } else { b }
+            })
+            .collect();
+        let numel: i64 = self.shape.iter().product();
+        let expect = gather(&data, byte_offset as usize, &self.shape, &strides, item);
+        let spec = Spec {
+            data,
+            dtype: dl,
+            device: cpu(),
+            shape: self.shape.clone(),
+            strides: self.strides.clone(),
+            byte_offset,
+            ndim: None,
+            null_data: self.null_data && numel == 0,
+            null_shape: false,
+            flags: DlpackFlags::empty(),
+            major: 1,
+        };
+        (spec, expect)
+    }
+}
+
+/// One stacking: the import of every sample succeeds; then `ndx_batch_to_tensor`
+/// gives either NDX_ERROR_VALUE naming the first sample whose shape differs from
+/// sample 0's, or a compact host tensor `[n, shape...]` holding the samples' elements
+/// in order (compared with a gather from the producer's bytes), still valid after the
+/// batch is gone; every producer deleter runs exactly once, at the batch's release.
+fn stack_once(c: &StackCase) {
+    let n = c.samples.len();
+    let mut expected = Vec::new();
+    let mut managed: Vec<*mut c_void> = Vec::new();
+    let mut counts = Vec::new();
+    for s in &c.samples {
+        let (mut spec, bytes) = s.spec(c.dtype);
+        spec.device = DLDevice {
+            device_type: DLDeviceType(c.device),
+            device_id: 0,
+        };
+        expected.push(bytes);
+        let (m, count) = if c.legacy {
+            let (m, count) = spec.legacy();
+            (m.cast::<c_void>(), count)
+        } else {
+            let (m, count) = spec.versioned();
+            (m.cast::<c_void>(), count)
+        };
+        managed.push(m);
+        counts.push(count);
+    }
+    let layout = c.layout.as_ref().map(|l| CString::new(l.as_str()).unwrap());
+    let opts = ndx_import_options_t {
+        struct_size: std::mem::size_of::<ndx_import_options_t>(),
+        layout: layout.as_ref().map_or(std::ptr::null(), |l| l.as_ptr()),
+        read_only: false,
+        stream: std::ptr::null_mut(),
+    };
+    let mut batch = std::ptr::null_mut();
+    let e = if c.legacy {
+        ndx_batch_from_dlpack(managed.as_ptr().cast(), n, &opts, &mut batch)
+    } else {
+        ndx_batch_from_dlpack_versioned(managed.as_ptr().cast(), n, &opts, &mut batch)
+    };
+    if let Some((_, msg)) = no_internal(e, "bulk import") {
+        // Pinned host memory needs a CUDA driver to be ordered; host memory imports.
+        assert_ne!(c.device, 1, "a valid host batch was refused: {msg}");
+        for (m, count) in managed.iter().zip(&counts) {
+            if c.legacy {
+                drop_legacy(m.cast());
+            } else {
+                drop_versioned(m.cast());
+            }
+            assert_eq!(calls(count), 1);
+        }
+        return;
+    }
+    let mut stacked: *mut ndx_tensor_t = std::ptr::null_mut();
+    let out = if c.null_out {
+        std::ptr::null_mut()
+    } else {
+        &mut stacked as *mut _
+    };
+    let e = ndx_batch_to_tensor(
+        if c.null_batch {
+            std::ptr::null()
+        } else {
+            batch
+        },
+        out,
+    );
+    let shape0 = &c.samples[0].shape;
+    let ragged = c.samples.iter().position(|s| &s.shape != shape0);
+    let mut uniform = false;
+    ok(ndx_batch_is_uniform(batch, &mut uniform));
+    assert_eq!(uniform, ragged.is_none());
+    if c.null_batch || c.null_out {
+        let (kind, msg) = caller_error(e, "stack with a NULL argument");
+        assert_eq!(kind, ndx_error_kind_t::NDX_ERROR_VALUE as i32, "{msg}");
+        assert!(stacked.is_null(), "out set on failure: {msg}");
+    } else if let Some(i) = ragged {
+        let (kind, msg) = caller_error(e, "stack a ragged batch");
+        assert_eq!(kind, ndx_error_kind_t::NDX_ERROR_VALUE as i32, "{msg}");
+        assert!(msg.contains(&format!("sample {i} has shape")), "{msg}");
+        assert!(stacked.is_null(), "out set on failure: {msg}");
+    } else if let Some((_, msg)) = no_internal(e, "stack") {
+        assert_ne!(c.device, 1, "a uniform host batch was not stacked: {msg}");
+        assert!(stacked.is_null(), "out set on failure: {msg}");
+    } else {
+        let mut want_shape = vec![n as i64];
+        want_shape.extend_from_slice(shape0);
+        assert_eq!(shape_of(stacked), want_shape);
+        assert_eq!(strides_of(stacked), compact(&want_shape).unwrap());
+        let mut dtype = 0;
+        ok(ndx_tensor_dtype(stacked, &mut dtype));
+        assert_eq!(dtype, c.dtype);
+        let mut device = cpu();
+        ok(ndx_tensor_device(stacked, &mut device));
+        assert_eq!(device.device_type, DLDeviceType::CPU);
+        let mut l = std::ptr::null();
+        ok(ndx_tensor_layout(stacked, &mut l));
+        let want_layout = c
+            .layout
+            .as_ref()
+            .filter(|l| !l.is_empty() && !l.contains('N'))
+            .map_or(String::new(), |l| format!("N{l}"));
+        assert_eq!(cstr(l), want_layout);
+        let want: Vec<u8> = expected.concat();
+        let mut nbytes = 0usize;
+        ok(ndx_tensor_nbytes(stacked, &mut nbytes));
+        assert_eq!(nbytes, want.len());
+        let mut got = vec![0u8; nbytes];
+        ok(ndx_tensor_copy_to(stacked, got.as_mut_ptr().cast(), nbytes));
+        assert_eq!(got, want, "the stacked elements");
+    }
+    for count in &counts {
+        assert_eq!(calls(count), 0, "deleter called while the batch lives");
+    }
+    ndx_batch_release(batch);
+    for (k, count) in counts.iter().enumerate() {
+        assert_eq!(
+            calls(count),
+            1,
+            "sample {k}: deleter calls after the release"
+        );
+    }
+    if !stacked.is_null() {
+        // A copy: it outlives the producers' memory.
+        let mut nbytes = 0usize;
+        ok(ndx_tensor_nbytes(stacked, &mut nbytes));
+        let mut got = vec![0u8; nbytes];
+        ok(ndx_tensor_copy_to(stacked, got.as_mut_ptr().cast(), nbytes));
+        assert_eq!(
+            got,
+            expected.concat(),
+            "the stacked elements, batch released"
+        );
+        ndx_tensor_release(stacked);
+    }
+}
+
+proptest! {
+    #![proptest_config(config(300))]
+
+    #[test]
+    fn imported_batches_stack_or_name_the_ragged_sample(c in stack_case()) {
+        stack_once(&c);
+    }
+}
