@@ -359,18 +359,86 @@ fn futures_made_on_one_thread_complete_on_others_in_every_mode() {
     }
 }
 
+/// A host operator's kernel: output 0 is a copy of input 0 (4 int32).
+unsafe extern "C" fn host_copy(
+    _user: *mut c_void,
+    inputs: *const *const ndx_tensor_t,
+    _n_inputs: usize,
+    _args: *const ndx_args_t,
+    outputs: *mut *mut ndx_tensor_t,
+    _n_outputs: usize,
+) -> *mut ndx_error_t {
+    let mut v = [0i32; 4];
+    // SAFETY: one input and one output slot, as the schema says.
+    let (input, output) = unsafe { (*inputs, &mut *outputs) };
+    let e = ndx_tensor_copy_to(input, v.as_mut_ptr().cast(), 16);
+    if !e.is_null() {
+        return e;
+    }
+    let int32 = ndx_dtype_t::NDX_DTYPE_INT32 as i32;
+    let shape = [4i64];
+    let (data, shape) = (v.as_ptr().cast(), shape.as_ptr());
+    ndx_tensor_from_host(
+        data,
+        int32,
+        1,
+        shape,
+        std::ptr::null(),
+        std::ptr::null(),
+        output,
+    )
+}
+
+/// A context in `mode` (process-events callbacks when `events`) with the host
+/// operator "copy".
+fn context_with_copy(mode: i32, events: bool) -> Ctx {
+    let opts = ndx_context_options_t {
+        eval_mode: mode,
+        num_threads: 2,
+        process_events_callbacks: events,
+        ..Default::default()
+    };
+    let mut ctx = std::ptr::null_mut();
+    ok(ndx_context_new(&opts, &mut ctx));
+    let schema = ndx_op_schema_t {
+        struct_size: std::mem::size_of::<ndx_op_schema_t>(),
+        n_inputs: 1,
+        n_outputs: 1,
+        n_args: 0,
+        arg_names: std::ptr::null(),
+        arg_types: std::ptr::null(),
+        output_dtypes: std::ptr::null(),
+        output_ndims: std::ptr::null(),
+        output_layouts: std::ptr::null(),
+        flags: 0,
+    };
+    let copy = c"copy".as_ptr();
+    ok(ndx_register_op(
+        ctx,
+        copy,
+        &schema,
+        Some(host_copy),
+        std::ptr::null_mut(),
+        None,
+    ));
+    Ctx(ctx)
+}
+
 /// Rounds of: several threads enqueue chains in every eval mode (DEFERRED ones never
-/// asked for, EAGER ones maybe still queued or running) and register callbacks; then
-/// the main thread releases the context while those threads wait on and poll their
-/// futures. Every future completes (no wait times out): READY with the right values,
-/// or cancelled by the release; every callback fires once; each producer deleter
-/// runs once, after the last reference.
+/// asked for, EAGER ones maybe still queued or running), built-in and host operators,
+/// and register callbacks; then the main thread releases the context while those
+/// threads wait on and poll their futures. Every other round runs callbacks and host
+/// operators in process-events mode (inside the waits and the release). Every future
+/// completes (no wait times out): READY with the right values, or cancelled by the
+/// release; every callback fires once; each producer deleter runs once, after the
+/// last reference.
 #[test]
 fn releasing_the_context_while_other_threads_wait_on_its_work() {
     const THREADS: usize = 3;
     const CHAIN: usize = 8;
-    for round in 0..15usize {
-        let ctx = Ctx::new(EAGER);
+    for round in 0..16usize {
+        let events = round % 2 == 1;
+        let ctx = context_with_copy(EAGER, events);
         let (a, ca) = import_i32(&[1, 2, 3, 4]);
         let (b, cb) = import_i32(&[10, 20, 30, 40]);
         let (ah, bh, ch) = (Handle(a), Handle(b), Handle(ctx.0));
@@ -388,16 +456,25 @@ fn releasing_the_context_while_other_threads_wait_on_its_work() {
                     let mut futures = Vec::new();
                     let mut input = ah.0;
                     let mut owned: Option<*mut ndx_tensor_t> = None;
+                    // The number of adds up to each future.
+                    let mut adds = Vec::new();
                     for k in 0..CHAIN {
-                        let mode = MODES[(k + t + round) % 4];
+                        let mode = MODES[(k + t + round / 2) % 4];
+                        let copy = k % 3 == 2;
+                        let (op, ins) = if copy {
+                            (c"copy", vec![tensor_in(input)])
+                        } else {
+                            (c"add", vec![tensor_in(input), tensor_in(bh.0)])
+                        };
                         let f = invoke_with(
                             &ctx,
-                            c"add",
-                            &[tensor_in(input), tensor_in(bh.0)],
+                            op,
+                            &ins,
                             std::ptr::null(),
                             &invoke_options(mode, &[]),
                         )
                         .unwrap_or_else(|e| panic!("{:?}", take_error(e)));
+                        adds.push(adds.last().copied().unwrap_or(0) + i32::from(!copy));
                         if k % 3 == t % 3 {
                             on_ready(f, &callbacks);
                         }
@@ -427,7 +504,7 @@ fn releasing_the_context_while_other_threads_wait_on_its_work() {
                             None => {
                                 let mut t = std::ptr::null_mut();
                                 ok(ndx_future_tensor(f, 0, &mut t));
-                                let n = k as i32 + 1;
+                                let n = adds[k];
                                 assert_eq!(
                                     values_i32(t),
                                     [1 + 10 * n, 2 + 20 * n, 3 + 30 * n, 4 + 40 * n]
