@@ -604,6 +604,51 @@ fn batch_to_tensor_stacks_a_batch_or_tensors_into_an_out_tensor() {
         NDX_ERROR_TYPE,
         "sample 1 is int8, sample 0 is float32",
     );
+    // So does a set whose layouts differ (the kernel could not make it a batch).
+    let mut w = std::ptr::null_mut();
+    let opts = ndx_import_options_t {
+        struct_size: std::mem::size_of::<ndx_import_options_t>(),
+        layout: c"W".as_ptr(),
+        read_only: false,
+        stream: std::ptr::null_mut(),
+    };
+    let data = [7f32, 8.];
+    let shape = [2i64];
+    ok(ndx_tensor_from_host(
+        data.as_ptr().cast(),
+        F32,
+        1,
+        shape.as_ptr(),
+        std::ptr::null(),
+        &opts,
+        &mut w,
+    ));
+    let w = T(w);
+    for pair in [[w.input(), x.input()], [x.input(), w.input()]] {
+        expect_invoke_err(
+            &ctx,
+            c"batch_to_tensor",
+            &pair,
+            &[],
+            NDX_ERROR_VALUE,
+            "sample 1 has layout",
+        );
+    }
+    let r = output(
+        invoke(
+            &ctx,
+            c"batch_to_tensor",
+            &[w.input(), w.input()],
+            std::ptr::null(),
+            &[],
+            0,
+        )
+        .unwrap(),
+    );
+    let mut layout = std::ptr::null();
+    ok(ndx_tensor_layout(r.0, &mut layout));
+    assert_eq!(cstr(layout), "NW");
+    assert_eq!(values_f32(r.0), [7., 8., 7., 8.]);
     expect_invoke_err(
         &ctx,
         c"batch_to_tensor",

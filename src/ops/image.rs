@@ -392,6 +392,14 @@ fn batch_to_tensor_meta(i: &[&TMeta]) -> Result<TMeta> {
                 dims(&first.shape)
             )));
         }
+        // As a batch's samples do (tensors given as the samples are checked here,
+        // at enqueue, not by the kernel making them a batch).
+        if m.layout != first.layout {
+            return Err(Error::value(format!(
+                "sample {s} has layout \"{}\", sample 0 has layout \"{}\"; stacked samples share a layout",
+                m.layout, first.layout
+            )));
+        }
     }
     let mut shape = vec![i.len() as i64];
     shape.extend_from_slice(&first.shape);

@@ -2,7 +2,8 @@
  * of int8 + uint8 + float16 to float16, a shape mismatch refused at ndx_invoke), stack,
  * crop, resize (OpenCV's linear rule for uint8, bad sizes, an unknown interp, bool),
  * rgb_to_gray, normalize, a ragged batch of HWC images imported with a layout and resized
- * per sample, and the same resize in DEFERRED and EAGER modes.
+ * per sample, the same resize in DEFERRED and EAGER modes, and batch_to_tensor refusing
+ * samples whose layouts differ at ndx_invoke.
  *
  * Every expected value is computed by hand (the resize and gray values agree with
  * cv2.resize(INTER_LINEAR) and cv2.cvtColor(COLOR_RGB2GRAY)), never by ndx itself.
@@ -669,12 +670,54 @@ static NDX_TEST_NOINLINE void test_memory(void) {
   ndx_context_release(ctx);
 }
 
+/* batch_to_tensor on tensors standing for the samples: those whose layouts differ are
+ * refused at ndx_invoke in every mode, as a ragged set is (they used to be accepted, with
+ * an inferred layout, and fail only when the kernel ran); equal layouts stack with "N"
+ * prefixed. */
+static void test_batch_to_tensor_layouts(void) {
+  static const float v[2] = {7.f, 8.f};
+  static const int64_t shape[1] = {2};
+  static const int64_t stacked_shape[2] = {2, 2};
+  ndx_context_t* ctx = make_ctx(NDX_EVAL_EAGER);
+  ndx_tensor_t* w = mk(v, NDX_DTYPE_FLOAT32, 1, shape, "W");
+  ndx_tensor_t* none = mk(v, NDX_DTYPE_FLOAT32, 1, shape, NULL);
+  ndx_tensor_t* h = mk(v, NDX_DTYPE_FLOAT32, 1, shape, "H");
+  ndx_input_t w_none[2] = {ndx_test_in(w), ndx_test_in(none)};
+  ndx_input_t none_w[2] = {ndx_test_in(none), ndx_test_in(w)};
+  ndx_input_t w_h[2] = {ndx_test_in(w), ndx_test_in(h)};
+  ndx_input_t w_w[2] = {ndx_test_in(w), ndx_test_in(w)};
+  static const int32_t modes[4] = {NDX_EVAL_SYNC_CPU, NDX_EVAL_SYNC_FULL, NDX_EVAL_DEFERRED,
+                                   NDX_EVAL_EAGER};
+  for (int m = 0; m < 4; m++) {
+    expect_invoke_error(ctx, "batch_to_tensor", w_none, 2, NULL, modes[m], NDX_ERROR_VALUE,
+                        "sample 1 has layout \"\", sample 0 has layout \"W\"");
+    expect_invoke_error(ctx, "batch_to_tensor", none_w, 2, NULL, modes[m], NDX_ERROR_VALUE,
+                        "sample 1 has layout \"W\"");
+    expect_invoke_error(ctx, "batch_to_tensor", w_h, 2, NULL, modes[m], NDX_ERROR_VALUE,
+                        "stacked samples share a layout");
+  }
+  ndx_tensor_t* t = run_op(ctx, "batch_to_tensor", w_w, 2, NULL);
+  if (t) {
+    check_meta(t, NDX_DTYPE_FLOAT32, 2, stacked_shape, "NW");
+    float out[4] = {0};
+    if (CHECK_OK(ndx_tensor_copy_to(t, out, sizeof out))) {
+      CHECK(out[0] == 7.f && out[1] == 8.f && out[2] == 7.f && out[3] == 8.f, "stacked values");
+    }
+  }
+  ndx_tensor_release(t);
+  ndx_tensor_release(w);
+  ndx_tensor_release(none);
+  ndx_tensor_release(h);
+  ndx_context_release(ctx);
+}
+
 int main(void) {
   test_concat();
   test_crop();
   test_resize();
   test_gray_and_normalize();
   test_batch();
+  test_batch_to_tensor_layouts();
   test_modes();
   test_memory();
   return NDX_TEST_SUMMARY("test_ops_image");
