@@ -2552,6 +2552,10 @@ struct StackCase {
     device: u32,
     null_batch: bool,
     null_out: bool,
+    /// The eval mode the `batch_to_tensor` operator is invoked in on the same batch.
+    op_mode: i32,
+    /// Whether that invocation writes into an out tensor (when the batch is uniform).
+    with_out: bool,
 }
 
 fn stack_case() -> impl Strategy<Value = StackCase> {
@@ -2589,18 +2593,24 @@ fn stack_case() -> impl Strategy<Value = StackCase> {
                 any::<bool>(),
                 prop::bool::weighted(0.03),
                 prop::bool::weighted(0.03),
+                prop::sample::select(vec![1i32, 3, 4]),
+                any::<bool>(),
             )
-                .prop_map(move |(samples, layout, legacy, null_batch, null_out)| {
-                    StackCase {
-                        dtype,
-                        samples,
-                        layout,
-                        legacy,
-                        device,
-                        null_batch,
-                        null_out,
-                    }
-                })
+                .prop_map(
+                    move |(samples, layout, legacy, null_batch, null_out, op_mode, with_out)| {
+                        StackCase {
+                            dtype,
+                            samples,
+                            layout,
+                            legacy,
+                            device,
+                            null_batch,
+                            null_out,
+                            op_mode,
+                            with_out,
+                        }
+                    },
+                )
         })
     })
 }
@@ -2757,6 +2767,9 @@ fn stack_once(c: &StackCase) {
         ok(ndx_tensor_copy_to(stacked, got.as_mut_ptr().cast(), nbytes));
         assert_eq!(got, want, "the stacked elements");
     }
+    if !c.null_batch {
+        stack_by_operator(c, batch, ragged, &expected.concat());
+    }
     for count in &counts {
         assert_eq!(calls(count), 0, "deleter called while the batch lives");
     }
@@ -2780,6 +2793,76 @@ fn stack_once(c: &StackCase) {
             "the stacked elements, batch released"
         );
         ndx_tensor_release(stacked);
+    }
+}
+
+/// The `batch_to_tensor` operator on `batch`, in `c.op_mode`, into an out tensor when
+/// `c.with_out` and the batch is uniform: refused at `ndx_invoke` naming the first
+/// ragged sample, or an output (and out tensor) holding `want`, with the stacked layout.
+fn stack_by_operator(c: &StackCase, batch: *const ndx_batch_t, ragged: Option<usize>, want: &[u8]) {
+    let ctx = Ctx::new(c.op_mode);
+    let input = [ndx_input_t {
+        tensor: std::ptr::null(),
+        batch,
+    }];
+    let mut shape = vec![c.samples.len() as i64];
+    shape.extend_from_slice(&c.samples[0].shape);
+    let mut buf = vec![0u64; want.len().div_ceil(8)];
+    let out = (c.with_out && ragged.is_none())
+        .then(|| wrap_host(buf.as_mut_ptr().cast(), c.dtype, &shape, None, false));
+    let outputs: Vec<ndx_output_t> = out
+        .iter()
+        .map(|&tensor| ndx_output_t {
+            tensor,
+            batch: std::ptr::null(),
+        })
+        .collect();
+    let opts = invoke_options(0, &outputs);
+    let r = invoke_with(&ctx, c"batch_to_tensor", &input, std::ptr::null(), &opts);
+    match (r, ragged) {
+        (Err(e), Some(i)) => {
+            let (kind, msg) = caller_error(e, "batch_to_tensor of a ragged batch");
+            assert_eq!(kind, ndx_error_kind_t::NDX_ERROR_VALUE as i32, "{msg}");
+            assert!(msg.contains(&format!("sample {i} has shape")), "{msg}");
+        }
+        (Err(e), None) => {
+            let (_, msg) = caller_error(e, "batch_to_tensor");
+            assert_ne!(c.device, 1, "a uniform host batch was refused: {msg}");
+        }
+        (Ok(f), Some(i)) => {
+            ndx_future_release(f);
+            panic!("batch_to_tensor of a batch ragged at sample {i} was accepted");
+        }
+        (Ok(f), None) => {
+            let e = ndx_future_wait(f, 20_000_000_000);
+            if let Some((_, msg)) = no_internal(e, "batch_to_tensor's run") {
+                assert_ne!(c.device, 1, "batch_to_tensor of a host batch failed: {msg}");
+            } else {
+                let mut t = std::ptr::null_mut();
+                ok(ndx_future_tensor(f, 0, &mut t));
+                assert_eq!(shape_of(t), shape);
+                let mut got = vec![0u8; want.len()];
+                ok(ndx_tensor_copy_to(t, got.as_mut_ptr().cast(), got.len()));
+                assert_eq!(got, want, "the operator's stacked elements");
+                let mut l = std::ptr::null();
+                ok(ndx_tensor_layout(t, &mut l));
+                let want_layout = c
+                    .layout
+                    .as_ref()
+                    .filter(|l| !l.is_empty() && !l.contains('N'))
+                    .map_or(String::new(), |l| format!("N{l}"));
+                assert_eq!(cstr(l), want_layout);
+                ndx_tensor_release(t);
+                if out.is_some() {
+                    let bytes: &[u8] = bytemuck::cast_slice(&buf);
+                    assert_eq!(&bytes[..want.len()], want, "the out tensor's elements");
+                }
+            }
+            ndx_future_release(f);
+        }
+    }
+    if let Some(o) = out {
+        ndx_tensor_release(o);
     }
 }
 
