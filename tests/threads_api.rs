@@ -754,3 +754,125 @@ fn a_callback_registered_while_the_release_runs_the_queued_ones_still_runs() {
     ndx_tensor_release(a);
     assert_eq!(calls(&ca), 1);
 }
+
+/// Invokes the failing `add` (fault injection) on `t` in `mode`: the future, and the
+/// line of the call.
+#[inline(never)]
+fn failing_add_here(
+    ctx: *mut ndx_context_t,
+    t: *const ndx_tensor_t,
+    mode: i32,
+) -> (*mut ndx_future_t, u32) {
+    let ins = [tensor_in(t), tensor_in(t)];
+    let opts = invoke_options(mode, &[]);
+    let mut f = std::ptr::null_mut();
+    let line = line!() + 1;
+    ok(ndx_invoke(
+        ctx,
+        c"add".as_ptr(),
+        ins.as_ptr(),
+        2,
+        std::ptr::null(),
+        &opts,
+        &mut f,
+    ));
+    (f, line)
+}
+
+/// The same from another function, so the two sites differ.
+#[inline(never)]
+fn failing_add_there(
+    ctx: *mut ndx_context_t,
+    t: *const ndx_tensor_t,
+    mode: i32,
+) -> (*mut ndx_future_t, u32) {
+    let ins = [tensor_in(t), tensor_in(t)];
+    let opts = invoke_options(mode, &[]);
+    let mut f = std::ptr::null_mut();
+    let line = line!() + 1;
+    ok(ndx_invoke(
+        ctx,
+        c"add".as_ptr(),
+        ins.as_ptr(),
+        2,
+        std::ptr::null(),
+        &opts,
+        &mut f,
+    ));
+    (f, line)
+}
+
+/// Native capture (no explicit location): failures enqueued on four threads from two
+/// functions in every mode, observed on a fifth, each name its own invoking line and
+/// function in frame 0.
+#[test]
+fn native_call_sites_survive_the_trip_to_another_thread() {
+    let opts = ndx_context_options_t {
+        eval_mode: EAGER,
+        capture_policy: ndx_capture_policy_t::NDX_CAPTURE_NATIVE as i32,
+        backend: c"inject_runtime_error:add".as_ptr(),
+        ..Default::default()
+    };
+    let mut ctx = std::ptr::null_mut();
+    ok(ndx_context_new(&opts, &mut ctx));
+    let ctx = Ctx(ctx);
+    let (t, count) = import_i32(&[1, 2, 3, 4]);
+    let (ch, th) = (Handle(ctx.0), Handle(t));
+    let (tx, rx) = mpsc::channel::<(Handle<ndx_future_t>, &'static str, u32)>();
+    let threads: Vec<_> = (0..4usize)
+        .map(|k| {
+            let tx = tx.clone();
+            thread::spawn(move || {
+                let (ch, th) = (ch, th);
+                for i in 0..40 {
+                    let mode = MODES[(i + k) % 4];
+                    let (f, line, name) = if k % 2 == 0 {
+                        let (f, line) = failing_add_here(ch.0, th.0, mode);
+                        (f, line, "failing_add_here")
+                    } else {
+                        let (f, line) = failing_add_there(ch.0, th.0, mode);
+                        (f, line, "failing_add_there")
+                    };
+                    tx.send((Handle(f), name, line)).unwrap();
+                }
+            })
+        })
+        .collect();
+    drop(tx);
+    let observer = thread::spawn(move || {
+        let mut n = 0;
+        for (f, name, line) in rx {
+            let e = ndx_future_wait(f.0, WAIT_NS);
+            assert!(!e.is_null(), "the injected failure");
+            assert_eq!(cstr(ndx_error_op(e)), "add");
+            assert_ne!(
+                ndx_error_kind(e),
+                ndx_error_kind_t::NDX_ERROR_TIMEOUT as i32
+            );
+            let fr = frame(e, 0);
+            assert!(
+                cstr(fr.function).ends_with(name),
+                "{} for {name}",
+                cstr(fr.function)
+            );
+            assert!(
+                cstr(fr.file).ends_with("tests/threads_api.rs"),
+                "{}",
+                cstr(fr.file)
+            );
+            assert_eq!(fr.line, line, "{name}");
+            ndx_error_free(e);
+            ndx_future_release(f.0);
+            n += 1;
+        }
+        n
+    });
+    for t in threads {
+        t.join().expect("an invoking thread");
+    }
+    assert_eq!(observer.join().expect("the observer"), 160);
+    ok(ndx_context_evaluate(ctx.0));
+    drop(ctx);
+    ndx_tensor_release(t);
+    assert_eq!(calls(&count), 1);
+}
