@@ -555,11 +555,14 @@ fn releasing_the_context_while_other_threads_wait_on_its_work() {
 /// invocation with its own explicit location: the group reported at the end holds
 /// every flag once, in enqueue order (ascending sequence numbers, each thread's in
 /// the order it enqueued them), each with the site it was enqueued at; a second
-/// report has nothing left.
+/// report has nothing left. Then all threads raise from one site, in one mode (a check
+/// in a loop): one flag, counting every invocation, with the first one's sequence
+/// number.
 #[test]
 fn check_flags_from_several_threads_come_in_enqueue_order_with_their_sites() {
     const THREADS: u32 = 4;
     const EACH: u32 = 30;
+    const N: u64 = (THREADS * EACH) as u64;
     let ctx = Ctx::new(EAGER);
     ok(ndx_context_set_checks(
         ctx.0,
@@ -581,50 +584,61 @@ fn check_flags_from_several_threads_come_in_enqueue_order_with_their_sites() {
         &mut x,
     ));
     let (xh, ch) = (Handle(x), Handle(ctx.0));
-    let start = Arc::new(Barrier::new(THREADS as usize));
-    let threads: Vec<_> = (0..THREADS)
-        .map(|t| {
-            let start = start.clone();
-            thread::spawn(move || {
-                let (ch, xh) = (ch, xh);
-                let ctx = Ctx(ch.0);
-                let file = CString::new(format!("thread{t}.c")).unwrap();
-                let function = CString::new(format!("check_on_thread_{t}")).unwrap();
-                start.wait();
-                for i in 0..EACH {
-                    let mode = MODES[((i + t) % 4) as usize];
-                    let o = located(mode, &file, &function, 1000 * (t + 1) + i);
-                    let f = invoke_with(
-                        &ctx,
-                        c"check_finite",
-                        &[tensor_in(xh.0)],
-                        std::ptr::null(),
-                        &o,
-                    )
-                    .unwrap_or_else(|e| panic!("{:?}", take_error(e)));
-                    // A flag does not fail the invocation.
-                    if mode != DEFERRED {
-                        assert_ne!(ndx_future_poll(f), FAILED);
+    // `same_site`: every invocation at loop.c:77 in check_in_a_loop.
+    let raise_on_threads = |same_site: bool| {
+        let start = Arc::new(Barrier::new(THREADS as usize));
+        let threads: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let start = start.clone();
+                thread::spawn(move || {
+                    let (ch, xh) = (ch, xh);
+                    let ctx = Ctx(ch.0);
+                    let (file, function) = if same_site {
+                        ("loop.c".to_string(), "check_in_a_loop".to_string())
+                    } else {
+                        (format!("thread{t}.c"), format!("check_on_thread_{t}"))
+                    };
+                    let (file, function) =
+                        (CString::new(file).unwrap(), CString::new(function).unwrap());
+                    start.wait();
+                    for i in 0..EACH {
+                        // A site is the same when reached the same way: one mode
+                        // (the SYNC ones record the caller frame alone).
+                        let mode = if same_site {
+                            EAGER
+                        } else {
+                            MODES[((i + t) % 4) as usize]
+                        };
+                        let line = if same_site { 77 } else { 1000 * (t + 1) + i };
+                        let o = located(mode, &file, &function, line);
+                        let f = invoke_with(
+                            &ctx,
+                            c"check_finite",
+                            &[tensor_in(xh.0)],
+                            std::ptr::null(),
+                            &o,
+                        )
+                        .unwrap_or_else(|e| panic!("{:?}", take_error(e)));
+                        // A flag does not fail the invocation.
+                        if mode != DEFERRED {
+                            assert_ne!(ndx_future_poll(f), FAILED);
+                        }
+                        ndx_future_release(f);
                     }
-                    ndx_future_release(f);
-                }
-                std::mem::forget(ctx);
+                    std::mem::forget(ctx);
+                })
             })
-        })
-        .collect();
-    for t in threads {
-        t.join().expect("a thread failed");
-    }
+            .collect();
+        for t in threads {
+            t.join().expect("a thread failed");
+        }
+    };
+    raise_on_threads(false);
     let e = ndx_context_evaluate(ctx.0);
     assert!(!e.is_null(), "the flags were not reported");
     assert_eq!(ndx_error_kind(e), ndx_error_kind_t::NDX_ERROR_CHECK as i32);
     let n = ndx_error_related_count(e);
-    assert_eq!(
-        n,
-        (THREADS * EACH) as usize,
-        "{}",
-        cstr(ndx_error_message(e))
-    );
+    assert_eq!(n as u64, N, "{}", cstr(ndx_error_message(e)));
     let mut last_seq = 0u64;
     let mut last_line = [0u32; THREADS as usize];
     for i in 0..n {
@@ -645,6 +659,38 @@ fn check_flags_from_several_threads_come_in_enqueue_order_with_their_sites() {
         );
         last_line[t as usize] = f.line;
     }
+    assert_eq!(last_seq, N, "one sequence number per invocation");
+    ndx_error_free(e);
+    ok(ndx_context_evaluate(ctx.0));
+
+    raise_on_threads(true);
+    let e = ndx_context_evaluate(ctx.0);
+    assert!(!e.is_null(), "the folded flag was not reported");
+    assert_eq!(
+        ndx_error_related_count(e),
+        1,
+        "{}",
+        cstr(ndx_error_message(e))
+    );
+    let r = ndx_error_related(e, 0);
+    let mut info = ndx_check_info_t {
+        struct_size: std::mem::size_of::<ndx_check_info_t>(),
+        category: 0,
+        first_index: 0,
+        count: 0,
+        occurrences: 0,
+        sample: 0,
+        consequence_of: 0,
+    };
+    assert!(ndx_error_check_info(r, &mut info));
+    assert_eq!((info.occurrences, info.count, info.first_index), (N, N, 1));
+    assert_eq!(
+        ndx_error_sequence(r),
+        N + 1,
+        "the first invocation of the loop"
+    );
+    let f = frame(r, 0);
+    assert_eq!((cstr(f.file), f.line), ("loop.c".to_string(), 77));
     ndx_error_free(e);
     ok(ndx_context_evaluate(ctx.0));
     drop(ctx);
