@@ -922,3 +922,113 @@ fn native_call_sites_survive_the_trip_to_another_thread() {
     ndx_tensor_release(t);
     assert_eq!(calls(&count), 1);
 }
+
+/// Two threads enqueue chains (a division, by zero every third time, then a sum of
+/// it) in DEFERRED, EAGER and SYNC_CPU mode; a third cancels every other future from
+/// them, a fourth waits on each, while a fifth calls `ndx_context_evaluate` over and
+/// over. Every wait ends (READY, the division's VALUE error, or CANCELLED), nothing
+/// is INTERNAL, no failure is reported by two evaluations, and the producer deleters
+/// run once.
+#[test]
+fn cancels_waits_and_evaluations_race_on_one_context() {
+    for round in 0..10usize {
+        let ctx = Ctx::new(EAGER);
+        let (a, ca) = import_i32(&[7, -7, 9, 10]);
+        let (z, cz) = import_i32(&[2, 0, 3, 5]);
+        let (b, cb) = import_i32(&[2, 2, 3, 5]);
+        let (ah, zh, bh, ch) = (Handle(a), Handle(z), Handle(b), Handle(ctx.0));
+        let (to_cancel, cancels) = mpsc::channel::<Handle<ndx_future_t>>();
+        let (to_wait, waits) = mpsc::channel::<Handle<ndx_future_t>>();
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let producers: Vec<_> = (0..2usize)
+            .map(|p| {
+                let to_cancel = to_cancel.clone();
+                thread::spawn(move || {
+                    let (ah, zh, bh, ch) = (ah, zh, bh, ch);
+                    let ctx = Ctx(ch.0);
+                    for i in 0..60usize {
+                        let rhs = if i % 3 == 0 { zh.0 } else { bh.0 };
+                        let o1 = invoke_options(MODES[[2, 3, 0][(i + p + round) % 3]], &[]);
+                        let o2 = invoke_options(MODES[[3, 2, 0][(i + p) % 3]], &[]);
+                        let ins = [tensor_in(ah.0), tensor_in(rhs)];
+                        let f1 = invoke_with(&ctx, c"div", &ins, std::ptr::null(), &o1)
+                            .unwrap_or_else(|e| panic!("{:?}", take_error(e)));
+                        let mut t = std::ptr::null_mut();
+                        ok(ndx_future_tensor(f1, 0, &mut t));
+                        let f2 = invoke_with(&ctx, c"sum", &[tensor_in(t)], std::ptr::null(), &o2)
+                            .unwrap_or_else(|e| panic!("{:?}", take_error(e)));
+                        ndx_tensor_release(t);
+                        to_cancel.send(Handle(f1)).unwrap();
+                        to_cancel.send(Handle(f2)).unwrap();
+                    }
+                    std::mem::forget(ctx);
+                })
+            })
+            .collect();
+        drop(to_cancel);
+        let canceller = thread::spawn(move || {
+            for (k, f) in cancels.into_iter().enumerate() {
+                if k % 2 == 1 {
+                    let mut cancelled = false;
+                    ok(ndx_future_cancel(f.0, &mut cancelled));
+                }
+                to_wait.send(f).unwrap();
+            }
+        });
+        let waiter = thread::spawn(move || {
+            for f in waits {
+                if let Some((kind, msg)) = take_error(ndx_future_wait(f.0, WAIT_NS)) {
+                    assert!(
+                        kind == ndx_error_kind_t::NDX_ERROR_VALUE as i32
+                            || kind == ndx_error_kind_t::NDX_ERROR_CANCELLED as i32,
+                        "round {round}: kind {kind}: {msg}"
+                    );
+                }
+                ndx_future_release(f.0);
+            }
+        });
+        let stop = done.clone();
+        let evaluator = thread::spawn(move || {
+            let ch = ch;
+            let mut reported = Vec::new();
+            loop {
+                let last = stop.load(Ordering::SeqCst);
+                let e = ndx_context_evaluate(ch.0);
+                if !e.is_null() {
+                    assert_ne!(
+                        ndx_error_kind(e),
+                        ndx_error_kind_t::NDX_ERROR_INTERNAL as i32
+                    );
+                    for i in 0..ndx_error_related_count(e) {
+                        reported.push(ndx_error_sequence(ndx_error_related(e, i)));
+                    }
+                    ndx_error_free(e);
+                }
+                if last {
+                    return reported;
+                }
+            }
+        });
+        for p in producers {
+            p.join().expect("a producer");
+        }
+        canceller.join().expect("the canceller");
+        waiter.join().expect("the waiter");
+        done.store(true, Ordering::SeqCst);
+        let mut reported = evaluator.join().expect("the evaluator");
+        let n = reported.len();
+        reported.sort_unstable();
+        reported.dedup();
+        assert_eq!(reported.len(), n, "round {round}: a failure reported twice");
+        ok(ndx_context_evaluate(ctx.0));
+        drop(ctx);
+        for (t, c) in [(a, &ca), (z, &cz), (b, &cb)] {
+            ndx_tensor_release(t);
+            assert_eq!(
+                calls(c),
+                1,
+                "round {round}: the producer's deleter runs once"
+            );
+        }
+    }
+}
