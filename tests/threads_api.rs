@@ -1,9 +1,11 @@
 //! One context used from several threads at once through the C API (`ndx::ffi`):
 //! futures waited on, polled and given callbacks on threads other than the one that
 //! made them, in every eval mode; the context released by one thread while others
-//! still hold (and wait on) its pending work; check flags raised from several threads
-//! reported once, in enqueue order, each with its own call site. Inputs come from
-//! DLPack producers whose deleters are counted: each must run exactly once.
+//! still hold (and wait on) its pending work, also in process-events mode and while
+//! another thread registers a callback; check flags raised from several threads
+//! reported once, in enqueue order, each with its own call site (explicit or native);
+//! cancels, waits and evaluations racing. Inputs come from DLPack producers whose
+//! deleters are counted: each must run exactly once.
 //!
 //! Every wait is bounded, so a deadlock fails the test instead of hanging it.
 
