@@ -209,18 +209,28 @@ trait Blend: Sync {
     fn vertical(a: Self::H, b: Self::H, w: (Self::W, Self::W)) -> Self::O;
 }
 
-/// OpenCV's fixed point for `uint8`: weights scaled by 2^11, the row pass in `i32`,
-/// the column pass as OpenCV's SIMD path rounds it.
+/// OpenCV's `uint8` weights of the two taps: `1 - frac` and `frac` in `f32`, scaled
+/// by 2^11 and rounded.
+fn u8_weights(frac: f64) -> (i16, i16) {
+    let frac = frac as f32;
+    let q = |v: f32| (v * 2048.0).round_ties_even() as i16;
+    (q(1.0 - frac), q(frac))
+}
+
+/// OpenCV's fixed point for `uint8` as a [`Blend`]: weights scaled by 2^11, the row
+/// pass in `i32`, the column pass as OpenCV's SIMD path rounds it. The plain
+/// statement of what [`linear_u8`] computes, which the tests compare it with.
+#[cfg(test)]
 struct FixedU8;
+#[cfg(test)]
 impl Blend for FixedU8 {
     type S = u8;
     type H = i32;
     type O = u8;
     type W = i32;
     fn weights(frac: f64) -> (i32, i32) {
-        let frac = frac as f32;
-        let q = |v: f32| (v * 2048.0).round_ties_even() as i32;
-        (q(1.0 - frac), q(frac))
+        let (w0, w1) = u8_weights(frac);
+        (w0.into(), w1.into())
     }
     #[inline(always)]
     fn horizontal(a: u8, b: u8, w: (i32, i32)) -> i32 {
@@ -335,6 +345,196 @@ fn linear<B: Blend>(
     })
 }
 
+/// The columns of a `uint8` linear resize in OpenCV's fixed point: each output
+/// pixel's source offset and, per output element, the two taps' weights.
+struct U8Cols {
+    /// `lo * c` of each pixel.
+    offs: Vec<usize>,
+    /// `hi * c` of each pixel.
+    offs_hi: Vec<usize>,
+    /// Pixels before this one read both taps in one load of [`u8_reach`] bytes at
+    /// their offset (the rest read the two pixels apart).
+    fast: usize,
+    /// The taps' weights, per output element.
+    w0: Vec<i16>,
+    w1: Vec<i16>,
+}
+
+/// Bytes a fast pixel of `c` channels reads at its offset: both taps, as one 8-byte
+/// word for 3 and 4 channels.
+fn u8_reach(c: usize) -> usize {
+    if c == 3 || c == 4 { 8 } else { 2 * c }
+}
+
+fn u8_cols(cols: &Taps, c: usize, n_in: usize) -> U8Cols {
+    let weights: Vec<(i16, i16)> = cols.frac.iter().map(|&f| u8_weights(f)).collect();
+    // Fast: the second tap is the pixel after the first, or weighs nothing (the pixel
+    // after is then read and multiplied by 0), and the bytes read are in the row.
+    let fast = cols
+        .lo
+        .iter()
+        .zip(&cols.hi)
+        .zip(&weights)
+        .take_while(|&((&l, &r), w)| l * c + u8_reach(c) <= n_in * c && (r == l + 1 || w.1 == 0))
+        .count();
+    let each = |f: fn(&(i16, i16)) -> i16| -> Vec<i16> {
+        weights
+            .iter()
+            .flat_map(|w| std::iter::repeat_n(f(w), c))
+            .collect()
+    };
+    U8Cols {
+        offs: cols.lo.iter().map(|&l| l * c).collect(),
+        offs_hi: cols.hi.iter().map(|&r| r * c).collect(),
+        fast,
+        w0: each(|w| w.0),
+        w1: each(|w| w.1),
+    }
+}
+
+/// The horizontal pass of `K` `uint8` rows (`s`, into `h`), each blend shifted right
+/// by 4 (all the vertical pass uses). `ab`: each row's scratch for its pixels' first
+/// and second taps, one element longer than a row of `h`.
+fn u8_rows_pass<const K: usize>(
+    s: [&[u8]; K],
+    c: usize,
+    cols: &U8Cols,
+    ab: &mut [(Vec<u8>, Vec<u8>); 2],
+    h: [&mut [i16]; K],
+) {
+    match c {
+        1 => u8_rows_pass_c::<1, K>(s, 1, cols, ab, h),
+        3 => u8_rows_pass_c::<3, K>(s, 3, cols, ab, h),
+        4 => u8_rows_pass_c::<4, K>(s, 4, cols, ab, h),
+        c => u8_rows_pass_c::<0, K>(s, c, cols, ab, h),
+    }
+}
+
+/// [`u8_rows_pass`] for `C`-channel pixels (`C` 0: `c`).
+fn u8_rows_pass_c<const C: usize, const K: usize>(
+    s: [&[u8]; K],
+    c: usize,
+    cols: &U8Cols,
+    ab: &mut [(Vec<u8>, Vec<u8>); 2],
+    h: [&mut [i16]; K],
+) {
+    let c = if C == 0 { c } else { C };
+    let fast = &cols.offs[..cols.fast];
+    if c == 3 || c == 4 {
+        // One 8-byte load holds both taps; each is stored as 4 bytes (for 3 channels
+        // the fourth is overwritten by the next pixel, or lands in the spare element).
+        // The rows go together, so that their loads from memory overlap.
+        for (px, &o) in fast.iter().enumerate() {
+            let i = px * c;
+            for (s, (a, b)) in s.iter().zip(ab.iter_mut()) {
+                let v = u64::from_le_bytes(s[o..o + 8].try_into().unwrap());
+                a[i..i + 4].copy_from_slice(&(v as u32).to_le_bytes());
+                b[i..i + 4].copy_from_slice(&((v >> (8 * c)) as u32).to_le_bytes());
+            }
+        }
+    } else {
+        for (s, (a, b)) in s.iter().zip(ab.iter_mut()) {
+            for ((pa, pb), &o) in a.chunks_exact_mut(c).zip(b.chunks_exact_mut(c)).zip(fast) {
+                let p = &s[o..o + 2 * c];
+                pa.copy_from_slice(&p[..c]);
+                pb.copy_from_slice(&p[c..]);
+            }
+        }
+    }
+    let split = cols.fast * c;
+    let rest = cols.offs[cols.fast..]
+        .iter()
+        .zip(&cols.offs_hi[cols.fast..]);
+    for ((s, h), (a, b)) in s.iter().zip(h).zip(ab.iter_mut()) {
+        for ((pa, pb), (&l, &r)) in a[split..]
+            .chunks_exact_mut(c)
+            .zip(b[split..].chunks_exact_mut(c))
+            .zip(rest.clone())
+        {
+            pa.copy_from_slice(&s[l..l + c]);
+            pb.copy_from_slice(&s[r..r + c]);
+        }
+        for ((((h, &a), &b), &w0), &w1) in
+            h.iter_mut().zip(&*a).zip(&*b).zip(&cols.w0).zip(&cols.w1)
+        {
+            *h = ((i32::from(a) * i32::from(w0) + i32::from(b) * i32::from(w1)) >> 4) as i16;
+        }
+    }
+}
+
+/// The vertical pass of `uint8`: OpenCV's vectorised rounding: each product's high
+/// half, then 2 bits (its x86 builds round so all but the last few pixels of a row).
+/// `w0`, `w1`: the rows' weights, repeated per element (loaded in the loop, where the
+/// compiler sees that they are 16-bit and multiplies in 16-bit lanes; a weight held in
+/// a register it multiplies in 32-bit lanes, which SSE2 lacks).
+fn u8_blend_rows(h0: &[i16], h1: &[i16], w0: &[i16], w1: &[i16], out: &mut [u8]) {
+    for ((((o, &a), &b), &w0), &w1) in out.iter_mut().zip(h0).zip(h1).zip(w0).zip(w1) {
+        let p = ((i32::from(a) * i32::from(w0)) >> 16) as i16;
+        let q = ((i32::from(b) * i32::from(w1)) >> 16) as i16;
+        *o = (p.wrapping_add(q).wrapping_add(2) >> 2).clamp(0, 255) as u8;
+    }
+}
+
+/// [`linear`] with `FixedU8`'s arithmetic (the tests' statement of it), bit for bit,
+/// in loops the compiler vectorises: the row pass gathers each pixel's two taps into
+/// contiguous scratch and then blends whole rows, keeping `blend >> 4` (at most
+/// 255 * 2049 / 16, an `i16`), the only bits the column pass uses; the column pass
+/// multiplies in 16-bit lanes.
+fn linear_u8(src: &[u8], g: Geom, out_h: usize, out_w: usize, out: &mut [u8]) -> Result<()> {
+    let cols = linear_taps(g.w, out_w, TapRule::OpenCvColumns);
+    let rows = linear_taps(g.h, out_h, TapRule::OpenCvRows);
+    let cols = u8_cols(&cols, g.c, g.w);
+    let row_len = out_w * g.c;
+    let src_row = g.w * g.c;
+    let plane = g.h * src_row;
+    par::chunks_mut(out, row_len, row_len * 3, |first_row, piece| {
+        let mut cache: [(usize, Vec<i16>); 2] = [
+            (usize::MAX, vec![0; row_len]),
+            (usize::MAX, vec![0; row_len]),
+        ];
+        let mut ab: [(Vec<u8>, Vec<u8>); 2] =
+            std::array::from_fn(|_| (vec![0; row_len + 1], vec![0; row_len + 1]));
+        // The rows' weights for a block of elements (see `u8_blend_rows`).
+        let (mut wy0, mut wy1) = ([0i16; 256], [0i16; 256]);
+        let src_rows = |base: usize, y: usize| &src[base + y * src_row..base + (y + 1) * src_row];
+        for (k, row) in piece.chunks_mut(row_len).enumerate() {
+            let r = first_row + k;
+            let (p, oy) = (r / out_h, r % out_h);
+            let base = p * plane;
+            let key = |y: usize| p * g.h + y;
+            let (y0, y1) = (rows.lo[oy], rows.hi[oy]);
+            // Keep whichever cached row is still needed, recompute the others (two
+            // different rows in one pass).
+            if cache[0].0 != key(y0) && cache[1].0 == key(y0) {
+                cache.swap(0, 1);
+            }
+            let [c0, c1] = &mut cache;
+            if c0.0 != key(y0) && c1.0 != key(y1) && y0 != y1 {
+                let s = [src_rows(base, y0), src_rows(base, y1)];
+                u8_rows_pass(s, g.c, &cols, &mut ab, [&mut c0.1, &mut c1.1]);
+            } else {
+                if c0.0 != key(y0) {
+                    u8_rows_pass([src_rows(base, y0)], g.c, &cols, &mut ab, [&mut c0.1]);
+                }
+                if c1.0 != key(y1) {
+                    u8_rows_pass([src_rows(base, y1)], g.c, &cols, &mut ab, [&mut c1.1]);
+                }
+            }
+            (c0.0, c1.0) = (key(y0), key(y1));
+            let (w0, w1) = u8_weights(rows.frac[oy]);
+            wy0.fill(w0);
+            wy1.fill(w1);
+            for ((o, h0), h1) in row
+                .chunks_mut(wy0.len())
+                .zip(cache[0].1.chunks(wy0.len()))
+                .zip(cache[1].1.chunks(wy0.len()))
+            {
+                u8_blend_rows(h0, h1, &wy0, &wy1, o);
+            }
+        }
+        Ok(())
+    })
+}
 fn nearest<T: Copy + Send + Sync>(
     src: &[T],
     g: Geom,
@@ -418,9 +618,7 @@ pub fn run(t: &Tensor, p: &Plan) -> Result<Tensor> {
                 Ok(())
             })
         }
-        DType::U8 => {
-            resize_typed::<u8>(t, &shape, |s, o| linear::<FixedU8>(s, g, oh, ow, false, o))
-        }
+        DType::U8 => resize_typed::<u8>(t, &shape, |s, o| linear_u8(s, g, oh, ow, o)),
         DType::F32 => {
             resize_typed::<f32>(t, &shape, |s, o| linear::<F32Blend>(s, g, oh, ow, false, o))
         }
@@ -496,5 +694,34 @@ mod tests {
         assert_eq!(w, (1024, 1024));
         let h = FixedU8::horizontal(10, 11, w);
         assert_eq!(FixedU8::vertical(h, h, w), 11); // 10.5 rounds up at the end
+    }
+
+    #[test]
+    fn uint8_kernel_equals_the_plain_fixed_point_blend() {
+        // linear_u8 (contiguous 8-byte tap loads, 16-bit passes) against the plain
+        // per-pixel statement, bit for bit: random pixels, 1 to 5 channels, one or two
+        // planes, shrinking and growing, and 1- to 3-pixel edges where taps clamp.
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let sizes = [(1, 1), (1, 3), (2, 1), (3, 2), (9, 40), (37, 5), (64, 64)];
+        let outs = [(1, 1), (2, 7), (5, 3), (16, 16), (33, 100), (70, 9)];
+        for (planes, c) in [(1, 1), (1, 2), (1, 3), (1, 4), (1, 5), (2, 1), (3, 1)] {
+            for &(h, w) in &sizes {
+                let g = Geom { planes, h, w, c };
+                let src: Vec<u8> = (0..planes * h * w * c).map(|_| next() as u8).collect();
+                for &(oh, ow) in &outs {
+                    let n = planes * oh * ow * c;
+                    let (mut want, mut got) = (vec![0u8; n], vec![1u8; n]);
+                    linear::<FixedU8>(&src, g, oh, ow, false, &mut want).unwrap();
+                    linear_u8(&src, g, oh, ow, &mut got).unwrap();
+                    assert_eq!(got, want, "{planes} x {h} x {w} x {c} to {oh} x {ow}");
+                }
+            }
+        }
     }
 }
