@@ -15,7 +15,7 @@
 //! `INTER_NEAREST_EXACT` except where the centre falls exactly on a pixel's edge:
 //! OpenCV's 16-bit fixed point lands just below it there and picks the pixel before.
 
-use super::kernels::{self, Elem, make, typed};
+use super::kernels::{self, Elem, make, make_overwritten, typed};
 use super::{TMeta, par};
 use crate::error::{Error, Result};
 use crate::exec::args::{ArgValue, Args};
@@ -268,6 +268,29 @@ macro_rules! float_blend {
 }
 float_blend!(F32Blend, f32);
 float_blend!(F64Blend, f64);
+
+/// Integers other than `uint8`: each tap as `f64` (its `as` value), blended in `f64`
+/// as [`F64Blend`] blends, rounded half to even and narrowed (a blend stays between
+/// its taps, so it is in range). The same values as casting the image to `float64`,
+/// resizing and casting back, without the two image-sized casts.
+struct IntBlend<T>(std::marker::PhantomData<T>);
+impl<T: Elem> Blend for IntBlend<T> {
+    type S = T;
+    type H = f64;
+    type O = T;
+    type W = f64;
+    fn weights(frac: f64) -> (f64, f64) {
+        F64Blend::weights(frac)
+    }
+    #[inline(always)]
+    fn horizontal(a: T, b: T, w: (f64, f64)) -> f64 {
+        F64Blend::horizontal(a.to_f64(), b.to_f64(), w)
+    }
+    #[inline(always)]
+    fn vertical(a: f64, b: f64, w: (f64, f64)) -> T {
+        T::from_f64(F64Blend::vertical(a, b, w).round_ties_even())
+    }
+}
 
 /// Linear resize of `src` (compact, `g`) into `out` (compact, `out_h` x `out_w`).
 fn linear<B: Blend>(
@@ -590,7 +613,20 @@ fn resize_typed<T: Elem>(
     run: impl FnOnce(&[T], &mut [T]) -> Result<()>,
 ) -> Result<Tensor> {
     let src = typed::<T>(t)?;
-    make::<T>(shape, t.layout(), |out| run(&src, out))
+    // Every kernel writes every output element.
+    make_overwritten::<T>(shape, t.layout(), |out| run(&src, out))
+}
+
+/// A linear resize of an integer image other than `uint8` (see [`IntBlend`]).
+fn linear_int<T: Elem>(
+    t: &Tensor,
+    shape: &[i64],
+    g: Geom,
+    (oh, ow): (usize, usize),
+) -> Result<Tensor> {
+    resize_typed::<T>(t, shape, |s, o| {
+        linear::<IntBlend<T>>(s, g, oh, ow, true, o)
+    })
 }
 
 /// Runs a checked resize.
@@ -632,19 +668,14 @@ pub fn run(t: &Tensor, p: &Plan) -> Result<Tensor> {
             })?;
             kernels::cast(&r, t.dtype())
         }
-        d => {
-            // Integers: blend in f64, round half to even, and narrow (a blend stays
-            // between its taps, so the values are in range).
-            let wide = kernels::cast(t, DType::F64)?;
-            let r = resize_typed::<f64>(&wide, &shape, |s, o| {
-                linear::<F64Blend>(s, g, oh, ow, true, o)?;
-                for v in o.iter_mut() {
-                    *v = v.round_ties_even();
-                }
-                Ok(())
-            })?;
-            kernels::cast(&r, d)
-        }
+        DType::I8 => linear_int::<i8>(t, &shape, g, (oh, ow)),
+        DType::I16 => linear_int::<i16>(t, &shape, g, (oh, ow)),
+        DType::I32 => linear_int::<i32>(t, &shape, g, (oh, ow)),
+        DType::I64 => linear_int::<i64>(t, &shape, g, (oh, ow)),
+        DType::U16 => linear_int::<u16>(t, &shape, g, (oh, ow)),
+        DType::U32 => linear_int::<u32>(t, &shape, g, (oh, ow)),
+        DType::U64 => linear_int::<u64>(t, &shape, g, (oh, ow)),
+        DType::Bool => unreachable!("rejected by plan"),
     }
 }
 
@@ -723,5 +754,48 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// `IntBlend<T>` against the route it replaces: the image cast to `f64`, resized
+    /// with `F64Blend`, rounded half to even and cast back.
+    fn int_blend_matches_the_f64_route<T: Elem>(bits: impl Fn(u64) -> T) {
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for (planes, h, w, c) in [(1, 5, 7, 3), (2, 9, 4, 1), (1, 1, 6, 2), (1, 40, 33, 1)] {
+            let g = Geom { planes, h, w, c };
+            let src: Vec<T> = (0..planes * h * w * c).map(|_| bits(next())).collect();
+            let wide: Vec<f64> = src.iter().map(|v| v.to_f64()).collect();
+            for (oh, ow) in [(3, 11), (13, 2), (1, 1), (20, 50)] {
+                let n = planes * oh * ow * c;
+                let mut want = vec![0f64; n];
+                linear::<F64Blend>(&wide, g, oh, ow, true, &mut want).unwrap();
+                let want: Vec<T> = want
+                    .iter()
+                    .map(|v| T::from_f64(v.round_ties_even()))
+                    .collect();
+                let mut got = vec![T::from_i128(0); n];
+                linear::<IntBlend<T>>(&src, g, oh, ow, true, &mut got).unwrap();
+                assert!(
+                    got == want,
+                    "{} {h} x {w} x {c} to {oh} x {ow}",
+                    T::DTYPE.name()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn integer_blends_equal_the_float64_route() {
+        int_blend_matches_the_f64_route::<i8>(|b| b as i8);
+        int_blend_matches_the_f64_route::<u16>(|b| b as u16);
+        int_blend_matches_the_f64_route::<i32>(|b| b as i32);
+        int_blend_matches_the_f64_route::<u32>(|b| b as u32);
+        int_blend_matches_the_f64_route::<i64>(|b| (b as i64) >> 23);
+        int_blend_matches_the_f64_route::<u64>(|b| b >> 11);
     }
 }
