@@ -501,14 +501,15 @@ pub(crate) use with_elem;
 
 /// The elements of `t` as a compact slice of `T`: borrowed when possible.
 pub(crate) fn typed<T: Elem>(t: &Tensor) -> Result<Cow<'_, [T]>> {
-    let bytes = t.compact_bytes()?;
-    Ok(match bytes {
-        Cow::Borrowed(b) => match bytemuck::try_cast_slice::<u8, T>(b) {
-            Ok(s) => Cow::Borrowed(s),
-            Err(_) => Cow::Owned(bytemuck::pod_collect_to_vec(b)),
-        },
-        Cow::Owned(v) => Cow::Owned(bytemuck::pod_collect_to_vec(&v)),
-    })
+    debug_assert_eq!(std::mem::size_of::<T>(), t.dtype().itemsize());
+    if t.is_compact()
+        && let Some(Cow::Borrowed(b)) = t.compact_bytes().ok()
+        && let Ok(s) = bytemuck::try_cast_slice::<u8, T>(b)
+    {
+        return Ok(Cow::Borrowed(s));
+    }
+    // Strided, misaligned or not host memory: one compact copy, straight into `T`s.
+    t.to_vec::<T>().map(Cow::Owned)
 }
 
 /// A new compact tensor of `T` filled by `fill`, which receives zeroed elements.

@@ -35,6 +35,32 @@ pub fn dims(values: &[i64]) -> String {
     format!("[{}]", inner.join(", "))
 }
 
+/// Rows per tile of a strided copy (see [`Tensor::copy_to`]).
+const TILE_ROWS: usize = 32;
+/// Elements per row of a tile: with [`TILE_ROWS`], a tile's source lines and
+/// destination lines fit the L1 cache.
+const TILE_COLS: usize = 64;
+
+/// Copies the rows in `tile` — each `(at, out)`: `n` elements from `src[at]` on, `step`
+/// apart, to `dst[out..out + n]` — column block by column block, and empties `tile`.
+fn copy_tile<T: Copy>(
+    src: &[T],
+    dst: &mut [T],
+    tile: &mut Vec<(isize, usize)>,
+    step: isize,
+    n: usize,
+) {
+    for c0 in (0..n).step_by(TILE_COLS) {
+        let c1 = (c0 + TILE_COLS).min(n);
+        for &(at, out) in tile.iter() {
+            for (k, d) in (c0..c1).zip(&mut dst[out + c0..out + c1]) {
+                *d = src[(at + k as isize * step) as usize];
+            }
+        }
+    }
+    tile.clear();
+}
+
 /// Compact (row-major) strides in elements; `None` on overflow.
 pub fn compact_strides(shape: &[i64]) -> Option<Vec<i64>> {
     let mut strides = vec![0i64; shape.len()];
@@ -445,8 +471,17 @@ impl Tensor {
     }
 
     /// [`Tensor::gather`] over typed items: `src` is the span from byte `shift` on.
+    ///
+    /// Rows whose elements lie apart (a transposed view, say) are copied in tiles of
+    /// [`TILE_ROWS`] rows by [`TILE_COLS`] elements: the rows of a tile usually start
+    /// next to each other, so a tile reads each cache line of its columns once instead
+    /// of once per row.
     fn gather_items<T: Copy>(&self, src: &[T], shift: usize, dst: &mut [T]) {
         let item = std::mem::size_of::<T>() as isize;
+        // Rows waiting for their tile: (first element in `src`, offset in `dst`), and
+        // the step and length every row of this view shares.
+        let mut tile: Vec<(isize, usize)> = Vec::with_capacity(TILE_ROWS);
+        let (mut tile_step, mut tile_n) = (0isize, 0usize);
         self.for_each_row(|at, step, out, row| {
             let (at, step) = ((at - shift as isize) / item, step / item);
             let (out, n) = (out / item as usize, row / item as usize);
@@ -461,12 +496,15 @@ impl Tensor {
                 }
                 0 => d.fill(src[at as usize]),
                 _ => {
-                    for (k, d) in d.iter_mut().enumerate() {
-                        *d = src[(at + k as isize * step) as usize];
+                    (tile_step, tile_n) = (step, n);
+                    tile.push((at, out));
+                    if tile.len() == TILE_ROWS {
+                        copy_tile(src, dst, &mut tile, tile_step, tile_n);
                     }
                 }
             }
         });
+        copy_tile(src, dst, &mut tile, tile_step, tile_n);
     }
 
     /// Calls `f(at, step, out, row)` for each innermost row of a non-empty view, in
@@ -725,7 +763,15 @@ impl Tensor {
 
     /// The elements as a compact vector of bytes.
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
-        let mut out = storage::try_host_vec(self.nbytes(), 0u8).map_err(|e| {
+        self.to_vec::<u8>()
+    }
+
+    /// The elements as a compact vector of `T`, whose size must be the dtype's item
+    /// size (a reinterpretation, not a conversion); `NDX_ERROR_MEMORY` naming the copy
+    /// where the system refuses the memory.
+    pub fn to_vec<T: bytemuck::Pod>(&self) -> Result<Vec<T>> {
+        let n = self.nbytes() / std::mem::size_of::<T>();
+        let mut out = storage::try_host_vec(n, T::zeroed()).map_err(|e| {
             Error::new(
                 e.kind(),
                 format!(
@@ -736,7 +782,7 @@ impl Tensor {
                 ),
             )
         })?;
-        self.copy_to(&mut out)?;
+        self.copy_to(bytemuck::cast_slice_mut(&mut out))?;
         Ok(out)
     }
 
@@ -894,6 +940,60 @@ pub(crate) fn check_same_metadata(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `copy_to` of strided views (transposed, flipped, sliced with steps, 3-d, rows
+    /// more and fewer than a tile, lengths not multiples of a tile's width) against the
+    /// elements read one by one through the strides.
+    #[test]
+    fn strided_copies_equal_the_elements_read_one_by_one() {
+        let (rows, cols) = (70i64, 90i64);
+        let base = Tensor::new_host(DType::I32, &[rows * cols], Default::default(), |b| {
+            for (i, c) in b.chunks_mut(4).enumerate() {
+                c.copy_from_slice(&(i as i32).to_ne_bytes());
+            }
+            Ok(())
+        })
+        .unwrap();
+        let last = rows * cols - 1;
+        // (shape, strides, origin), all inside the 70 x 90 elements.
+        let views: [(Vec<i64>, Vec<i64>, i64); 8] = [
+            (vec![cols, rows], vec![1, cols], 0),         // transposed
+            (vec![cols, rows], vec![-1, -cols], last),    // transposed, flipped
+            (vec![33, 65], vec![1, cols], 0),             // a transposed corner
+            (vec![45, 35], vec![2, 2 * cols], 0),         // stepped both ways
+            (vec![3, 10, 7], vec![1, 3 * cols, 3], 0),    // 3-d, strided rows
+            (vec![5, 31, 2], vec![cols, 1, 5 * cols], 0), // short rows
+            (vec![1, 64], vec![0, cols], 0),              // one row of a tile
+            (vec![rows, 1, cols], vec![cols, 0, 1], 0),   // compact rows
+        ];
+        for (shape, strides, origin) in views {
+            let v = base.restride(shape.clone(), strides.clone(), origin);
+            let mut got = vec![0u8; v.nbytes()];
+            v.copy_to(&mut got).unwrap();
+            let got: Vec<i32> = got
+                .chunks(4)
+                .map(|c| i32::from_ne_bytes(c.try_into().unwrap()))
+                .collect();
+            let mut want = Vec::new();
+            let mut index = vec![0i64; shape.len()];
+            'all: loop {
+                let at: i64 = origin + index.iter().zip(&strides).map(|(i, s)| i * s).sum::<i64>();
+                want.push(at as i32);
+                for k in (0..shape.len()).rev() {
+                    index[k] += 1;
+                    if index[k] < shape[k] {
+                        continue 'all;
+                    }
+                    index[k] = 0;
+                }
+                break;
+            }
+            assert_eq!(
+                got, want,
+                "shape {shape:?} strides {strides:?} from {origin}"
+            );
+        }
+    }
 
     #[test]
     fn geometry_rejects_negative_dims_and_null_data() {
