@@ -22,6 +22,8 @@ back to ndx's cache, so a steady-state pipeline takes no fresh pages).
   lt, add with a broadcast row, float32 4096 x 4096: vs `np.less` / `np.add` of the
         same operands.
   clamp, round, float32 16M: vs `np.clip` / `np.round`.
+  sum and cast to float16 of a transposed float32 4096 x 4096 view: vs `np.sum`
+        (which sums in memory order, no copy) / `np.ascontiguousarray(..., float16)`.
   flip, transpose, pad, stack, concat, cast (f16, bf16 with ml_dtypes, u8, i16, i32;
         float64 to i32) and mixed-dtype add of float32 1024 x 1024: vs NumPy's
         copies, `np.pad`, `np.stack`, `np.concatenate`, `astype` and `np.add`.
@@ -121,6 +123,12 @@ def main():
         ("add f32 4096^2 + a row", ndx_op("add", [ta2, ndx.tensor_from_numpy(b2[0])]), lambda: np.add(a2, b2[0])),
         ("clamp f32 16M", ndx_op("clamp", [ta], ndx.Args(lo=0.25, hi=0.75)), lambda: np.clip(a, 0.25, 0.75)),
         ("round f32 16M", ndx_op("round", [ta]), lambda: np.round(a)),
+        # A transposed input: ndx compacts it (in tiles) before reducing or casting.
+        ("sum f32 4096^2 transposed", ndx_op("sum", [ndx.tensor_from_numpy(a2.T)]),
+         lambda: np.sum(a2.T)),
+        ("cast f32 4096^2 T -> f16",
+         ndx_op("cast", [ndx.tensor_from_numpy(a2.T)], ndx.Args().set_dtype("dtype", ndx.NDX_DTYPE_FLOAT16)),
+         lambda: np.ascontiguousarray(a2.T, dtype=np.float16)),
     ]:
         t_ndx, t_np = best_s(run_ndx, r), best_s(run_np, r)
         print(f"{label + ': ms vs NumPy ms':44} {t_ndx * 1e3:10.2f} {t_np * 1e3:10.2f} {t_np / t_ndx:8.2f}")
