@@ -22,24 +22,6 @@ const SYNC_CPU: i32 = ndx_eval_mode_t::NDX_EVAL_SYNC_CPU as i32;
 const DEFERRED: i32 = ndx_eval_mode_t::NDX_EVAL_DEFERRED as i32;
 const EAGER: i32 = ndx_eval_mode_t::NDX_EVAL_EAGER as i32;
 
-/// An owned tensor handle.
-struct T(*mut ndx_tensor_t);
-
-impl Drop for T {
-    fn drop(&mut self) {
-        ndx_tensor_release(self.0);
-    }
-}
-
-impl T {
-    fn input(&self) -> ndx_input_t {
-        ndx_input_t {
-            tensor: self.0,
-            batch: std::ptr::null(),
-        }
-    }
-}
-
 /// A view of `one` element repeated over `shape` (all strides 0), with a layout.
 fn broadcast<E>(one: &E, dtype: i32, shape: &[i64], layout: Option<&CStr>) -> T {
     let strides = vec![0i64; shape.len()];
@@ -62,43 +44,6 @@ fn broadcast<E>(one: &E, dtype: i32, shape: &[i64], layout: Option<&CStr>) -> T 
         &mut t,
     ));
     T(t)
-}
-
-/// Owned `ndx_args_t`.
-struct Args(*mut ndx_args_t);
-
-impl Drop for Args {
-    fn drop(&mut self) {
-        ndx_args_free(self.0);
-    }
-}
-
-impl Args {
-    fn new() -> Args {
-        let mut a = std::ptr::null_mut();
-        ok(ndx_args_new(&mut a));
-        Args(a)
-    }
-
-    fn ints(self, name: &CStr, v: &[i64]) -> Args {
-        ok(ndx_args_set_int_array(
-            self.0,
-            name.as_ptr(),
-            v.as_ptr(),
-            v.len(),
-        ));
-        self
-    }
-
-    fn floats(self, name: &CStr, v: &[f64]) -> Args {
-        ok(ndx_args_set_float_array(
-            self.0,
-            name.as_ptr(),
-            v.as_ptr(),
-            v.len(),
-        ));
-        self
-    }
 }
 
 /// Runs `op` in `mode` and returns its error, or `None` when it succeeded; the frame

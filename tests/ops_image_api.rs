@@ -36,15 +36,6 @@ const THIS_FILE: &CStr = match CStr::from_bytes_with_nul(concat!(file!(), "\0").
     Err(_) => panic!("file!() has a NUL"),
 };
 
-/// Owns a tensor handle.
-struct T(*mut ndx_tensor_t);
-
-impl Drop for T {
-    fn drop(&mut self) {
-        ndx_tensor_release(self.0);
-    }
-}
-
 impl T {
     /// A host tensor copied from `data` (`shape`, `dtype`), with `layout` (None: none).
     fn host<E: Copy>(data: &[E], dtype: i32, shape: &[i64], layout: Option<&CStr>) -> T {
@@ -70,13 +61,6 @@ impl T {
         ));
         assert!(!t.is_null());
         T(t)
-    }
-
-    fn input(&self) -> ndx_input_t {
-        ndx_input_t {
-            tensor: self.0,
-            batch: std::ptr::null(),
-        }
     }
 
     fn dtype(&self) -> i32 {
@@ -109,42 +93,7 @@ impl T {
     }
 }
 
-/// Owns an argument builder.
-struct Args(*mut ndx_args_t);
-
-impl Drop for Args {
-    fn drop(&mut self) {
-        ndx_args_free(self.0);
-    }
-}
-
 impl Args {
-    fn new() -> Args {
-        let mut a = std::ptr::null_mut();
-        ok(ndx_args_new(&mut a));
-        Args(a)
-    }
-
-    fn int(self, name: &CStr, v: i64) -> Args {
-        ok(ndx_args_set_int(self.0, name.as_ptr(), v));
-        self
-    }
-
-    fn string(self, name: &CStr, v: &CStr) -> Args {
-        ok(ndx_args_set_string(self.0, name.as_ptr(), v.as_ptr()));
-        self
-    }
-
-    fn floats(self, name: &CStr, v: &[f64]) -> Args {
-        ok(ndx_args_set_float_array(
-            self.0,
-            name.as_ptr(),
-            v.as_ptr(),
-            v.len(),
-        ));
-        self
-    }
-
     fn crop(x: i64, y: i64, w: i64, h: i64) -> Args {
         Args::new()
             .int(c"x", x)

@@ -20,15 +20,6 @@ const SYNC: i32 = ndx_eval_mode_t::NDX_EVAL_SYNC_CPU as i32;
 const DEFERRED: i32 = ndx_eval_mode_t::NDX_EVAL_DEFERRED as i32;
 const EAGER: i32 = ndx_eval_mode_t::NDX_EVAL_EAGER as i32;
 
-/// A tensor handle, released on drop.
-struct T(*mut ndx_tensor_t);
-
-impl Drop for T {
-    fn drop(&mut self) {
-        ndx_tensor_release(self.0);
-    }
-}
-
 impl T {
     /// A compact copy of `data`.
     fn copy<E: Copy>(data: &[E], dtype: i32, shape: &[i64]) -> T {
@@ -59,13 +50,6 @@ impl T {
         read_only: bool,
     ) -> T {
         T(wrap_host(data, dtype, shape, strides, read_only))
-    }
-
-    fn input(&self) -> ndx_input_t {
-        ndx_input_t {
-            tensor: self.0,
-            batch: std::ptr::null(),
-        }
     }
 
     fn out(&self) -> ndx_output_t {

@@ -409,3 +409,69 @@ pub fn wrap_host(
     ));
     t
 }
+
+/// A tensor handle, released on drop.
+pub struct T(pub *mut ndx_tensor_t);
+
+impl Drop for T {
+    fn drop(&mut self) {
+        ndx_tensor_release(self.0);
+    }
+}
+
+impl T {
+    /// This tensor as an invocation input.
+    pub fn input(&self) -> ndx_input_t {
+        ndx_input_t {
+            tensor: self.0,
+            batch: std::ptr::null(),
+        }
+    }
+}
+
+/// Owns an argument builder (`ndx_args_t`), filled by chained setters.
+pub struct Args(pub *mut ndx_args_t);
+
+impl Drop for Args {
+    fn drop(&mut self) {
+        ndx_args_free(self.0);
+    }
+}
+
+impl Args {
+    pub fn new() -> Args {
+        let mut a = std::ptr::null_mut();
+        ok(ndx_args_new(&mut a));
+        Args(a)
+    }
+
+    pub fn int(self, name: &CStr, v: i64) -> Args {
+        ok(ndx_args_set_int(self.0, name.as_ptr(), v));
+        self
+    }
+
+    pub fn string(self, name: &CStr, v: &CStr) -> Args {
+        ok(ndx_args_set_string(self.0, name.as_ptr(), v.as_ptr()));
+        self
+    }
+
+    pub fn ints(self, name: &CStr, v: &[i64]) -> Args {
+        ok(ndx_args_set_int_array(
+            self.0,
+            name.as_ptr(),
+            v.as_ptr(),
+            v.len(),
+        ));
+        self
+    }
+
+    pub fn floats(self, name: &CStr, v: &[f64]) -> Args {
+        ok(ndx_args_set_float_array(
+            self.0,
+            name.as_ptr(),
+            v.as_ptr(),
+            v.len(),
+        ));
+        self
+    }
+}
