@@ -2661,6 +2661,23 @@ impl StackSample {
 /// sample 0's, or a compact host tensor `[n, shape...]` holding the samples' elements
 /// in order (compared with a gather from the producer's bytes), still valid after the
 /// batch is gone; every producer deleter runs exactly once, at the batch's release.
+impl StackCase {
+    /// The layout of the stacked tensor: the samples' with "N" in front, or none.
+    fn stacked_layout(&self) -> String {
+        self.layout
+            .as_ref()
+            .filter(|l| !l.is_empty() && !l.contains('N'))
+            .map_or(String::new(), |l| format!("N{l}"))
+    }
+}
+
+/// `ndx_tensor_layout` of `t`.
+fn layout_of(t: *const ndx_tensor_t) -> String {
+    let mut l = std::ptr::null();
+    ok(ndx_tensor_layout(t, &mut l));
+    cstr(l)
+}
+
 fn stack_once(c: &StackCase) {
     let n = c.samples.len();
     let mut expected = Vec::new();
@@ -2751,14 +2768,7 @@ fn stack_once(c: &StackCase) {
         let mut device = cpu();
         ok(ndx_tensor_device(stacked, &mut device));
         assert_eq!(device.device_type, DLDeviceType::CPU);
-        let mut l = std::ptr::null();
-        ok(ndx_tensor_layout(stacked, &mut l));
-        let want_layout = c
-            .layout
-            .as_ref()
-            .filter(|l| !l.is_empty() && !l.contains('N'))
-            .map_or(String::new(), |l| format!("N{l}"));
-        assert_eq!(cstr(l), want_layout);
+        assert_eq!(layout_of(stacked), c.stacked_layout());
         let want: Vec<u8> = expected.concat();
         let mut nbytes = 0usize;
         ok(ndx_tensor_nbytes(stacked, &mut nbytes));
@@ -2844,14 +2854,7 @@ fn stack_by_operator(c: &StackCase, batch: *const ndx_batch_t, ragged: Option<us
                 let mut got = vec![0u8; want.len()];
                 ok(ndx_tensor_copy_to(t, got.as_mut_ptr().cast(), got.len()));
                 assert_eq!(got, want, "the operator's stacked elements");
-                let mut l = std::ptr::null();
-                ok(ndx_tensor_layout(t, &mut l));
-                let want_layout = c
-                    .layout
-                    .as_ref()
-                    .filter(|l| !l.is_empty() && !l.contains('N'))
-                    .map_or(String::new(), |l| format!("N{l}"));
-                assert_eq!(cstr(l), want_layout);
+                assert_eq!(layout_of(t), c.stacked_layout());
                 ndx_tensor_release(t);
                 if out.is_some() {
                     let bytes: &[u8] = bytemuck::cast_slice(&buf);
