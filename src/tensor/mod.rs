@@ -479,8 +479,8 @@ impl Tensor {
     fn gather_items<T: Copy>(&self, src: &[T], shift: usize, dst: &mut [T]) {
         let item = std::mem::size_of::<T>() as isize;
         // Rows waiting for their tile: (first element in `src`, offset in `dst`), and
-        // the step and length every row of this view shares.
-        let mut tile: Vec<(isize, usize)> = Vec::with_capacity(TILE_ROWS);
+        // the step and length every row of this view shares (allocated at the first).
+        let mut tile: Vec<(isize, usize)> = Vec::new();
         let (mut tile_step, mut tile_n) = (0isize, 0usize);
         self.for_each_row(|at, step, out, row| {
             let (at, step) = ((at - shift as isize) / item, step / item);
