@@ -456,7 +456,12 @@ impl Tensor {
     /// `origin` of `span`, compacted into `dst` (exactly [`Tensor::nbytes`] long), as
     /// items of `N` bytes: `U` (an unsigned integer of `N` bytes) when both buffers are
     /// aligned for it, else byte arrays.
-    fn gather<U: bytemuck::Pod, const N: usize>(&self, span: &[u8], origin: isize, dst: &mut [u8]) {
+    fn gather<U: bytemuck::Pod + Send + Sync, const N: usize>(
+        &self,
+        span: &[u8],
+        origin: isize,
+        dst: &mut [u8],
+    ) {
         // Every element starts at a multiple of N from `origin`: cut the span there.
         let shift = origin.rem_euclid(N as isize) as usize;
         let span = &span[shift..];
@@ -471,18 +476,29 @@ impl Tensor {
     }
 
     /// [`Tensor::gather`] over typed items: `src` is the span from byte `shift` on.
+    /// Large copies are split into pieces of whole rows across the worker pool.
+    fn gather_items<T: Copy + Send + Sync>(&self, src: &[T], shift: usize, dst: &mut [T]) {
+        let row = self.row_len();
+        let _ = crate::ops::par::chunks_mut(dst, row, row, |first, piece| {
+            self.gather_rows(src, shift, first, piece);
+            Ok(())
+        });
+    }
+
+    /// The rows `first..` of [`Tensor::gather_items`], as many as fill `dst`.
     ///
     /// Rows whose elements lie apart (a transposed view, say) are copied in tiles of
     /// [`TILE_ROWS`] rows by [`TILE_COLS`] elements: the rows of a tile usually start
     /// next to each other, so a tile reads each cache line of its columns once instead
     /// of once per row.
-    fn gather_items<T: Copy>(&self, src: &[T], shift: usize, dst: &mut [T]) {
+    fn gather_rows<T: Copy>(&self, src: &[T], shift: usize, first: usize, dst: &mut [T]) {
         let item = std::mem::size_of::<T>() as isize;
         // Rows waiting for their tile: (first element in `src`, offset in `dst`), and
         // the step and length every row of this view shares (allocated at the first).
         let mut tile: Vec<(isize, usize)> = Vec::new();
         let (mut tile_step, mut tile_n) = (0isize, 0usize);
-        self.for_each_row(|at, step, out, row| {
+        let rows = first..first + dst.len() / self.row_len();
+        self.for_each_row(rows, |at, step, out, row| {
             let (at, step) = ((at - shift as isize) / item, step / item);
             let (out, n) = (out / item as usize, row / item as usize);
             let d = &mut dst[out..out + n];
@@ -507,16 +523,28 @@ impl Tensor {
         copy_tile(src, dst, &mut tile, tile_step, tile_n);
     }
 
-    /// Calls `f(at, step, out, row)` for each innermost row of a non-empty view, in
-    /// row-major order: `at` is the byte index of the row's first element inside the
-    /// span, `step` the bytes between its elements, `out` its byte offset in the
-    /// compact order and `row` its length in bytes.
-    fn for_each_row(&self, mut f: impl FnMut(isize, isize, usize, usize)) {
+    /// Elements per innermost row (1 for a 0-d tensor).
+    fn row_len(&self) -> usize {
+        self.shape.last().map_or(1, |&n| n as usize)
+    }
+
+    /// Calls `f(at, step, out, row)` for each innermost row in `rows` (counted in
+    /// row-major order) of a non-empty view: `at` is the byte index of the row's first
+    /// element inside the span, `step` the bytes between its elements, `out` its byte
+    /// offset in the compact order counted from the first row of `rows`, and `row` its
+    /// length in bytes.
+    fn for_each_row(
+        &self,
+        rows: std::ops::Range<usize>,
+        mut f: impl FnMut(isize, isize, usize, usize),
+    ) {
         let item = self.dtype.itemsize() as isize;
         let origin = self.byte_offset as isize - self.storage.span_start();
         let ndim = self.ndim();
         if ndim == 0 {
-            f(origin, item, 0, item as usize);
+            if !rows.is_empty() {
+                f(origin, item, 0, item as usize);
+            }
             return;
         }
         let inner = self.shape[ndim - 1] as usize;
@@ -528,9 +556,16 @@ impl Tensor {
             item
         };
         let row = inner * item as usize;
+        // The outer index of row `rows.start` (mixed radix over the outer dimensions).
         let mut index = vec![0i64; ndim - 1];
+        let mut rest = rows.start as i64;
+        for k in (0..ndim - 1).rev() {
+            let n = self.shape[k].max(1);
+            index[k] = rest % n;
+            rest /= n;
+        }
         let mut out = 0usize;
-        loop {
+        for _ in rows {
             let mut at = origin;
             for (k, &i) in index.iter().enumerate() {
                 at += (i * self.strides[k]) as isize * item;
@@ -538,12 +573,7 @@ impl Tensor {
             f(at, step, out, row);
             out += row;
             // Odometer over the outer dimensions.
-            let mut k = ndim - 1;
-            loop {
-                if k == 0 {
-                    return;
-                }
-                k -= 1;
+            for k in (0..ndim - 1).rev() {
                 index[k] += 1;
                 if index[k] < self.shape[k] {
                     break;
@@ -583,7 +613,7 @@ impl Tensor {
         }
         self.storage
             .write_span(lo, len, |dst| {
-                self.for_each_row(|at, step, out, row| {
+                self.for_each_row(0..self.numel / self.row_len(), |at, step, out, row| {
                     let at = at - lo as isize;
                     if step == item as isize {
                         let a = at as usize;
@@ -942,57 +972,75 @@ mod tests {
     use super::*;
 
     /// `copy_to` of strided views (transposed, flipped, sliced with steps, 3-d, rows
-    /// more and fewer than a tile, lengths not multiples of a tile's width) against the
-    /// elements read one by one through the strides.
+    /// more and fewer than a tile, lengths not multiples of a tile's width; small ones
+    /// and ones large enough to be split across the pool, with pieces starting inside
+    /// an outer dimension) against the elements read one by one through the strides.
     #[test]
     fn strided_copies_equal_the_elements_read_one_by_one() {
-        let (rows, cols) = (70i64, 90i64);
-        let base = Tensor::new_host(DType::I32, &[rows * cols], Default::default(), |b| {
-            for (i, c) in b.chunks_mut(4).enumerate() {
-                c.copy_from_slice(&(i as i32).to_ne_bytes());
+        let check = |rows: i64, cols: i64, views: &[(Vec<i64>, Vec<i64>, i64)]| {
+            let base = Tensor::new_host(DType::I32, &[rows * cols], Default::default(), |b| {
+                for (i, c) in b.chunks_mut(4).enumerate() {
+                    c.copy_from_slice(&(i as i32).to_ne_bytes());
+                }
+                Ok(())
+            })
+            .unwrap();
+            for (shape, strides, origin) in views {
+                let v = base.restride(shape.clone(), strides.clone(), *origin);
+                let mut got = vec![0u8; v.nbytes()];
+                v.copy_to(&mut got).unwrap();
+                let got: Vec<i32> = got
+                    .chunks(4)
+                    .map(|c| i32::from_ne_bytes(c.try_into().unwrap()))
+                    .collect();
+                let mut want = Vec::new();
+                let mut index = vec![0i64; shape.len()];
+                'all: loop {
+                    let at = origin + index.iter().zip(strides).map(|(i, s)| i * s).sum::<i64>();
+                    want.push(at as i32);
+                    for k in (0..shape.len()).rev() {
+                        index[k] += 1;
+                        if index[k] < shape[k] {
+                            continue 'all;
+                        }
+                        index[k] = 0;
+                    }
+                    break;
+                }
+                assert_eq!(
+                    got, want,
+                    "shape {shape:?} strides {strides:?} from {origin}"
+                );
             }
-            Ok(())
-        })
-        .unwrap();
+        };
+        let (rows, cols) = (70i64, 90i64);
         let last = rows * cols - 1;
         // (shape, strides, origin), all inside the 70 x 90 elements.
-        let views: [(Vec<i64>, Vec<i64>, i64); 8] = [
-            (vec![cols, rows], vec![1, cols], 0),         // transposed
-            (vec![cols, rows], vec![-1, -cols], last),    // transposed, flipped
-            (vec![33, 65], vec![1, cols], 0),             // a transposed corner
-            (vec![45, 35], vec![2, 2 * cols], 0),         // stepped both ways
-            (vec![3, 10, 7], vec![1, 3 * cols, 3], 0),    // 3-d, strided rows
-            (vec![5, 31, 2], vec![cols, 1, 5 * cols], 0), // short rows
-            (vec![1, 64], vec![0, cols], 0),              // one row of a tile
-            (vec![rows, 1, cols], vec![cols, 0, 1], 0),   // compact rows
-        ];
-        for (shape, strides, origin) in views {
-            let v = base.restride(shape.clone(), strides.clone(), origin);
-            let mut got = vec![0u8; v.nbytes()];
-            v.copy_to(&mut got).unwrap();
-            let got: Vec<i32> = got
-                .chunks(4)
-                .map(|c| i32::from_ne_bytes(c.try_into().unwrap()))
-                .collect();
-            let mut want = Vec::new();
-            let mut index = vec![0i64; shape.len()];
-            'all: loop {
-                let at: i64 = origin + index.iter().zip(&strides).map(|(i, s)| i * s).sum::<i64>();
-                want.push(at as i32);
-                for k in (0..shape.len()).rev() {
-                    index[k] += 1;
-                    if index[k] < shape[k] {
-                        continue 'all;
-                    }
-                    index[k] = 0;
-                }
-                break;
-            }
-            assert_eq!(
-                got, want,
-                "shape {shape:?} strides {strides:?} from {origin}"
-            );
-        }
+        check(
+            rows,
+            cols,
+            &[
+                (vec![cols, rows], vec![1, cols], 0),         // transposed
+                (vec![cols, rows], vec![-1, -cols], last),    // transposed, flipped
+                (vec![33, 65], vec![1, cols], 0),             // a transposed corner
+                (vec![45, 35], vec![2, 2 * cols], 0),         // stepped both ways
+                (vec![3, 10, 7], vec![1, 3 * cols, 3], 0),    // 3-d, strided rows
+                (vec![5, 31, 2], vec![cols, 1, 5 * cols], 0), // short rows
+                (vec![1, 64], vec![0, cols], 0),              // one row of a tile
+                (vec![rows, 1, cols], vec![cols, 0, 1], 0),   // compact rows
+            ],
+        );
+        // 420,000 elements: split into pieces of 109 rows of 600.
+        let (rows, cols) = (600i64, 700i64);
+        check(
+            rows,
+            cols,
+            &[
+                (vec![cols, rows], vec![1, cols], 0),
+                (vec![7, 100, rows], vec![100, 1, cols], 0),
+                (vec![cols, rows], vec![-1, -cols], rows * cols - 1),
+            ],
+        );
     }
 
     #[test]
