@@ -11,7 +11,7 @@ use half::{bf16, f16};
 
 use super::par;
 use crate::error::{Error, Result};
-use crate::tensor::{DType, Tensor, dims};
+use crate::tensor::{DType, Storage, Tensor, dims};
 
 /// Element types the kernels compute on.
 pub trait Elem: Pod + Copy + Send + Sync + PartialEq + PartialOrd + 'static {
@@ -499,17 +499,38 @@ macro_rules! with_elem {
 }
 pub(crate) use with_elem;
 
-/// The elements of `t` as a compact slice of `T`: borrowed when possible.
-pub(crate) fn typed<T: Elem>(t: &Tensor) -> Result<Cow<'_, [T]>> {
+/// The elements of a tensor as a compact slice of `T` (through `Deref`): borrowed
+/// from the tensor, or a compact copy in a buffer of ndx's host cache.
+pub(crate) enum Elems<'a, T> {
+    Borrowed(&'a [T]),
+    Copied(Storage, std::marker::PhantomData<T>),
+}
+
+impl<T: Elem> std::ops::Deref for Elems<'_, T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        match self {
+            Elems::Borrowed(s) => s,
+            // An owned buffer: host memory aligned to 64 bytes, a whole number of `T`s.
+            Elems::Copied(s, _) => bytemuck::cast_slice(s.host_bytes().unwrap_or_default()),
+        }
+    }
+}
+
+/// The elements of `t` as a compact slice of `T`: borrowed when possible, else
+/// compacted once (strided, misaligned or not host memory).
+pub(crate) fn typed<T: Elem>(t: &Tensor) -> Result<Elems<'_, T>> {
     debug_assert_eq!(std::mem::size_of::<T>(), t.dtype().itemsize());
+    if t.nbytes() == 0 {
+        return Ok(Elems::Borrowed(&[]));
+    }
     if t.is_compact()
         && let Some(Cow::Borrowed(b)) = t.compact_bytes().ok()
         && let Ok(s) = bytemuck::try_cast_slice::<u8, T>(b)
     {
-        return Ok(Cow::Borrowed(s));
+        return Ok(Elems::Borrowed(s));
     }
-    // Strided, misaligned or not host memory: one compact copy, straight into `T`s.
-    t.to_vec::<T>().map(Cow::Owned)
+    Ok(Elems::Copied(t.compact_copy()?, std::marker::PhantomData))
 }
 
 /// A new compact tensor of `T` filled by `fill`, which receives zeroed elements.
@@ -716,7 +737,7 @@ mod tests {
     }
 
     fn vals<T: Elem>(t: &Tensor) -> Vec<T> {
-        typed::<T>(t).unwrap().into_owned()
+        typed::<T>(t).unwrap().to_vec()
     }
 
     #[test]

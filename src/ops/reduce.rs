@@ -786,7 +786,7 @@ mod tests {
     }
 
     fn vals<T: Elem>(t: &Tensor) -> Vec<T> {
-        typed::<T>(t).unwrap().into_owned()
+        typed::<T>(t).unwrap().to_vec()
     }
 
     #[test]

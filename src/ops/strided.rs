@@ -3,16 +3,14 @@
 //! [`for_each_in`] walks a range of output elements row by row, giving each view's
 //! element index.
 
-use std::borrow::Cow;
-
-use super::kernels::{Elem, broadcast_strides, typed};
+use super::kernels::{Elem, Elems, broadcast_strides, typed};
 use crate::error::Result;
 use crate::tensor::Tensor;
 
 /// A tensor's elements as an output shape sees them: element `index` of the output
 /// reads `data[origin + Σ index[d] · strides[d]]`.
 pub(crate) struct View<'a, T: Elem> {
-    data: Cow<'a, [T]>,
+    data: Elems<'a, T>,
     origin: isize,
     strides: Vec<isize>,
 }
@@ -35,7 +33,7 @@ impl<'a, T: Elem> View<'a, T> {
                 }
             }
             return Ok(View {
-                data: Cow::Borrowed(data),
+                data: Elems::Borrowed(data),
                 origin: origin / item,
                 strides,
             });

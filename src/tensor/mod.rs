@@ -801,19 +801,34 @@ impl Tensor {
     /// where the system refuses the memory.
     pub fn to_vec<T: bytemuck::Pod>(&self) -> Result<Vec<T>> {
         let n = self.nbytes() / std::mem::size_of::<T>();
-        let mut out = storage::try_host_vec(n, T::zeroed()).map_err(|e| {
-            Error::new(
-                e.kind(),
-                format!(
-                    "a compact copy of the {} tensor of shape {}: {}",
-                    self.dtype.name(),
-                    dims(&self.shape),
-                    e.message()
-                ),
-            )
-        })?;
+        let mut out =
+            storage::try_host_vec(n, T::zeroed()).map_err(|e| self.compact_copy_error(e))?;
         self.copy_to(bytemuck::cast_slice_mut(&mut out))?;
         Ok(out)
+    }
+
+    /// The elements compacted into a buffer of ndx's own (aligned to [`ALIGNMENT`],
+    /// from the cache of freed buffers when one fits: no fresh pages to fault in).
+    pub(crate) fn compact_copy(&self) -> Result<Storage> {
+        let mut copy =
+            Storage::owned_stale(self.nbytes()).map_err(|e| self.compact_copy_error(e))?;
+        if let Some(bytes) = copy.owned_bytes_mut() {
+            self.copy_to(bytes)?;
+        }
+        Ok(copy)
+    }
+
+    /// `e`, an allocation failure of a compact copy of this tensor, saying so.
+    fn compact_copy_error(&self, e: Error) -> Error {
+        Error::new(
+            e.kind(),
+            format!(
+                "a compact copy of the {} tensor of shape {}: {}",
+                self.dtype.name(),
+                dims(&self.shape),
+                e.message()
+            ),
+        )
     }
 
     /// A compact host copy with its own storage.
