@@ -300,6 +300,37 @@ fn concat_of_mismatched_shapes_fails_at_invoke() {
     );
 }
 
+/// Broadcast views (stride 0) of 2^62 elements: concatenated, their extents add up
+/// past int64. The sum once overflowed (a panic: NDX_ERROR_INTERNAL in debug builds).
+#[test]
+fn concat_whose_extents_overflow_int64_fails_at_invoke() {
+    let ctx = Ctx::new(EAGER);
+    let mut one = [7u8];
+    let huge = wrap_host(
+        one.as_mut_ptr().cast(),
+        U8,
+        &[1 << 62, 1],
+        Some(&[0, 0]),
+        false,
+    );
+    let input = || ndx_input_t {
+        tensor: huge,
+        batch: std::ptr::null(),
+    };
+    for mode in [0, DEFERRED] {
+        expect_invoke_err(
+            &ctx,
+            c"concat",
+            &[input(), input()],
+            None,
+            mode,
+            NDX_ERROR_VALUE,
+            "concat: the extents along axis 0 add up past int64 at input 1 (shape [4611686018427387904, 1])",
+        );
+    }
+    ndx_tensor_release(huge);
+}
+
 #[test]
 fn stack_of_two_vectors_is_a_matrix() {
     let ctx = Ctx::new(EAGER);

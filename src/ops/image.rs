@@ -49,7 +49,12 @@ fn concat_meta(inputs: &[&TMeta], args: &Args) -> Result<(usize, Vec<i64>)> {
                 dims(first)
             )));
         }
-        shape[axis] += m.shape[axis];
+        shape[axis] = shape[axis].checked_add(m.shape[axis]).ok_or_else(|| {
+            Error::value(format!(
+                "concat: the extents along axis {axis} add up past int64 at input {i} (shape {})",
+                dims(&m.shape)
+            ))
+        })?;
     }
     Ok((axis, shape))
 }

@@ -219,6 +219,18 @@ static NDX_TEST_NOINLINE void test_concat(void) {
   expect_invoke_error(ctx, "concat", ad, 2, axis0, NDX_EVAL_DEFERRED, NDX_ERROR_VALUE,
                       "input 1 has shape");
 
+  /* Broadcast views of 2^62 elements: their extents along axis 0 add up past int64,
+   * refused at ndx_invoke (the sum once overflowed: a panic, NDX_ERROR_INTERNAL). */
+  uint8_t one = 7;
+  const int64_t huge_shape[2] = {INT64_C(1) << 62, 1}, zero_strides[2] = {0, 0};
+  ndx_tensor_t* huge = NULL;
+  CHECK_OK(ndx_tensor_wrap_host(&one, NDX_DTYPE_UINT8, 2, huge_shape, zero_strides, NULL, NULL,
+                                NULL, &huge));
+  ndx_input_t hh[2] = {ndx_test_in(huge), ndx_test_in(huge)};
+  expect_invoke_error(ctx, "concat", hh, 2, NULL, 0, NDX_ERROR_VALUE,
+                      "concat: the extents along axis 0 add up past int64 at input 1");
+  ndx_tensor_release(huge);
+
   /* int8 + uint8 + float16 -> float16 (np.result_type, not a left fold to float32). */
   const int64_t s2[1] = {2};
   const int8_t v8[2] = {-1, 2};
