@@ -3176,6 +3176,10 @@ struct Operand {
     shape: Vec<i64>,
     broadcast: bool,
     layout: Option<&'static str>,
+    /// A small operand's elements lie in reverse (every stride negated) ...
+    reversed: bool,
+    /// ... and its extents of 1 have this stride (any value is valid there).
+    unit_stride: Option<i64>,
 }
 
 /// An operand; an image (3-d, with a layout) mostly when `image`.
@@ -3196,14 +3200,21 @@ fn operand(image: bool) -> impl Strategy<Value = Operand> {
         prop::sample::select(vec![12, 12, 12, 6, 4, 5, 13, 1, 10]),
         prop_oneof![4 => small.prop_map(|s| (s, false)), 1 => huge.prop_map(|s| (s, true))],
         any::<bool>(),
+        prop::bool::weighted(0.2),
+        prop::option::weighted(
+            0.2,
+            prop::sample::select(vec![i64::MIN, i64::MAX, i64::MIN + 1, 1 << 62, -(1 << 40)]),
+        ),
     )
-        .prop_map(|(dtype, (shape, broadcast), hwc)| {
+        .prop_map(|(dtype, (shape, broadcast), hwc, reversed, unit_stride)| {
             let layout = (shape.len() == 3).then_some(if hwc { "HWC" } else { "CHW" });
             Operand {
                 dtype,
                 shape,
                 broadcast,
                 layout,
+                reversed,
+                unit_stride,
             }
         })
 }
@@ -3213,7 +3224,10 @@ struct Extreme {
     op: &'static str,
     inputs: Vec<Operand>,
     args: Vec<(&'static str, ArgVal)>,
+    /// EAGER, else SYNC_CPU.
     eager: bool,
+    /// Checks on (every category, COLLECT: flags are reported, nothing fails).
+    checks: bool,
 }
 
 fn extreme() -> impl Strategy<Value = Extreme> {
@@ -3230,9 +3244,10 @@ fn extreme() -> impl Strategy<Value = Extreme> {
                 n - 1,
             );
             let args = extreme_args(op, first.shape.len());
-            (Just(op), Just(first), rest, args, Just(eager))
+            let checks = prop::bool::weighted(0.2);
+            (Just(op), Just(first), rest, args, (Just(eager), checks))
         })
-        .prop_map(|(op, first, rest, mut args, eager)| {
+        .prop_map(|(op, first, rest, mut args, (eager, checks))| {
             // On a huge view, bounds and windows select as much as they say: one between
             // 2^20 and REFUSED would make a real output of GiBs.
             if first.broadcast {
@@ -3254,6 +3269,7 @@ fn extreme() -> impl Strategy<Value = Extreme> {
                 inputs: std::iter::once(first).chain(rest).collect(),
                 args,
                 eager,
+                checks,
             }
         })
 }
@@ -3310,9 +3326,24 @@ fn make_operand(o: &Operand, keep: &mut Vec<Vec<u8>>) -> Option<*mut ndx_tensor_
             13 => v.to_ne_bytes().to_vec(),
             _ => unreachable!(),
         };
-        bytes[i * item..(i + 1) * item].copy_from_slice(&b);
+        let at = if o.reversed { numel - 1 - i } else { i };
+        bytes[at * item..(at + 1) * item].copy_from_slice(&b);
     }
-    let strides = o.broadcast.then(|| vec![0i64; o.shape.len()]);
+    let mut strides = vec![0i64; o.shape.len()];
+    let mut origin = 0usize;
+    if !o.broadcast {
+        let mut acc = 1i64;
+        for d in (0..o.shape.len()).rev() {
+            strides[d] = if o.reversed { -acc } else { acc };
+            if o.shape[d] == 1 {
+                strides[d] = o.unit_stride.unwrap_or(strides[d]);
+            }
+            acc *= o.shape[d].max(1);
+        }
+        if o.reversed && numel > 0 {
+            origin = (numel - 1) * item;
+        }
+    }
     let layout = o.layout.map(|l| CString::new(l).unwrap());
     let opts = ndx_import_options_t {
         struct_size: std::mem::size_of::<ndx_import_options_t>(),
@@ -3322,11 +3353,11 @@ fn make_operand(o: &Operand, keep: &mut Vec<Vec<u8>>) -> Option<*mut ndx_tensor_
     };
     let mut t = std::ptr::null_mut();
     let e = ndx_tensor_wrap_host(
-        bytes.as_mut_ptr().cast(),
+        bytes[origin..].as_mut_ptr().cast(),
         o.dtype,
         o.shape.len() as i32,
         o.shape.as_ptr(),
-        strides.as_ref().map_or(std::ptr::null(), |s| s.as_ptr()),
+        strides.as_ptr(),
         None,
         std::ptr::null_mut(),
         &opts,
@@ -3811,8 +3842,9 @@ fn reference(x: &Extreme) -> Result<Option<Expected>, ()> {
     }
 }
 
-/// Runs one extreme invocation in SYNC_CPU or EAGER on a fresh context: no INTERNAL
-/// error, and on small inputs the reference's verdict, shape and elements.
+/// Runs one extreme invocation in SYNC_CPU or EAGER on a fresh context (checks on or
+/// off): no INTERNAL error, and on small inputs the reference's verdict, shape and
+/// elements.
 fn extreme_once(x: &Extreme) {
     let mode = if x.eager {
         ndx_eval_mode_t::NDX_EVAL_EAGER as i32
@@ -3841,6 +3873,14 @@ fn extreme_once(x: &Extreme) {
         set_arg(args, name, v);
     }
     let ctx = quiet_ctx(mode);
+    if x.checks {
+        ok(ndx_context_set_checks(
+            ctx.0,
+            ndx_check_policy_t::NDX_CHECKS_COLLECT as i32,
+            0,
+            0,
+        ));
+    }
     let op = CString::new(x.op).unwrap();
     let outcome = match invoke_with(&ctx, &op, &list, args, &invoke_options(mode, &[])) {
         Err(e) => Err(caller_error(e, "ndx_invoke")),
@@ -3924,6 +3964,11 @@ fn extreme_once(x: &Extreme) {
     for t in tensors {
         ndx_tensor_release(t);
     }
+    no_internal(ndx_context_evaluate(ctx.0), "ndx_context_evaluate");
+    no_internal(
+        ndx_context_take_check_errors(ctx.0),
+        "ndx_context_take_check_errors",
+    );
     drop(ctx);
     drop(keep);
 }
