@@ -661,6 +661,91 @@ fn an_injected_runtime_error_carries_a_repro_document() {
     ndx_context_release(ctx);
 }
 
+/// Array lengths whose byte size passes `isize::MAX` (no array is that long) and
+/// misaligned arrays are refused with NDX_ERROR_VALUE: they reached
+/// `std::slice::from_raw_parts`, whose precondition check aborted the process.
+#[test]
+fn array_lengths_past_the_address_space_and_misaligned_arrays_are_refused() {
+    let mut args = std::ptr::null_mut();
+    ok(ndx_args_new(&mut args));
+    let ints = [3i64, -1, 0];
+    let floats = [0.5f64, 1.5];
+    let err = |e: *mut ndx_error_t, fragment: &str| {
+        let (kind, msg) = common::take_error(e).expect("an error");
+        assert_eq!(kind, ndx_error_kind_t::NDX_ERROR_VALUE as i32, "{msg}");
+        assert!(msg.contains(fragment), "{msg:?} lacks {fragment:?}");
+    };
+    for n in [usize::MAX, usize::MAX / 8 + 1, 1 << 60] {
+        err(
+            ndx_args_set_int_array(args, c"axes".as_ptr(), ints.as_ptr(), n),
+            &format!("argument 'values': n is {n}, and {n} entries of 8 bytes exceed"),
+        );
+        err(
+            ndx_args_set_float_array(args, c"mean".as_ptr(), floats.as_ptr(), n),
+            "exceed the address space",
+        );
+    }
+    // One byte into the array: not aligned for int64 or double.
+    let odd = ints.as_ptr().cast::<u8>().wrapping_add(1);
+    err(
+        ndx_args_set_int_array(args, c"axes".as_ptr(), odd.cast(), 1),
+        "is not aligned to 8 bytes",
+    );
+    err(
+        ndx_args_set_float_array(args, c"mean".as_ptr(), odd.cast(), 1),
+        "is not aligned to 8 bytes",
+    );
+    let mut ctx = std::ptr::null_mut();
+    ok(ndx_context_new(std::ptr::null(), &mut ctx));
+    let inputs = [ndx_input_t {
+        tensor: std::ptr::null(),
+        batch: std::ptr::null(),
+    }];
+    let mut f = std::ptr::null_mut();
+    err(
+        ndx_invoke(
+            ctx,
+            c"sum".as_ptr(),
+            inputs.as_ptr(),
+            usize::MAX,
+            args,
+            std::ptr::null(),
+            &mut f,
+        ),
+        "argument 'inputs': n_inputs is 18446744073709551615, and",
+    );
+    assert!(f.is_null());
+    let outputs = [ndx_output_t {
+        tensor: std::ptr::null(),
+        batch: std::ptr::null(),
+    }];
+    let opts = ndx_invoke_options_t {
+        outputs: outputs.as_ptr(),
+        n_outputs: usize::MAX / 2,
+        ..Default::default()
+    };
+    let scalar = scalar();
+    let one = [ndx_input_t {
+        tensor: scalar,
+        batch: std::ptr::null(),
+    }];
+    err(
+        ndx_invoke(
+            ctx,
+            c"sum".as_ptr(),
+            one.as_ptr(),
+            1,
+            std::ptr::null(),
+            &opts,
+            &mut f,
+        ),
+        "opts->outputs: opts->n_outputs is",
+    );
+    ndx_tensor_release(scalar);
+    ndx_context_release(ctx);
+    ndx_args_free(args);
+}
+
 #[test]
 fn args_round_trip_through_the_builder_and_getters() {
     let mut args = std::ptr::null_mut();

@@ -701,7 +701,9 @@ fn set_arg(
 }
 
 /// `n` values at `data`, an array argument named `what` whose length is named `n_name`
-/// in messages.
+/// in messages. A length whose byte size passes `isize::MAX` (no array is that large)
+/// or a misaligned `data` is refused: `std::slice::from_raw_parts` may not be called
+/// on them (debug builds abort there).
 fn slice_arg<'a, T>(data: *const T, n: usize, what: &str, n_name: &str) -> Result<&'a [T]> {
     if n == 0 {
         return Ok(&[]);
@@ -709,7 +711,19 @@ fn slice_arg<'a, T>(data: *const T, n: usize, what: &str, n_name: &str) -> Resul
     if data.is_null() {
         return Err(Error::value(format!("{what} is NULL but {n_name} is {n}")));
     }
-    // SAFETY: non-NULL; the caller promises `n` values.
+    let item = std::mem::size_of::<T>();
+    if n.checked_mul(item).is_none_or(|b| b > isize::MAX as usize) {
+        return Err(Error::value(format!(
+            "{what}: {n_name} is {n}, and {n} entries of {item} bytes exceed the address space"
+        )));
+    }
+    if !data.is_aligned() {
+        return Err(Error::value(format!(
+            "{what} ({data:p}) is not aligned to {} bytes",
+            std::mem::align_of::<T>()
+        )));
+    }
+    // SAFETY: non-NULL, aligned, and a size that fits; the caller promises `n` values.
     Ok(unsafe { std::slice::from_raw_parts(data, n) })
 }
 
@@ -974,16 +988,7 @@ fn array_out<'a, T: 'a>(
 }
 
 fn input_list(inputs: *const ndx_input_t, n: usize) -> Result<Vec<Input>> {
-    if n == 0 {
-        return Ok(Vec::new());
-    }
-    if inputs.is_null() {
-        return Err(Error::value(format!(
-            "argument 'inputs' is NULL but n_inputs is {n}"
-        )));
-    }
-    // SAFETY: non-NULL; the caller promises `n` entries.
-    let entries = unsafe { std::slice::from_raw_parts(inputs, n) };
+    let entries = slice_arg(inputs, n, "argument 'inputs'", "n_inputs")?;
     entries
         .iter()
         .enumerate()
@@ -1002,16 +1007,7 @@ fn input_list(inputs: *const ndx_input_t, n: usize) -> Result<Vec<Input>> {
 
 /// The out tensors of `ndx_invoke_options_t`, which must hold data.
 fn output_list(outputs: *const ndx_output_t, n: usize) -> Result<Vec<Option<Data>>> {
-    if n == 0 {
-        return Ok(Vec::new());
-    }
-    if outputs.is_null() {
-        return Err(Error::value(format!(
-            "opts->outputs is NULL but opts->n_outputs is {n}"
-        )));
-    }
-    // SAFETY: non-NULL; the caller promises `n` entries.
-    let entries = unsafe { std::slice::from_raw_parts(outputs, n) };
+    let entries = slice_arg(outputs, n, "opts->outputs", "opts->n_outputs")?;
     let pending = |i: usize, node: Option<&Arc<Node>>, e: Option<&Error>| {
         let (op, seq) = node.map_or(("?", 0), |n| (n.op_name(), n.seq()));
         Error::value(match e {

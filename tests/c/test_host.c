@@ -579,6 +579,31 @@ static void test_args_array_out_params(void) {
   ndx_args_free(a);
 }
 
+/* Array lengths no array can have (their byte size passes PTRDIFF_MAX) are refused
+ * with NDX_ERROR_VALUE naming the length; they once aborted the process (Rust's
+ * slice::from_raw_parts precondition). */
+static void test_array_lengths_beyond_the_address_space(void) {
+  ndx_args_t* a = NULL;
+  CHECK_OK(ndx_args_new(&a));
+  const int64_t iv[2] = {3, -1};
+  const double fv[2] = {0.5, 1.5};
+  expect_error(ndx_args_set_int_array(a, "axes", iv, SIZE_MAX), NDX_ERROR_VALUE,
+               "argument 'values': n is 18446744073709551615, and");
+  expect_error(ndx_args_set_float_array(a, "mean", fv, SIZE_MAX / 4), NDX_ERROR_VALUE,
+               "exceed the address space");
+  CHECK_OK(ndx_args_set_int_array(a, "axes", iv, 2)); /* the builder is still usable */
+
+  ndx_context_t* ctx = NULL;
+  CHECK_OK(ndx_context_new(NULL, &ctx));
+  ndx_input_t in[1] = {{NULL, NULL}};
+  ndx_future_t* f = (ndx_future_t*)NDX_TEST_BOGUS_PTR;
+  expect_error(ndx_invoke(ctx, "sum", in, SIZE_MAX, a, NULL, &f), NDX_ERROR_VALUE,
+               "argument 'inputs': n_inputs is 18446744073709551615, and");
+  CHECK(f == NULL, "the future out-param is NULL after the error");
+  ndx_context_release(ctx);
+  ndx_args_free(a);
+}
+
 int main(void) {
   test_dtype_names();
   test_from_host_copies();
@@ -590,5 +615,6 @@ int main(void) {
   test_accessors_null_handle();
   test_accessors_null_out();
   test_args_array_out_params();
+  test_array_lengths_beyond_the_address_space();
   return NDX_TEST_SUMMARY("test_host");
 }
