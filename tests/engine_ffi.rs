@@ -746,6 +746,65 @@ fn array_lengths_past_the_address_space_and_misaligned_arrays_are_refused() {
     ndx_args_free(args);
 }
 
+/// The same for the tensor and batch entry points: a `cap` of SIZE_MAX ("enough")
+/// copies the tensor; batch imports of SIZE_MAX samples and misaligned shape arrays
+/// are NDX_ERROR_VALUE. Each reached `std::slice::from_raw_parts` and aborted.
+#[test]
+fn copy_caps_batch_counts_and_shape_arrays_past_the_limits() {
+    let t = scalar();
+    let mut v = [0f32; 2];
+    ok(ndx_tensor_copy_to(t, v.as_mut_ptr().cast(), usize::MAX));
+    assert_eq!(v, [1.0, 0.0]);
+    ndx_tensor_release(t);
+    let err = |e: *mut ndx_error_t, fragment: &str| {
+        let (kind, msg) = common::take_error(e).expect("an error");
+        assert_eq!(kind, ndx_error_kind_t::NDX_ERROR_VALUE as i32, "{msg}");
+        assert!(msg.contains(fragment), "{msg:?} lacks {fragment:?}");
+    };
+    let none = [std::ptr::null_mut(); 2];
+    let legacy = [std::ptr::null_mut(); 2];
+    let mut b = std::ptr::null_mut();
+    for n in [usize::MAX, usize::MAX / 8 + 1] {
+        err(
+            ndx_batch_from_dlpack_versioned(none.as_ptr(), n, std::ptr::null(), &mut b),
+            &format!("argument 'n' is {n}: {n} pointers exceed the address space"),
+        );
+        err(
+            ndx_batch_from_dlpack(legacy.as_ptr(), n, std::ptr::null(), &mut b),
+            "pointers exceed the address space",
+        );
+    }
+    let words = [2i64, 1, 0];
+    let odd = words.as_ptr().cast::<u8>().wrapping_add(4).cast::<i64>();
+    let data = [0f32; 4];
+    let mut t = std::ptr::null_mut();
+    err(
+        ndx_tensor_from_host(
+            data.as_ptr().cast(),
+            ndx_dtype_t::NDX_DTYPE_FLOAT32 as i32,
+            1,
+            odd,
+            std::ptr::null(),
+            std::ptr::null(),
+            &mut t,
+        ),
+        "argument 'shape' (",
+    );
+    err(
+        ndx_tensor_from_host(
+            data.as_ptr().cast(),
+            ndx_dtype_t::NDX_DTYPE_FLOAT32 as i32,
+            1,
+            words.as_ptr(),
+            odd,
+            std::ptr::null(),
+            &mut t,
+        ),
+        "argument 'strides' (",
+    );
+    assert!(t.is_null());
+}
+
 #[test]
 fn args_round_trip_through_the_builder_and_getters() {
     let mut args = std::ptr::null_mut();

@@ -139,6 +139,13 @@ fn host_view(
             "argument 'shape' is NULL but ndim is {ndim}"
         )));
     }
+    for (p, name) in [(shape, "shape"), (strides, "strides")] {
+        if n > 0 && !p.is_null() && !p.is_aligned() {
+            return Err(Error::value(format!(
+                "argument '{name}' ({p:p}) is not aligned to 8 bytes"
+            )));
+        }
+    }
     let shape = if n == 0 {
         Vec::new()
     } else {
@@ -368,10 +375,14 @@ pub extern "C" fn ndx_tensor_copy_to(
         if buf.is_null() && t.nbytes() > 0 {
             return Err(Error::value("argument 'buf' is NULL"));
         }
+        // Never more than the tensor's bytes: a `cap` of SIZE_MAX ("enough") must not
+        // reach `from_raw_parts_mut`, whose precondition (at most isize::MAX bytes)
+        // aborts in debug builds.
+        let cap = cap.min(t.nbytes());
         let dst: &mut [u8] = if cap == 0 || buf.is_null() {
             &mut []
         } else {
-            // SAFETY: the caller gives `cap` writable bytes at `buf`.
+            // SAFETY: the caller gives `cap` writable bytes at `buf` (or more).
             unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), cap) }
         };
         t.copy_to(dst)

@@ -223,6 +223,24 @@ fn check_bulk_args<T>(tensors: *const *mut T, n: usize) -> Result<()> {
             "argument 'tensors' is NULL (n = {n})"
         )));
     }
+    check_array(tensors, n)
+}
+
+/// What `std::slice::from_raw_parts` requires of the caller's non-NULL array of `n`
+/// pointers (debug builds abort otherwise): a byte size within `isize::MAX`, and
+/// alignment.
+fn check_array<T>(tensors: *const *mut T, n: usize) -> Result<()> {
+    let item = std::mem::size_of::<*mut T>();
+    if n.checked_mul(item).is_none_or(|b| b > isize::MAX as usize) {
+        return Err(Error::value(format!(
+            "argument 'n' is {n}: {n} pointers exceed the address space"
+        )));
+    }
+    if !tensors.is_aligned() {
+        return Err(Error::value(format!(
+            "argument 'tensors' ({tensors:p}) is not aligned to {item} bytes"
+        )));
+    }
     Ok(())
 }
 
@@ -310,6 +328,7 @@ pub unsafe fn release_unknown_versions(
     if tensors.is_null() || n == 0 {
         return Ok(());
     }
+    check_array(tensors, n)?;
     // SAFETY: the caller promises `n` entries.
     let ptrs = unsafe { std::slice::from_raw_parts(tensors, n) };
     check_distinct(ptrs)?;

@@ -580,8 +580,9 @@ static void test_args_array_out_params(void) {
 }
 
 /* Array lengths no array can have (their byte size passes PTRDIFF_MAX) are refused
- * with NDX_ERROR_VALUE naming the length; they once aborted the process (Rust's
- * slice::from_raw_parts precondition). */
+ * with NDX_ERROR_VALUE naming the length, and a copy_to capacity of SIZE_MAX copies
+ * the tensor; they once aborted the process (Rust's slice::from_raw_parts
+ * precondition). */
 static void test_array_lengths_beyond_the_address_space(void) {
   ndx_args_t* a = NULL;
   CHECK_OK(ndx_args_new(&a));
@@ -602,6 +603,19 @@ static void test_array_lengths_beyond_the_address_space(void) {
   CHECK(f == NULL, "the future out-param is NULL after the error");
   ndx_context_release(ctx);
   ndx_args_free(a);
+
+  /* A batch of SIZE_MAX samples; a copy whose capacity says "enough". */
+  DLManagedTensorVersioned* none[2] = {NULL, NULL};
+  ndx_batch_t* b = NULL;
+  expect_error(ndx_batch_from_dlpack_versioned(none, SIZE_MAX, NULL, &b), NDX_ERROR_VALUE,
+               "pointers exceed the address space");
+  const float one = 1.0f;
+  ndx_tensor_t* t = NULL;
+  CHECK_OK(ndx_tensor_from_host(&one, NDX_DTYPE_FLOAT32, 0, NULL, NULL, NULL, &t));
+  float got[2] = {0.0f, 0.0f};
+  CHECK_OK(ndx_tensor_copy_to(t, got, SIZE_MAX));
+  CHECK(got[0] == 1.0f && got[1] == 0.0f, "copy_to with cap SIZE_MAX: %g %g", got[0], got[1]);
+  ndx_tensor_release(t);
 }
 
 int main(void) {
