@@ -180,6 +180,47 @@ fn every_invalid_field_fails_naming_it_and_leaves_the_tensor_with_the_caller() {
     }
 }
 
+/// A shape or strides array at an odd address (a broken producer) is refused, naming
+/// it, instead of being read (`slice::from_raw_parts` aborts a debug build there);
+/// the caller still owns the tensor.
+#[test]
+fn misaligned_shape_and_strides_arrays_are_refused() {
+    // [2, 3] and [3, 1] as native-endian bytes, one byte into an 8-aligned buffer.
+    let mut words = [0u64; 3];
+    for (field, values) in [("shape", [2i64, 3]), ("strides", [3i64, 1])] {
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut words);
+        bytes[1..9].copy_from_slice(&values[0].to_ne_bytes());
+        bytes[9..17].copy_from_slice(&values[1].to_ne_bytes());
+        let odd = bytes[1..].as_mut_ptr().cast::<i64>();
+        let (m, count) = base().versioned();
+        // SAFETY: `m` is a live producer tensor of this test; only the pointer changes.
+        let kept = unsafe {
+            let dl = &mut (*m).dl_tensor;
+            if field == "shape" {
+                std::mem::replace(&mut dl.shape, odd)
+            } else {
+                std::mem::replace(&mut dl.strides, odd)
+            }
+        };
+        let (kind, msg) = import_v(m).expect_err(field);
+        assert_eq!(kind, NDX_ERROR_VALUE as i32, "{msg}");
+        assert!(msg.contains(&format!("{field} (0x")), "{msg}");
+        assert!(msg.ends_with("is not aligned to 8 bytes"), "{msg}");
+        assert_eq!(calls(&count), 0, "the caller still owns the tensor");
+        // SAFETY: as above, putting the producer's own pointer back.
+        unsafe {
+            let dl = &mut (*m).dl_tensor;
+            if field == "shape" {
+                dl.shape = kept;
+            } else {
+                dl.strides = kept;
+            }
+        }
+        drop_versioned(m);
+        assert_eq!(calls(&count), 1);
+    }
+}
+
 #[test]
 fn null_tensor_and_null_out_are_value_errors() {
     expect_err(

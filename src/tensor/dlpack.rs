@@ -53,6 +53,14 @@ unsafe fn inspect(dl: &DLTensor, what: &str, opts: &ImportOptions) -> Result<Met
         ))
     })?;
     let device = Device::from_dl(dl.device, what)?;
+    // `slice::from_raw_parts` needs aligned arrays (debug builds abort otherwise).
+    for (p, name) in [(dl.shape, "shape"), (dl.strides, "strides")] {
+        if ndim > 0 && !p.is_null() && !p.is_aligned() {
+            return Err(Error::value(format!(
+                "{what}: {name} ({p:p}) is not aligned to 8 bytes"
+            )));
+        }
+    }
     let shape: Vec<i64> = if ndim == 0 {
         Vec::new()
     } else if dl.shape.is_null() {
@@ -60,7 +68,8 @@ unsafe fn inspect(dl: &DLTensor, what: &str, opts: &ImportOptions) -> Result<Met
             "{what}: shape is NULL but ndim is {ndim}"
         )));
     } else {
-        // SAFETY: the producer promises `ndim` shape entries; ndim is in range.
+        // SAFETY: the producer promises `ndim` shape entries; ndim is in range and the
+        // array aligned.
         unsafe { std::slice::from_raw_parts(dl.shape, ndim) }.to_vec()
     };
     let strides: Option<Vec<i64>> = if ndim == 0 || dl.strides.is_null() {

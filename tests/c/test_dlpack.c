@@ -184,6 +184,7 @@ enum mutation {
   M_LAYOUT_TWICE,
   M_LAYOUT_NOT_LETTERS,
   M_OPTS_SIZE,
+  M_SHAPE_MISALIGNED,
   M_OUT_NULL,
   M_COUNT
 };
@@ -212,6 +213,8 @@ static const struct {
     {NDX_ERROR_VALUE, "names dimension 'H' twice", "layout HH"},
     {NDX_ERROR_VALUE, "must consist of ASCII letters", "layout H1"},
     {NDX_ERROR_VALUE, "opts->struct_size is 8", "opts struct_size"},
+    /* A broken producer's shape array at an odd address: refused, never read. */
+    {NDX_ERROR_VALUE, "is not aligned to 8 bytes", "shape misaligned"},
     {NDX_ERROR_VALUE, "argument 'out' is NULL", "out NULL"},
 };
 
@@ -240,6 +243,14 @@ static int mutate(enum mutation m, DLTensor* dl, ndx_import_options_t* opts) {
     case M_LAYOUT_TWICE: opts->layout = "HH"; break;
     case M_LAYOUT_NOT_LETTERS: opts->layout = "H1"; break;
     case M_OPTS_SIZE: opts->struct_size = 8; break;
+    case M_SHAPE_MISALIGNED: {
+      /* {2, 3} one byte into an 8-aligned buffer. */
+      static int64_t words[3];
+      const int64_t dims[2] = {2, 3};
+      memcpy((char*)words + 1, dims, sizeof dims);
+      dl->shape = (int64_t*)(void*)((char*)words + 1);
+      break;
+    }
     case M_OUT_NULL: return 1;
     case M_COUNT: break;
   }
