@@ -3,8 +3,6 @@
 //! Inputs are read in place when compact and aligned (zero-copy), else compacted once.
 //! Outputs are new compact host tensors. Integer arithmetic wraps like NumPy's.
 
-use std::borrow::Cow;
-
 use bytemuck::Pod;
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
@@ -525,8 +523,8 @@ pub(crate) fn typed<T: Elem>(t: &Tensor) -> Result<Elems<'_, T>> {
         return Ok(Elems::Borrowed(&[]));
     }
     if t.is_compact()
-        && let Some(Cow::Borrowed(b)) = t.compact_bytes().ok()
-        && let Ok(s) = bytemuck::try_cast_slice::<u8, T>(b)
+        && let Some((span, origin)) = t.host_span()
+        && let Ok(s) = bytemuck::try_cast_slice::<u8, T>(&span[origin as usize..][..t.nbytes()])
     {
         return Ok(Elems::Borrowed(s));
     }

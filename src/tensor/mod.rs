@@ -791,19 +791,12 @@ impl Tensor {
         self
     }
 
-    /// The elements as a compact vector of bytes.
-    pub fn to_bytes(&self) -> Result<Vec<u8>> {
-        self.to_vec::<u8>()
-    }
-
-    /// The elements as a compact vector of `T`, whose size must be the dtype's item
-    /// size (a reinterpretation, not a conversion); `NDX_ERROR_MEMORY` naming the copy
+    /// The elements as a compact vector of bytes; `NDX_ERROR_MEMORY` naming the copy
     /// where the system refuses the memory.
-    pub fn to_vec<T: bytemuck::Pod>(&self) -> Result<Vec<T>> {
-        let n = self.nbytes() / std::mem::size_of::<T>();
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
         let mut out =
-            storage::try_host_vec(n, T::zeroed()).map_err(|e| self.compact_copy_error(e))?;
-        self.copy_to(bytemuck::cast_slice_mut(&mut out))?;
+            storage::try_host_vec(self.nbytes(), 0u8).map_err(|e| self.compact_copy_error(e))?;
+        self.copy_to(&mut out)?;
         Ok(out)
     }
 
