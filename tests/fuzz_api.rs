@@ -2701,12 +2701,7 @@ fn stack_once(c: &StackCase) {
         counts.push(count);
     }
     let layout = c.layout.as_ref().map(|l| CString::new(l.as_str()).unwrap());
-    let opts = ndx_import_options_t {
-        struct_size: std::mem::size_of::<ndx_import_options_t>(),
-        layout: layout.as_ref().map_or(std::ptr::null(), |l| l.as_ptr()),
-        read_only: false,
-        stream: std::ptr::null_mut(),
-    };
+    let opts = import_options(layout.as_deref(), false);
     let mut batch = std::ptr::null_mut();
     let e = if c.legacy {
         ndx_batch_from_dlpack(managed.as_ptr().cast(), n, &opts, &mut batch)
@@ -3345,12 +3340,7 @@ fn make_operand(o: &Operand, keep: &mut Vec<Vec<u8>>) -> Option<*mut ndx_tensor_
         }
     }
     let layout = o.layout.map(|l| CString::new(l).unwrap());
-    let opts = ndx_import_options_t {
-        struct_size: std::mem::size_of::<ndx_import_options_t>(),
-        layout: layout.as_ref().map_or(std::ptr::null(), |l| l.as_ptr()),
-        read_only: false,
-        stream: std::ptr::null_mut(),
-    };
+    let opts = import_options(layout.as_deref(), false);
     let mut t = std::ptr::null_mut();
     let e = ndx_tensor_wrap_host(
         bytes[origin..].as_mut_ptr().cast(),

@@ -25,12 +25,7 @@ const EAGER: i32 = ndx_eval_mode_t::NDX_EVAL_EAGER as i32;
 /// A view of `one` element repeated over `shape` (all strides 0), with a layout.
 fn broadcast<E>(one: &E, dtype: i32, shape: &[i64], layout: Option<&CStr>) -> T {
     let strides = vec![0i64; shape.len()];
-    let opts = ndx_import_options_t {
-        struct_size: std::mem::size_of::<ndx_import_options_t>(),
-        layout: layout.map_or(std::ptr::null(), CStr::as_ptr),
-        read_only: true,
-        stream: std::ptr::null_mut(),
-    };
+    let opts = import_options(layout, true);
     let mut t = std::ptr::null_mut();
     ok(ndx_tensor_wrap_host(
         (one as *const E).cast_mut().cast::<c_void>(),

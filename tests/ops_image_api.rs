@@ -39,12 +39,7 @@ const THIS_FILE: &CStr = match CStr::from_bytes_with_nul(concat!(file!(), "\0").
 impl T {
     /// A host tensor copied from `data` (`shape`, `dtype`), with `layout` (None: none).
     fn host<E: Copy>(data: &[E], dtype: i32, shape: &[i64], layout: Option<&CStr>) -> T {
-        let opts = ndx_import_options_t {
-            struct_size: std::mem::size_of::<ndx_import_options_t>(),
-            layout: layout.map_or(std::ptr::null(), CStr::as_ptr),
-            read_only: false,
-            stream: std::ptr::null_mut(),
-        };
+        let opts = import_options(layout, false);
         let mut t = std::ptr::null_mut();
         ok(ndx_tensor_from_host(
             data.as_ptr().cast::<c_void>(),
@@ -663,12 +658,7 @@ fn resize_of_a_ragged_batch_runs_per_sample() {
         .collect();
     let specs = [u8_spec(&SMALL, &[2, 2, 1]), u8_spec(&big, &[3, 5, 1])];
     let (ptrs, counts): (Vec<_>, Vec<_>) = specs.iter().map(Spec::versioned).unzip();
-    let opts = ndx_import_options_t {
-        struct_size: std::mem::size_of::<ndx_import_options_t>(),
-        layout: c"HWC".as_ptr(),
-        read_only: false,
-        stream: std::ptr::null_mut(),
-    };
+    let opts = import_options(Some(c"HWC"), false);
     let batch = import_batch(&ptrs, &opts);
     let mut uniform = true;
     ok(ndx_batch_is_uniform(batch, &mut uniform));

@@ -590,12 +590,7 @@ fn batch_to_tensor_stacks_a_batch_or_tensors_into_an_out_tensor() {
     );
     // So does a set whose layouts differ (the kernel could not make it a batch).
     let mut w = std::ptr::null_mut();
-    let opts = ndx_import_options_t {
-        struct_size: std::mem::size_of::<ndx_import_options_t>(),
-        layout: c"W".as_ptr(),
-        read_only: false,
-        stream: std::ptr::null_mut(),
-    };
+    let opts = import_options(Some(c"W"), false);
     let data = [7f32, 8.];
     let shape = [2i64];
     ok(ndx_tensor_from_host(

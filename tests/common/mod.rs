@@ -389,12 +389,7 @@ pub fn wrap_host(
     strides: Option<&[i64]>,
     read_only: bool,
 ) -> *mut ndx_tensor_t {
-    let opts = ndx_import_options_t {
-        struct_size: std::mem::size_of::<ndx_import_options_t>(),
-        layout: std::ptr::null(),
-        read_only,
-        stream: std::ptr::null_mut(),
-    };
+    let opts = import_options(None, read_only);
     let mut t = std::ptr::null_mut();
     ok(ndx_tensor_wrap_host(
         data,
@@ -408,6 +403,16 @@ pub fn wrap_host(
         &mut t,
     ));
     t
+}
+
+/// Host import options: `layout` (None: none), `read_only`, no stream.
+pub fn import_options(layout: Option<&CStr>, read_only: bool) -> ndx_import_options_t {
+    ndx_import_options_t {
+        struct_size: std::mem::size_of::<ndx_import_options_t>(),
+        layout: layout.map_or(std::ptr::null(), CStr::as_ptr),
+        read_only,
+        stream: std::ptr::null_mut(),
+    }
 }
 
 /// A tensor handle, released on drop.
