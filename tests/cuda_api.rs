@@ -1120,6 +1120,44 @@ fn the_accuracy_fault_perturbs_outputs_computed_on_the_device() {
 }
 
 #[test]
+fn batch_to_tensor_on_device_samples_is_refused_at_invoke() {
+    let _device = shared_device();
+    // Needs a device. Stacking has no CUDA kernel: device samples are refused at
+    // ndx_invoke (they used to be accepted and fail when the host kernel ran), and a
+    // device sample among host ones names the host one to move.
+    skip_without_driver!();
+    let (m, count) = Spec::f32s(&[1.0, 2.0], &[2]).versioned();
+    let mut h = std::ptr::null_mut();
+    ok(ndx_tensor_from_dlpack_versioned(
+        m,
+        std::ptr::null(),
+        &mut h,
+    ));
+    for mode in [
+        ndx_eval_mode_t::NDX_EVAL_SYNC_CPU,
+        ndx_eval_mode_t::NDX_EVAL_EAGER,
+        ndx_eval_mode_t::NDX_EVAL_DEFERRED,
+    ] {
+        let ctx = Ctx::new(mode as i32);
+        let up = invoke(&ctx, c"to_device", &[h], &[]).expect("to_device");
+        let d = out0(up);
+        let (kind, msg) = invoke(&ctx, c"batch_to_tensor", &[d, d], &[]).unwrap_err();
+        assert_eq!(kind, NDX_ERROR_NOT_IMPLEMENTED as i32, "{mode:?}: {msg}");
+        assert_eq!(
+            msg,
+            "operator 'batch_to_tensor': no CUDA kernel for float32 on kDLCUDA:0"
+        );
+        let (kind, msg) = invoke(&ctx, c"batch_to_tensor", &[d, h], &[]).unwrap_err();
+        assert_eq!(kind, NDX_ERROR_VALUE as i32, "{mode:?}: {msg}");
+        assert!(msg.contains("input 1 is in host memory"), "{msg}");
+        ndx_tensor_release(d);
+        ndx_future_release(up);
+    }
+    ndx_tensor_release(h);
+    assert_eq!(calls(&count), 1);
+}
+
+#[test]
 fn a_missing_kernel_for_a_promoted_dtype_names_the_inputs_dtypes() {
     let _device = shared_device();
     // Needs a device. int32 + float32 promotes to float64, which has no CUDA kernel:

@@ -972,3 +972,80 @@ fn zero_stride_imports_whose_compact_size_overflows_are_refused() {
         assert!(t.is_null());
     }
 }
+
+/// The `batch_to_tensor` operator stacks tensors standing for the samples into new
+/// host memory, so samples in different host-readable memories (pageable, pinned,
+/// managed) stack like any others, in every mode; a whole imported batch still keeps
+/// one device.
+#[test]
+fn batch_to_tensor_stacks_samples_from_different_host_memories() {
+    let kinds = [
+        DLDeviceType::CPU,
+        DLDeviceType::CUDAHOST,
+        DLDeviceType::CUDAMANAGED,
+    ];
+    let mut tensors = Vec::new();
+    let mut counts = Vec::new();
+    for (i, kind) in kinds.iter().enumerate() {
+        let v = i as f32;
+        let mut spec = Spec::f32s(&[v, v + 0.5], &[2]);
+        spec.device.device_type = *kind;
+        let (m, c) = spec.versioned();
+        tensors.push(T(import_v(m).expect("import")));
+        counts.push(c);
+    }
+    for mode in [
+        ndx_eval_mode_t::NDX_EVAL_SYNC_CPU,
+        ndx_eval_mode_t::NDX_EVAL_SYNC_FULL,
+        ndx_eval_mode_t::NDX_EVAL_DEFERRED,
+        ndx_eval_mode_t::NDX_EVAL_EAGER,
+    ] {
+        let ctx = Ctx::new(mode as i32);
+        for order in [[0, 1, 2], [1, 2, 0], [2, 0, 1]] {
+            let ins: Vec<ndx_input_t> = order.iter().map(|&i| tensors[i].input()).collect();
+            let f = invoke_with(
+                &ctx,
+                c"batch_to_tensor",
+                &ins,
+                std::ptr::null(),
+                &invoke_options(0, &[]),
+            )
+            .unwrap_or_else(|e| panic!("{mode:?} {order:?}: {:?}", take_error(e)));
+            ok(ndx_future_wait(f, -1));
+            let mut r = std::ptr::null_mut();
+            ok(ndx_future_tensor(f, 0, &mut r));
+            ndx_future_release(f);
+            let r = T(r);
+            assert_eq!(shape_of(r.0), [3, 2], "{mode:?} {order:?}");
+            let expected: Vec<f32> = order
+                .iter()
+                .flat_map(|&i| [i as f32, i as f32 + 0.5])
+                .collect();
+            assert_eq!(values_f32(r.0), expected, "{mode:?} {order:?}");
+        }
+    }
+    // A CUDA sample has no host kernel to stack it: refused at invoke (without a
+    // driver: none found; with one: the host samples must move first).
+    let mut spec = Spec::f32s(&[0.0, 0.5], &[2]);
+    spec.device.device_type = DLDeviceType::CUDA;
+    let (m, c) = spec.versioned();
+    let gpu = T(import_v(m).expect("import"));
+    counts.push(c);
+    let ctx = Ctx::new(ndx_eval_mode_t::NDX_EVAL_DEFERRED as i32);
+    let e = invoke_with(
+        &ctx,
+        c"batch_to_tensor",
+        &[gpu.input(), tensors[0].input()],
+        std::ptr::null(),
+        &invoke_options(0, &[]),
+    )
+    .expect_err("a CUDA sample among host samples is refused at invoke");
+    let (kind, msg) = take_error(e).expect("an error");
+    assert!(
+        [NDX_ERROR_CUDA as i32, NDX_ERROR_VALUE as i32].contains(&kind),
+        "{kind}: {msg}"
+    );
+    assert!(msg.contains("input 0"), "{msg}");
+    drop((ctx, gpu, tensors));
+    assert_eq!(counts.iter().map(calls).collect::<Vec<_>>(), [1, 1, 1, 1]);
+}

@@ -874,6 +874,7 @@ fn infer_samples(
             })
             .collect::<Result<_>>()?,
     };
+    cuda_check(def, inputs, args)?;
     let outs = match &def.infer {
         Some(infer) => infer(&metas.iter().collect::<Vec<_>>(), args)?
             .into_iter()

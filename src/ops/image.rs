@@ -11,7 +11,7 @@ use super::resize;
 use super::{ArgSpec, Kernel, OpDef, SAMPLES, TMeta, VARIADIC};
 use crate::error::{Error, Result};
 use crate::exec::args::{ArgType, ArgValue, Args};
-use crate::tensor::{Batch, DType, Tensor, dims, stacked_layout};
+use crate::tensor::{DType, Tensor, dims, stacked_layout};
 
 fn promoted(inputs: &[&TMeta]) -> DType {
     promote_all(inputs.iter().map(|m| m.dtype)).unwrap_or(DType::Bool)
@@ -456,8 +456,8 @@ pub fn ops() -> Vec<OpDef> {
             kernel: Kernel::Builtin(Arc::new(|i: &[&Tensor], _: &Args| {
                 let metas: Vec<TMeta> = i.iter().map(|t| TMeta::of(t)).collect();
                 batch_to_tensor_meta(&metas.iter().collect::<Vec<_>>())?;
-                let samples = i.iter().map(|t| Arc::new((*t).clone())).collect();
-                Ok(vec![Batch::new(samples)?.to_tensor()?])
+                // Into new host memory: the samples need not share a device.
+                Ok(vec![crate::tensor::stack(i)?])
             })),
         },
         OpDef {

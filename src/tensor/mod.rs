@@ -915,27 +915,39 @@ impl Batch {
     /// Stacks a uniform batch into one compact tensor with a leading batch dimension.
     /// Its layout is the samples' prefixed with `N` (when they have one without `N`).
     pub fn to_tensor(&self) -> Result<Tensor> {
-        if let Some(i) = self.first_nonuniform() {
-            return Err(Error::value(format!(
-                "cannot stack a ragged batch: sample {i} has shape {}, sample 0 has shape {}",
-                dims(self.samples[i].shape()),
-                dims(self.first().shape())
-            )));
-        }
-        let mut shape = vec![self.samples.len() as i64];
-        shape.extend_from_slice(self.first().shape());
-        let layout = CString::new(stacked_layout(self.first().layout())).unwrap_or_default();
-        let per_sample = self.first().nbytes();
-        Tensor::new_host_overwritten(self.dtype(), &shape, layout, |bytes| {
-            if per_sample == 0 {
-                return Ok(());
-            }
-            for (sample, chunk) in self.samples.iter().zip(bytes.chunks_mut(per_sample)) {
-                sample.copy_to(chunk)?;
-            }
-            Ok(())
-        })
+        stack(&self.samples)
     }
+}
+
+/// Stacks `samples` (at least one, sharing sample 0's dtype and layout) into one new
+/// compact host tensor with a leading dimension, whatever host-readable memory each
+/// sample lives in; a ragged set fails naming its first odd sample. Its layout is
+/// the samples' prefixed with `N` (when they have one without `N`).
+pub(crate) fn stack<S: std::ops::Deref<Target = Tensor>>(samples: &[S]) -> Result<Tensor> {
+    let first = samples
+        .first()
+        .ok_or_else(|| Error::value("a batch needs at least one sample, got 0"))?;
+    if let Some(i) = samples.iter().position(|s| s.shape() != first.shape()) {
+        return Err(Error::value(format!(
+            "cannot stack a ragged batch: sample {i} has shape {}, sample 0 has shape {}",
+            dims(samples[i].shape()),
+            dims(first.shape())
+        )));
+    }
+    debug_assert!(samples.iter().all(|s| s.dtype() == first.dtype()));
+    let mut shape = vec![samples.len() as i64];
+    shape.extend_from_slice(first.shape());
+    let layout = CString::new(stacked_layout(first.layout())).unwrap_or_default();
+    let per_sample = first.nbytes();
+    Tensor::new_host_overwritten(first.dtype(), &shape, layout, |bytes| {
+        if per_sample == 0 {
+            return Ok(());
+        }
+        for (sample, chunk) in samples.iter().zip(bytes.chunks_mut(per_sample)) {
+            sample.copy_to(chunk)?;
+        }
+        Ok(())
+    })
 }
 
 /// The layout of samples stacked along a new leading dimension: the samples' prefixed

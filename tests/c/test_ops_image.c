@@ -2,8 +2,9 @@
  * of int8 + uint8 + float16 to float16, a shape mismatch refused at ndx_invoke), stack,
  * crop, resize (OpenCV's linear rule for uint8, bad sizes, an unknown interp, bool),
  * rgb_to_gray, normalize, a ragged batch of HWC images imported with a layout and resized
- * per sample, the same resize in DEFERRED and EAGER modes, and batch_to_tensor refusing
- * samples whose layouts differ at ndx_invoke.
+ * per sample, the same resize in DEFERRED and EAGER modes, batch_to_tensor refusing
+ * samples whose layouts differ at ndx_invoke and stacking samples from pageable, pinned
+ * and managed host memory.
  *
  * Every expected value is computed by hand (the resize and gray values agree with
  * cv2.resize(INTER_LINEAR) and cv2.cvtColor(COLOR_RGB2GRAY)), never by ndx itself.
@@ -723,6 +724,60 @@ static void test_batch_to_tensor_layouts(void) {
   ndx_context_release(ctx);
 }
 
+/* batch_to_tensor stacks into new host memory, so tensors standing for the samples may
+ * live in different host-readable memories (pageable, pinned, managed), in every mode;
+ * they used to be refused only when the kernel ran ("device type is kDLCUDAHost"). */
+static void test_batch_to_tensor_memories(void) {
+  static const float v[3][2] = {{1.f, 2.f}, {3.f, 4.f}, {5.f, 6.f}};
+  static const int64_t shape[1] = {2};
+  static const int64_t stacked_shape[2] = {3, 2};
+  int deleted[2] = {0, 0};
+  ndx_tensor_t* s[3] = {mk(v[0], NDX_DTYPE_FLOAT32, 1, shape, NULL), NULL, NULL};
+  const DLDeviceType kinds[2] = {kDLCUDAHost, kDLCUDAManaged};
+  for (int i = 0; i < 2; i++) {
+    DLManagedTensorVersioned* m =
+        ndx_test_versioned(&deleted[i], NDX_TEST_DL_F32, 1, shape, NULL, v[i + 1], sizeof v[0]);
+    m->dl_tensor.device.device_type = kinds[i];
+    if (!CHECK_OK(ndx_tensor_from_dlpack_versioned(m, NULL, &s[i + 1]))) {
+      ndx_test_drop_versioned(m);
+    }
+  }
+  static const int32_t modes[4] = {NDX_EVAL_SYNC_CPU, NDX_EVAL_SYNC_FULL, NDX_EVAL_DEFERRED,
+                                   NDX_EVAL_EAGER};
+  static const char* const names[4] = {"SYNC_CPU", "SYNC_FULL", "DEFERRED", "EAGER"};
+  ndx_context_t* ctx = make_ctx(NDX_EVAL_EAGER);
+  for (int m = 0; s[1] && s[2] && m < 4; m++) {
+    NDX_TEST_CONTEXT(names[m]);
+    for (int first = 0; first < 3; first++) {
+      ndx_input_t in[3];
+      for (int i = 0; i < 3; i++) in[i] = ndx_test_in(s[(first + i) % 3]);
+      ndx_future_t* f = NULL;
+      if (!CHECK_OK(INVOKE(ctx, "batch_to_tensor", in, 3, NULL, modes[m], &f))) {
+        ndx_future_release(f);
+        continue;
+      }
+      ndx_tensor_t* t = finish(f);
+      if (t) {
+        check_meta(t, NDX_DTYPE_FLOAT32, 2, stacked_shape, "");
+        float out[6] = {0};
+        if (CHECK_OK(ndx_tensor_copy_to(t, out, sizeof out))) {
+          for (int i = 0; i < 3; i++) {
+            const float* want = v[(first + i) % 3];
+            CHECK(out[2 * i] == want[0] && out[2 * i + 1] == want[1], "row %d: %g %g", i,
+                  out[2 * i], out[2 * i + 1]);
+          }
+        }
+      }
+      ndx_tensor_release(t);
+    }
+  }
+  NDX_TEST_CONTEXT(NULL);
+  ndx_context_release(ctx);
+  for (int i = 0; i < 3; i++) ndx_tensor_release(s[i]);
+  CHECK(deleted[0] == 1 && deleted[1] == 1, "each producer deleter ran once: %d %d", deleted[0],
+        deleted[1]);
+}
+
 int main(void) {
   test_concat();
   test_crop();
@@ -730,6 +785,7 @@ int main(void) {
   test_gray_and_normalize();
   test_batch();
   test_batch_to_tensor_layouts();
+  test_batch_to_tensor_memories();
   test_modes();
   test_memory();
   return NDX_TEST_SUMMARY("test_ops_image");
