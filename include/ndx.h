@@ -1281,6 +1281,15 @@ void ndx_error_free(ndx_error_t *error);
 /**
  * A new context. `opts` may be NULL (all defaults: EAGER, NATIVE capture of 16
  * frames, backend "default", callbacks on worker threads). Thread-safe.
+ *
+ * `fork()`: a child has none of its parent's threads. New contexts work in the child
+ * (its first use starts worker threads of its own). A context made before the fork
+ * belongs to the parent: in the child every call on it is NDX_ERROR_VALUE, except
+ * `ndx_context_release`, which waits for nothing there. An invocation that had not
+ * completed at the fork reads as failed in the child (poll FAILED, wait and reads
+ * NDX_ERROR_RUNTIME), and its pending outputs are refused as inputs; tensors whose
+ * data existed are usable anywhere. CUDA initialised before the fork is not usable in
+ * the child (NDX_ERROR_CUDA saying so).
  */
 ndx_error_t *ndx_context_new(const ndx_context_options_t *opts, ndx_context_t **out);
 
@@ -1302,7 +1311,8 @@ ndx_error_t *ndx_context_retain(const ndx_context_t *ctx);
  * wait drops the callbacks of work completing after it uncalled (their `user_free`
  * still runs), and one made on an ndx worker (say, from a callback of another
  * context) drops those still queued too. Futures and tensors keep working after
- * their context is gone. NULL is a no-op.
+ * their context is gone. In a child forked after the context was made, the release
+ * only drops the reference (see `ndx_context_new`). NULL is a no-op.
  */
 void ndx_context_release(const ndx_context_t *ctx);
 

@@ -61,6 +61,37 @@ fn device_count_and_check_agree() {
 }
 
 #[test]
+fn a_child_forked_after_cuda_was_set_up_does_not_use_it() {
+    let _device = shared_device();
+    // Needs a device: the driver is set up here, then the process forks. CUDA does not
+    // support a fork after cuInit: the child sees no device, and says why.
+    skip_without_driver!();
+    assert!(ndx_cuda_device_count() > 0);
+    // SAFETY: the child calls only two ndx functions and leaves with `_exit`.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork");
+    if pid == 0 {
+        let count = ndx_cuda_device_count();
+        let refused = take_error(ndx_cuda_device_check(0)).is_some_and(|(kind, msg)| {
+            kind == NDX_ERROR_CUDA as i32
+                && msg.starts_with("CUDA was initialised before this process forked")
+        });
+        // SAFETY: leaving the child without running the harness's exit code.
+        unsafe { libc::_exit(if count == 0 && refused { 0 } else { 1 }) };
+    }
+    let mut status = 0;
+    // SAFETY: our child's pid and a valid out-pointer.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "the child saw a device or no reason (status {status})"
+    );
+    // The parent keeps its devices.
+    assert!(ndx_cuda_device_count() > 0);
+    ok(ndx_cuda_device_check(0));
+}
+
+#[test]
 fn without_a_driver_the_reason_is_the_missing_library() {
     let _device = shared_device();
     // CI has no libcuda: the message names it. (Elsewhere the other test covers it.)

@@ -21,21 +21,6 @@ const DEFERRED: i32 = ndx_eval_mode_t::NDX_EVAL_DEFERRED as i32;
 const EAGER: i32 = ndx_eval_mode_t::NDX_EVAL_EAGER as i32;
 
 impl T {
-    /// A compact copy of `data`.
-    fn copy<E: Copy>(data: &[E], dtype: i32, shape: &[i64]) -> T {
-        let mut t = std::ptr::null_mut();
-        ok(ndx_tensor_from_host(
-            data.as_ptr().cast(),
-            dtype,
-            shape.len() as i32,
-            shape.as_ptr(),
-            std::ptr::null(),
-            std::ptr::null(),
-            &mut t,
-        ));
-        T(t)
-    }
-
     /// A view of the caller's `data` (no copy, no deleter), maybe strided or read-only.
     fn wrap<E>(data: &mut [E], dtype: i32, shape: &[i64], strides: Option<&[i64]>) -> T {
         T::raw(data.as_mut_ptr().cast(), dtype, shape, strides, false)

@@ -85,10 +85,28 @@ enum Driver {
     Absent(String),
 }
 
-/// The driver, looked for once per process.
+/// The driver, looked for once per process. In a child forked after the parent set
+/// the driver up, none: CUDA does not support a fork after `cuInit`, and the parent's
+/// streams, memory and completion threads are not the child's.
 fn driver() -> &'static Driver {
-    static DRIVER: OnceLock<Driver> = OnceLock::new();
-    DRIVER.get_or_init(find_driver)
+    static DRIVER: OnceLock<(u64, Driver)> = OnceLock::new();
+    static FORKED: OnceLock<Driver> = OnceLock::new();
+    let (generation, driver) = DRIVER.get_or_init(|| {
+        crate::exec::fork::watch();
+        (crate::exec::fork::generation(), find_driver())
+    });
+    match driver {
+        Driver::Ready { .. } if *generation != crate::exec::fork::generation() => FORKED
+            .get_or_init(|| {
+                Driver::Absent(
+                    "CUDA was initialised before this process forked, and the CUDA driver \
+                     cannot be used in a forked child: start the child with spawn or \
+                     forkserver, or use CUDA only after the fork"
+                        .into(),
+                )
+            }),
+        _ => driver,
+    }
 }
 
 fn find_driver() -> Driver {

@@ -2,7 +2,7 @@
 //! failing work, the chain of causes and, for groups, the related errors.
 
 mod format;
-mod site;
+pub(crate) mod site;
 
 pub(crate) use site::EntryGuard;
 pub use site::{DEFAULT_DEPTH, Frame, FrameOrigin, MAX_DEPTH, Site};

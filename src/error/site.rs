@@ -315,6 +315,11 @@ const SYMBOL_CACHE_CAPACITY: usize = 16 * 1024;
 /// checkers (valgrind) report it as still reachable, not as possibly lost.
 static SYMBOLS: Mutex<BTreeMap<usize, Arc<[Frame]>>> = Mutex::new(BTreeMap::new());
 
+/// The symbol cache's lock (taken around a fork: `ffi::fork`).
+pub(crate) fn symbols_lock() -> &'static Mutex<BTreeMap<usize, Arc<[Frame]>>> {
+    &SYMBOLS
+}
+
 #[cfg(test)]
 thread_local! {
     /// Addresses this thread looked up in the debug information (cache misses).

@@ -220,6 +220,8 @@ pub struct ContextInner {
     checked_runs: AtomicU64,
     /// The explain counters.
     stats: Mutex<crate::debug::explain::Stats>,
+    /// The fork generation of the process that made it ([`super::fork`]).
+    generation: u64,
 }
 
 /// A public reference to a context (behind `ndx_context_t`). Cloning adds one; when
@@ -274,6 +276,7 @@ pub fn new_context(settings: Settings, threads: usize) -> Context {
         events: Mutex::new(VecDeque::new()),
         jobs: Mutex::new(0),
         jobs_done: Condvar::new(),
+        generation: super::fork::generation(),
     });
     Context { inner }
 }
@@ -460,6 +463,17 @@ impl ContextInner {
             Error::value(format!("unknown operator '{op}'")).with_site(site.clone())
         })?;
         let fail = |e: Error| e.with_op_name(&def.name).with_site(site.clone());
+        if let Some((i, up)) = inputs.iter().enumerate().find_map(|(i, input)| {
+            input
+                .producer()
+                .filter(|up| up.lost_in_fork())
+                .map(|up| (i, up))
+        }) {
+            return Err(fail(Error::value(format!(
+                "input {i}: {}",
+                up.lost_error().message()
+            ))));
+        }
         // The context's default device for `to_device`.
         let args = if def.name == "to_device" && args.get("device").is_none() {
             args.with(
@@ -545,6 +559,12 @@ impl ContextInner {
     }
 
     /// Whether no thread will run queued callbacks any more (released).
+    /// Whether it was made before this process forked: it cannot be used here
+    /// ([`super::fork`]).
+    pub fn stale(&self) -> bool {
+        self.generation != super::fork::generation()
+    }
+
     pub(crate) fn closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
     }
@@ -636,6 +656,12 @@ impl ContextInner {
     /// device's completion thread: those, and (in process-events mode) the callbacks
     /// of work that completes after a release that did not wait, are dropped uncalled.
     fn release(&self) {
+        if self.stale() {
+            // In a forked child: its work and the threads running it stayed with the
+            // parent, so there is nothing to cancel or wait for here.
+            self.closed.store(true, Ordering::Release);
+            return;
+        }
         let worker = pool::on_worker() || crate::cuda::completion::on_completion_thread();
         let events_mode = self.settings.lock().events_mode;
         if worker && events_mode {

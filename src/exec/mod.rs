@@ -2,6 +2,7 @@
 
 pub mod args;
 mod context;
+pub(crate) mod fork;
 mod node;
 pub(crate) mod pool;
 mod value;

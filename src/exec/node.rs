@@ -54,7 +54,8 @@ impl Input {
         Ok(Input::Tensor(Arc::new(TensorRef::ready(Arc::new(t)))))
     }
 
-    fn producer(&self) -> Option<&Arc<Node>> {
+    /// The invocation making it, while it is pending.
+    pub(crate) fn producer(&self) -> Option<&Arc<Node>> {
         match self {
             Input::Tensor(t) => t.producer(),
             Input::Batch(b) => b.producer(),
@@ -306,6 +307,8 @@ pub struct Node {
     /// rather than complete: it runs on the same device's stream, which orders it
     /// after that work ([`is_stream_consumer`]).
     stream_consumer: bool,
+    /// The fork generation of the process that made it ([`super::fork`]).
+    generation: u64,
 }
 
 /// Whether an invocation of `spec` is a stream consumer: EAGER or DEFERRED, a
@@ -392,6 +395,7 @@ impl Node {
             device_work: Mutex::new(Vec::new()),
             launched: OnceLock::new(),
             stream_consumer,
+            generation: super::fork::generation(),
         });
         for input in &spec.inputs {
             if let Some(up) = input.producer() {
@@ -443,6 +447,17 @@ impl Node {
     /// Whether the invocation has completed.
     pub fn is_done(&self) -> bool {
         self.result.get().is_some()
+    }
+
+    /// Whether it had not completed when this process forked off the one that made
+    /// it: it never completes here ([`super::fork`]).
+    pub fn lost_in_fork(&self) -> bool {
+        self.generation != super::fork::generation() && !self.is_done()
+    }
+
+    /// The failure a lost invocation reads as ([`Node::lost_in_fork`]).
+    pub fn lost_error(&self) -> Error {
+        super::fork::stale_invocation(self.seq, &self.op.name)
     }
     /// The current phase.
     pub fn phase(&self) -> Phase {
@@ -503,6 +518,9 @@ impl Node {
     pub fn wait_as(self: &Arc<Self>, timeout: Option<Duration>, why: Why) -> Result<()> {
         if self.is_done() {
             return Ok(());
+        }
+        if self.lost_in_fork() {
+            return Err(self.lost_error());
         }
         if must_not_block() {
             return Err(no_blocking_error(&format!(
@@ -609,6 +627,9 @@ impl Node {
         let mut contexts: Vec<(Arc<ContextInner>, Option<Option<usize>>)> = Vec::new();
         let mut stack: Vec<Arc<Node>> = nodes.iter().rev().cloned().collect();
         while let Some(node) = stack.pop() {
+            if node.lost_in_fork() {
+                continue; // its context's bookkeeping stayed with the parent
+            }
             let ready = {
                 let mut s = node.state.lock();
                 if s.phase != Phase::Recorded {

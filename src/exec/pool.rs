@@ -12,7 +12,16 @@
 use std::cell::Cell;
 use std::sync::OnceLock;
 
+use parking_lot::Mutex;
+
+/// The pool of the process that made it first (fork generation 0).
 static POOL: OnceLock<rayon::ThreadPool> = OnceLock::new();
+
+/// The pools of forked children, by fork generation (see [`super::fork`]): a child has
+/// none of its parent's worker threads, so its first use makes a pool of its own, as
+/// large. The parent's is left as it is, never dropped (its threads are not there to
+/// join).
+static CHILD_POOLS: Mutex<Vec<(u64, &'static rayon::ThreadPool)>> = Mutex::new(Vec::new());
 
 thread_local! {
     static ON_WORKER: Cell<bool> = const { Cell::new(false) };
@@ -32,19 +41,45 @@ fn default_threads() -> usize {
 }
 
 fn pool(requested: usize) -> &'static rayon::ThreadPool {
-    POOL.get_or_init(|| {
-        let threads = if requested > 0 {
-            requested
-        } else {
-            default_threads()
-        };
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("ndx-worker-{i}"))
-            .start_handler(|_| ON_WORKER.with(|w| w.set(true)))
-            .build()
-            .expect("starting the ndx worker pool")
-    })
+    let generation = super::fork::generation();
+    if generation == 0 {
+        return POOL.get_or_init(|| build(requested));
+    }
+    child_pool(generation, requested)
+}
+
+/// The pool of this forked child (fork generation `generation`), made on first use.
+#[cold]
+fn child_pool(generation: u64, requested: usize) -> &'static rayon::ThreadPool {
+    let mut pools = CHILD_POOLS.lock();
+    if let Some((_, p)) = pools.iter().find(|(g, _)| *g == generation) {
+        return p;
+    }
+    // As large as the pool it replaces (the first one's, or the latest child's).
+    let threads = pools
+        .last()
+        .map(|(_, p)| p.current_num_threads())
+        .or_else(|| POOL.get().map(rayon::ThreadPool::current_num_threads))
+        .unwrap_or(requested);
+    let p: &'static rayon::ThreadPool = Box::leak(Box::new(build(threads)));
+    pools.push((generation, p));
+    p
+}
+
+fn build(requested: usize) -> rayon::ThreadPool {
+    // From now on a fork must be seen: the child has none of these threads.
+    super::fork::watch();
+    let threads = if requested > 0 {
+        requested
+    } else {
+        default_threads()
+    };
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("ndx-worker-{i}"))
+        .start_handler(|_| ON_WORKER.with(|w| w.set(true)))
+        .build()
+        .expect("starting the ndx worker pool")
 }
 
 /// Starts the pool (if not started) with `requested` threads (0: the default), and

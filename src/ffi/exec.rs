@@ -3,7 +3,7 @@
 //!
 //! Threads: contexts and futures may be used from any thread. Callbacks (`on_ready`,
 //! host operator kernels, frame providers) must not throw C++ exceptions or
-//! `longjmp` across ndx. `fork()` with live contexts: the child must not use them.
+//! `longjmp` across ndx. `fork()`: see `ndx_context_new` (and `exec::fork`).
 
 use std::ffi::{c_char, c_void};
 use std::sync::Arc;
@@ -405,6 +405,15 @@ fn capture_policy(raw: i32, arg: &str) -> Result<CapturePolicy> {
 
 /// A new context. `opts` may be NULL (all defaults: EAGER, NATIVE capture of 16
 /// frames, backend "default", callbacks on worker threads). Thread-safe.
+///
+/// `fork()`: a child has none of its parent's threads. New contexts work in the child
+/// (its first use starts worker threads of its own). A context made before the fork
+/// belongs to the parent: in the child every call on it is NDX_ERROR_VALUE, except
+/// `ndx_context_release`, which waits for nothing there. An invocation that had not
+/// completed at the fork reads as failed in the child (poll FAILED, wait and reads
+/// NDX_ERROR_RUNTIME), and its pending outputs are refused as inputs; tensors whose
+/// data existed are usable anywhere. CUDA initialised before the fork is not usable in
+/// the child (NDX_ERROR_CUDA saying so).
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_context_new(
     opts: *const ndx_context_options_t,
@@ -482,7 +491,8 @@ pub extern "C" fn ndx_context_retain(ctx: *const ndx_context_t) -> *mut ndx_erro
 /// wait drops the callbacks of work completing after it uncalled (their `user_free`
 /// still runs), and one made on an ndx worker (say, from a callback of another
 /// context) drops those still queued too. Futures and tensors keep working after
-/// their context is gone. NULL is a no-op.
+/// their context is gone. In a child forked after the context was made, the release
+/// only drops the reference (see `ndx_context_new`). NULL is a no-op.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_context_release(ctx: *const ndx_context_t) {
     boundary_value("ndx_context_release", |_| (), || release(ctx))

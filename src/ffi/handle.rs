@@ -38,6 +38,10 @@ pub struct ndx_future_t {
 /// A C handle type backed by `Arc<Target>`.
 pub(crate) trait ArcHandle {
     type Target;
+    /// Whether the value can be used in this process (given as argument `arg`).
+    fn usable(_value: &Self::Target, _arg: &str) -> Result<()> {
+        Ok(())
+    }
 }
 
 impl ArcHandle for ndx_tensor_t {
@@ -53,10 +57,24 @@ impl ArcHandle for ndx_batch_t {
 /// `ndx_context_release`.
 impl ArcHandle for ndx_context_t {
     type Target = Context;
+    /// Not one made before this process forked.
+    fn usable(ctx: &Context, arg: &str) -> Result<()> {
+        if ctx.stale() {
+            return Err(crate::exec::fork::stale_context(arg));
+        }
+        Ok(())
+    }
 }
 
 impl ArcHandle for ndx_future_t {
     type Target = Node;
+    /// Not one that had not completed when this process forked: it reads as failed.
+    fn usable(node: &Node, _arg: &str) -> Result<()> {
+        if node.lost_in_fork() {
+            return Err(node.lost_error());
+        }
+        Ok(())
+    }
 }
 
 /// Hands a new reference to C.
@@ -71,7 +89,9 @@ pub(crate) fn borrow<'a, H: ArcHandle>(handle: *const H, arg: &str) -> Result<&'
     }
     // SAFETY: a non-NULL handle was made by `into_handle` and the caller holds a
     // reference for the duration of the call (API contract).
-    Ok(unsafe { &*handle.cast::<H::Target>() })
+    let value = unsafe { &*handle.cast::<H::Target>() };
+    H::usable(value, arg)?;
+    Ok(value)
 }
 
 /// A new `Arc` reference to the value behind a handle.

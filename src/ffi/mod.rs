@@ -17,6 +17,7 @@ mod cuda;
 mod error;
 mod exec;
 mod explain;
+pub(crate) mod fork;
 mod handle;
 mod repro;
 mod tensor;

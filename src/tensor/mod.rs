@@ -3,7 +3,7 @@
 pub(crate) mod dest;
 pub mod dlpack;
 mod dtype;
-mod storage;
+pub(crate) mod storage;
 
 pub use dtype::{DType, Device, DeviceKind, describe_dl_dtype, dl_device_name};
 pub(crate) use storage::try_host_vec;

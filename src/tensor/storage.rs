@@ -77,7 +77,7 @@ pub const CACHE_MIN_BYTES: usize = 64 << 10;
 /// takes its outputs from here instead of from the system (whose fresh pages cost a
 /// page fault each on first touch). Bounded by `NDX_CACHE_BYTES` (default 256 MiB;
 /// 0 turns the cache off); the least recently freed size class goes first.
-struct Cache {
+pub(crate) struct Cache {
     by_len: std::collections::HashMap<usize, Vec<CachedPtr>>,
     /// Lengths in the order their buffers were freed, oldest first.
     order: std::collections::VecDeque<usize>,
@@ -90,7 +90,8 @@ struct CachedPtr(*mut u8);
 // SAFETY: a cached buffer is unreferenced memory owned by the cache alone.
 unsafe impl Send for CachedPtr {}
 
-fn cache() -> &'static parking_lot::Mutex<Cache> {
+/// The host buffer cache's lock (taken around a fork too: `ffi::fork`).
+pub(crate) fn cache_lock() -> &'static parking_lot::Mutex<Cache> {
     static CACHE: std::sync::OnceLock<parking_lot::Mutex<Cache>> = std::sync::OnceLock::new();
     CACHE.get_or_init(|| {
         let limit = std::env::var("NDX_CACHE_BYTES")
@@ -107,7 +108,7 @@ fn cache() -> &'static parking_lot::Mutex<Cache> {
 }
 
 fn cache_take(len: usize) -> Option<*mut u8> {
-    let mut c = cache().lock();
+    let mut c = cache_lock().lock();
     let ptr = c.by_len.get_mut(&len)?.pop()?.0;
     c.bytes -= len;
     if let Some(i) = c.order.iter().rposition(|&l| l == len) {
@@ -118,7 +119,7 @@ fn cache_take(len: usize) -> Option<*mut u8> {
 
 /// Keeps a freed buffer, or gives it back (returns it) when it does not fit.
 fn cache_put(ptr: *mut u8, len: usize) -> Option<*mut u8> {
-    let mut c = cache().lock();
+    let mut c = cache_lock().lock();
     if len > c.limit {
         return Some(ptr);
     }
@@ -146,7 +147,7 @@ fn cache_put(ptr: *mut u8, len: usize) -> Option<*mut u8> {
 
 /// Frees every cached buffer; returns the bytes released.
 fn cache_release_all() -> usize {
-    let mut c = cache().lock();
+    let mut c = cache_lock().lock();
     let buffers = std::mem::take(&mut c.by_len);
     c.order.clear();
     let released = std::mem::replace(&mut c.bytes, 0);

@@ -425,6 +425,21 @@ impl Drop for T {
 }
 
 impl T {
+    /// A compact copy of `data`.
+    pub fn copy<E: Copy>(data: &[E], dtype: i32, shape: &[i64]) -> T {
+        let mut t = std::ptr::null_mut();
+        ok(ndx_tensor_from_host(
+            data.as_ptr().cast(),
+            dtype,
+            shape.len() as i32,
+            shape.as_ptr(),
+            std::ptr::null(),
+            std::ptr::null(),
+            &mut t,
+        ));
+        T(t)
+    }
+
     /// This tensor as an invocation input.
     pub fn input(&self) -> ndx_input_t {
         ndx_input_t {

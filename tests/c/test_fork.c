@@ -1,0 +1,156 @@
+/* fork() after ndx ran: the child has none of the parent's worker threads.
+ *  - new contexts work in the child in every eval mode, with kernels large enough to be
+ *    split across the pool (ndx makes the child a pool of its own);
+ *  - a context made before the fork refuses every call there: NDX_ERROR_VALUE naming
+ *    the argument, never a hang; releasing it waits for nothing;
+ *  - a DEFERRED future that had not run reads as failed there (poll FAILED, wait
+ *    NDX_ERROR_RUNTIME saying why), and its pending output is refused as an input;
+ *  - the parent goes on: the same deferred work runs there as if nothing happened.
+ * The child sends its failure count through a pipe and then kills itself with SIGKILL,
+ * so that no exit-time leak check runs there: it would list what the parent's worker
+ * threads held, lost with the threads the child does not have (CMake's valgrind run of
+ * this test adds --child-silent-after-fork=yes for the same reason; the parent is
+ * checked in full). alarm() turns a hang in the child into a failure. */
+#define _POSIX_C_SOURCE 200809L
+
+#include <signal.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "ndx_test.h"
+
+#define N (1 << 20) /* large enough to be split across the pool */
+
+static float a[N];
+static float got[N];
+static const int64_t shape[1] = {N};
+
+static ndx_context_t* make_ctx(int32_t mode) {
+  ndx_context_options_t o;
+  memset(&o, 0, sizeof o);
+  o.struct_size = sizeof o;
+  o.eval_mode = mode;
+  o.num_threads = 2;
+  ndx_context_t* ctx = NULL;
+  ndx_error_t* e = ndx_context_new(&o, &ctx);
+  if (e != NULL || ctx == NULL) {
+    fprintf(stderr, "ndx_context_new failed: %s\n", NDX_TEST_S(ndx_error_message(e)));
+    abort();
+  }
+  return ctx;
+}
+
+static ndx_error_t* invoke(const ndx_context_t* ctx, const char* op, const ndx_tensor_t* x,
+                           const ndx_tensor_t* y, ndx_future_t** out) {
+  ndx_input_t in[2] = {ndx_test_in(x), ndx_test_in(y)};
+  return ndx_invoke(ctx, op, in, 2, NULL, NULL, out);
+}
+
+/* Waits for `f` and checks out[i] == op(a[i], a[i]) at a few places. Releases f. */
+static void check_result(ndx_future_t* f, int mul, const char* what) {
+  NDX_TEST_CONTEXT(what);
+  if (CHECK_OK(ndx_future_wait(f, -1))) {
+    ndx_tensor_t* t = ndx_test_output(f, 0);
+    const float* p = got;
+    if (t && CHECK_OK(ndx_tensor_copy_to(t, got, sizeof got))) {
+      const size_t at[4] = {0, 1, N / 2 + 3, N - 1};
+      for (int k = 0; k < 4; k++) {
+        float want = mul ? a[at[k]] * a[at[k]] : a[at[k]] + a[at[k]];
+        CHECK(p[at[k]] == want, "element %zu: %g, expected %g", at[k], p[at[k]], want);
+      }
+    }
+    ndx_tensor_release(t);
+  }
+  ndx_future_release(f);
+  NDX_TEST_CONTEXT(NULL);
+}
+
+static int child(ndx_context_t* parent_ctx, ndx_future_t* pending, ndx_tensor_t* x) {
+  alarm(120);
+  static const int32_t modes[4] = {NDX_EVAL_SYNC_CPU, NDX_EVAL_SYNC_FULL, NDX_EVAL_DEFERRED,
+                                   NDX_EVAL_EAGER};
+  static const char* const names[4] = {"child SYNC_CPU", "child SYNC_FULL", "child DEFERRED",
+                                       "child EAGER"};
+  for (int m = 0; m < 4; m++) {
+    ndx_context_t* ctx = make_ctx(modes[m]);
+    ndx_future_t* f = NULL;
+    if (CHECK_OK(invoke(ctx, "add", x, x, &f))) check_result(f, 0, names[m]);
+    ndx_context_release(ctx);
+  }
+
+  /* The parent's context: refused, naming the argument. */
+  ndx_future_t* f = (ndx_future_t*)NDX_TEST_BOGUS_PTR;
+  expect_error(invoke(parent_ctx, "add", x, x, &f), NDX_ERROR_VALUE,
+               "argument 'ctx': the context was created before this process forked");
+  CHECK(f == NULL, "no future");
+  expect_error(ndx_context_evaluate(parent_ctx), NDX_ERROR_VALUE,
+               "a forked child cannot use it");
+
+  /* Its DEFERRED work never runs here. */
+  const char* lost = "('mul') had not completed when the process forked; it never completes";
+  CHECK(ndx_future_poll(pending) == NDX_FUTURE_FAILED, "poll: FAILED");
+  expect_error(ndx_future_wait(pending, -1), NDX_ERROR_RUNTIME, lost);
+  ndx_tensor_t* out = NULL;
+  expect_error(ndx_future_tensor(pending, 0, &out), NDX_ERROR_RUNTIME, lost);
+  ndx_tensor_release(out);
+
+  ndx_context_release(parent_ctx);
+  ndx_future_release(pending);
+  return ndx_test_failed_;
+}
+
+int main(void) {
+  for (int i = 0; i < N; i++) a[i] = (float)(i % 1000) * 0.5f;
+  ndx_tensor_t* x = ndx_test_tensor(a, NDX_DTYPE_FLOAT32, 1, shape);
+  ndx_context_t* ctx = make_ctx(NDX_EVAL_EAGER);
+
+  /* The pool has run work before the fork. */
+  ndx_future_t* f = NULL;
+  if (CHECK_OK(invoke(ctx, "add", x, x, &f))) check_result(f, 0, "parent before the fork");
+  ndx_future_t* pending = NULL;
+  ndx_input_t in[2] = {ndx_test_in(x), ndx_test_in(x)};
+  ndx_invoke_options_t deferred;
+  memset(&deferred, 0, sizeof deferred);
+  deferred.struct_size = sizeof deferred;
+  deferred.mode = NDX_EVAL_DEFERRED;
+  CHECK_OK(ndx_invoke(ctx, "mul", in, 2, NULL, &deferred, &pending));
+
+  int fds[2];
+  if (!CHECK(pipe(fds) == 0, "pipe")) return NDX_TEST_SUMMARY("test_fork");
+  fflush(stdout);
+  fflush(stderr);
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    int before = ndx_test_failed_;
+    int failed = child(ctx, pending, x) - before;
+    ndx_tensor_release(x);
+    fflush(stdout);
+    fflush(stderr);
+    if (write(fds[1], &failed, sizeof failed) != (ssize_t)sizeof failed) _exit(3);
+    kill(getpid(), SIGKILL);
+    _exit(4);
+  }
+  close(fds[1]);
+  if (CHECK(pid > 0, "fork")) {
+    int failed = -1;
+    ssize_t got = read(fds[0], &failed, sizeof failed);
+    CHECK(got == (ssize_t)sizeof failed, "the child hung or died before reporting (read %zd)",
+          got);
+    CHECK(failed == 0, "%d checks failed in the child (printed above)", failed);
+    int status = 0;
+    CHECK(waitpid(pid, &status, 0) == pid, "waitpid");
+    CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL,
+          "the child ended by SIGKILL after reporting (exited %d with %d, signal %d)",
+          WIFEXITED(status), WIFEXITED(status) ? WEXITSTATUS(status) : -1,
+          WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  }
+  close(fds[0]);
+
+  /* The parent goes on. */
+  if (pending) check_result(pending, 1, "parent after the fork");
+  ndx_context_release(ctx);
+  ndx_tensor_release(x);
+  return NDX_TEST_SUMMARY("test_fork");
+}
