@@ -13,6 +13,7 @@
  *                               message fragment, ndx_error_op (NULL: none), sequence.
  *   CHECK_FRAME(e, i, file_suffix, line, function, origin)   frame i of e (NULL/0: any).
  *   ndx_test_chain_length / ndx_test_chain_link / ndx_test_get_frame   chain and frames.
+ *   ndx_test_new_context(opts)  a context, or abort.
  *   ndx_test_tensor / ndx_test_in / ndx_test_output   host tensors, inputs, outputs.
  *   ndx_test_watchdog_start/_phase/_stop   turns a hang into a failure (POSIX tests only).
  *
@@ -448,6 +449,19 @@ static inline int ndx_test_link_check_(const ndx_error_t* e, int kind, const cha
  * NULL) and whose ndx_error_sequence is `seq`. */
 #define CHECK_LINK(e, kind, fragment, op, seq) \
   ndx_test_link_check_((e), (kind), (fragment), (op), (seq), __FILE__, __LINE__, #e)
+
+/* ---- contexts ---------------------------------------------------------------------- */
+
+/* A new context with options `o` (aborts on failure: tests cannot go on). */
+static inline ndx_context_t* ndx_test_new_context(const ndx_context_options_t* o) {
+  ndx_context_t* ctx = NULL;
+  ndx_error_t* e = ndx_context_new(o, &ctx);
+  if (e != NULL || ctx == NULL) {
+    fprintf(stderr, "ndx_context_new failed: %s\n", ndx_test_s(ndx_error_message(e)));
+    abort();
+  }
+  return ctx;
+}
 
 /* ---- host tensors ------------------------------------------------------------------ */
 

@@ -90,13 +90,7 @@ static ndx_context_t* make_ctx(int32_t mode, int32_t policy, const char* backend
   o.capture_policy = policy;
   o.num_threads = 4;
   o.backend = backend;
-  ndx_context_t* ctx = NULL;
-  ndx_error_t* e = ndx_context_new(&o, &ctx);
-  if (e != NULL || ctx == NULL) {
-    fprintf(stderr, "ndx_context_new failed: %s\n", NDX_TEST_S(ndx_error_message(e)));
-    abort();
-  }
-  return ctx;
+  return ndx_test_new_context(&o);
 }
 
 /* Invokes `op` on one source line: stores that line in `line` and passes
@@ -1509,13 +1503,7 @@ static ndx_context_t* make_events_ctx(void) {
   o.capture_policy = NDX_CAPTURE_OFF;
   o.num_threads = 4;
   o.process_events_callbacks = true;
-  ndx_context_t* ctx = NULL;
-  ndx_error_t* e = ndx_context_new(&o, &ctx);
-  if (e != NULL || ctx == NULL) {
-    fprintf(stderr, "ndx_context_new failed: %s\n", NDX_TEST_S(ndx_error_message(e)));
-    abort();
-  }
-  return ctx;
+  return ndx_test_new_context(&o);
 }
 
 static ndx_context_t* releasing_ctx; /* released by the first callback that runs */

@@ -32,13 +32,7 @@ static ndx_context_t* make_ctx(int32_t mode) {
   o.struct_size = sizeof o;
   o.eval_mode = mode;
   o.num_threads = 2;
-  ndx_context_t* ctx = NULL;
-  ndx_error_t* e = ndx_context_new(&o, &ctx);
-  if (e != NULL || ctx == NULL) {
-    fprintf(stderr, "ndx_context_new failed: %s\n", NDX_TEST_S(ndx_error_message(e)));
-    abort();
-  }
-  return ctx;
+  return ndx_test_new_context(&o);
 }
 
 static ndx_error_t* invoke(const ndx_context_t* ctx, const char* op, const ndx_tensor_t* x,
