@@ -1317,3 +1317,42 @@ fn a_host_input_takes_as_many_values_as_its_shape_holds() {
         bytemuck::cast_slice::<f32, u8>(&[1.5, -2.0])
     );
 }
+
+/// A failure passed down a long dependent chain: each invocation holds the one whose
+/// failure failed it, so dropping the chain used to recurse once per link and
+/// overflow the stack (a crash, on whichever thread let go last: this test's, with
+/// its 2 MiB stack, or a worker). Every mode; the context released with the chain
+/// unobserved, or after the last failure was read, or the chain released first.
+#[test]
+fn a_failure_down_a_chain_of_many_invocations_is_dropped_without_recursion() {
+    const LINKS: usize = 50_000;
+    for mode in MODES {
+        for order in 0..3 {
+            let ctx = context(mode, CapturePolicy::Off);
+            ctx.update(|s| s.backend = Backend::parse("inject_runtime_error:sub").unwrap());
+            let x = i32s(&[1, 2], &[2]);
+            let mut last = call(&ctx, "sub", vec![x.clone(), x.clone()]);
+            for _ in 0..LINKS {
+                last = call(&ctx, "add", vec![out(&last), x.clone()]);
+            }
+            if order == 1 {
+                let e = failure(&last);
+                assert_eq!(e.kind(), ErrorKind::Runtime, "{mode:?}");
+                assert_eq!(e.chain().count(), LINKS + 1, "{mode:?}");
+                let root = e.chain().last().unwrap();
+                assert!(
+                    root.message()
+                        .contains("injected runtime error in operator 'sub'")
+                );
+            }
+            if order == 2 {
+                last.wait(None).unwrap();
+                drop(last);
+                drop(ctx);
+            } else {
+                drop(ctx);
+                drop(last);
+            }
+        }
+    }
+}

@@ -358,6 +358,22 @@ pub(crate) struct NodeSpec {
     pub outputs: Vec<Option<Data>>,
 }
 
+/// Lets go of the chain of failed upstream invocations one at a time: a failure passed
+/// down a long dependent pipeline makes each invocation hold the one that failed it,
+/// and dropping that chain recursively (one stack frame per link) would overflow the
+/// stack of whichever thread let go last.
+impl Drop for Node {
+    fn drop(&mut self) {
+        let mut chain = std::mem::take(self.failed_inputs.get_mut());
+        while let Some(up) = chain.pop() {
+            // One still held elsewhere is its holder's to drop.
+            if let Some(mut up) = Arc::into_inner(up) {
+                chain.append(up.failed_inputs.get_mut());
+            }
+        }
+    }
+}
+
 impl Node {
     /// A recorded node, registered as a dependent of its pending inputs.
     pub(crate) fn new(spec: NodeSpec) -> Arc<Node> {
