@@ -1247,7 +1247,10 @@ uint64_t ndx_error_sequence(const ndx_error_t *error);
  * needs, without the NUL — like `snprintf`: call with `cap = 0` to size a buffer.
  * The root cause comes first; links are joined by "The above exception was the
  * direct cause of the following exception:"; each link's frames print outermost
- * first ("most recent call last"). A NULL `error` gives the empty text (returns 0,
+ * first ("most recent call last"). A chain of more than 64 links (a failure passed
+ * down a long pipeline) prints the 32 links nearest its root cause and the 32
+ * outermost, with a line saying how many it left out (`ndx_error_cause` walks them
+ * all). A NULL `error` gives the empty text (returns 0,
  * and writes the NUL when `cap > 0`).
  *
  * Thread-safe; borrows `error`.

@@ -17,13 +17,41 @@ pub fn traceback(error: &Error) -> String {
     out
 }
 
+/// A chain longer than this prints [`CHAIN_ENDS`] links at each end: a failure passed
+/// down a pipeline of thousands of invocations is one link per invocation, and
+/// megabytes of near-identical links would bury the two that matter (the root cause,
+/// printed first, and the error waited on, printed last).
+pub const CHAIN_PRINTED: usize = 2 * CHAIN_ENDS;
+/// The links printed at each end of a chain longer than [`CHAIN_PRINTED`].
+pub const CHAIN_ENDS: usize = 32;
+
 fn write_chain(out: &mut String, error: &Error, indent: &str) {
     let links: Vec<&Error> = error.chain().collect();
+    let n = links.len();
+    let skipped = if n > CHAIN_PRINTED {
+        CHAIN_ENDS..n - CHAIN_ENDS
+    } else {
+        0..0
+    };
     for (i, link) in links.iter().rev().enumerate() {
+        if skipped.contains(&i) && i != skipped.start {
+            continue;
+        }
         if i > 0 {
             for line in CAUSE_SEPARATOR.lines() {
                 push_line(out, indent, line);
             }
+        }
+        if i == skipped.start && !skipped.is_empty() {
+            push_line(
+                out,
+                indent,
+                &format!(
+                    "[... {} more links of this chain of {n} left out (ndx_error_cause walks them all) ...]",
+                    skipped.len()
+                ),
+            );
+            continue;
         }
         write_link(out, link, indent);
     }
@@ -110,6 +138,45 @@ mod tests {
             !text.contains("Traceback"),
             "no frames, no traceback header: {text}"
         );
+    }
+
+    /// A chain of `n` links "link 0" (the root cause) to "link n-1".
+    fn chain_of(n: usize) -> Error {
+        (1..n).fold(Error::value("link 0"), |cause, k| {
+            Error::new(ErrorKind::Runtime, format!("link {k}")).with_cause(cause)
+        })
+    }
+
+    fn printed_links(text: &str) -> Vec<usize> {
+        text.lines()
+            .filter_map(|l| l.split_once(": link ").map(|(_, k)| k.parse().unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn a_long_chain_prints_its_ends_and_says_how_many_links_it_left_out() {
+        // As `ndx_error_format`'s documentation says.
+        assert_eq!((CHAIN_PRINTED, CHAIN_ENDS), (64, 32));
+        let text = traceback(&chain_of(CHAIN_PRINTED));
+        assert_eq!(printed_links(&text), (0..CHAIN_PRINTED).collect::<Vec<_>>());
+        assert!(!text.contains("left out"), "{text}");
+
+        let n = 1000;
+        let text = traceback(&chain_of(n));
+        let mut expected: Vec<usize> = (0..CHAIN_ENDS).collect();
+        expected.extend(n - CHAIN_ENDS..n);
+        assert_eq!(printed_links(&text), expected);
+        let note = format!(
+            "[... {} more links of this chain of {n} left out (ndx_error_cause walks them all) ...]",
+            n - CHAIN_PRINTED
+        );
+        let at = text.find(&note).expect("the note");
+        // Between two separators, after the last root-side link.
+        let before = &text[..at];
+        assert!(before.ends_with(CAUSE_SEPARATOR), "{before}");
+        assert!(before.contains(&format!("RuntimeError: link {}\n", CHAIN_ENDS - 1)));
+        assert!(text[at..].starts_with(&format!("{note}\n{CAUSE_SEPARATOR}")));
+        assert_eq!(text.matches("direct cause").count(), CHAIN_PRINTED);
     }
 
     #[test]
