@@ -2439,6 +2439,63 @@ static NDX_TEST_NOINLINE void test_eager_on_worker(void) {
 }
 
 /* Runs one test with its name as the watchdog's phase. */
+/* A failure passed down a DEFERRED chain of 5000 invocations, each holding the one
+ * whose failure failed it, released on a thread with a 256 KiB stack: letting go of the
+ * chain used to recurse once per link and overflow the stack (a crash). The error read
+ * at the end has the whole chain; its traceback prints both ends only. */
+typedef struct {
+  int chain_ok, text_ok;
+} chain_result_t;
+
+static void* failed_chain_main(void* arg) {
+  chain_result_t* r = (chain_result_t*)arg;
+  enum { LINKS = 5000 };
+  ndx_context_t* ctx = make_ctx(NDX_EVAL_DEFERRED, NDX_CAPTURE_OFF, "inject_runtime_error:sub");
+  static const int32_t v[6] = {1, 2, 3, 4, 5, 6};
+  ndx_tensor_t* x = t_i32(v);
+  ndx_input_t in[2] = {ndx_test_in(x), ndx_test_in(x)};
+  ndx_future_t* f = NULL;
+  if (ndx_invoke(ctx, "sub", in, 2, NULL, NULL, &f) != NULL) return NULL;
+  for (int i = 0; i < LINKS; i++) {
+    ndx_tensor_t* prev = ndx_test_output(f, 0);
+    ndx_future_release(f);
+    f = NULL;
+    ndx_input_t chain[2] = {ndx_test_in(prev), ndx_test_in(x)};
+    ndx_error_t* e = ndx_invoke(ctx, "add", chain, 2, NULL, NULL, &f);
+    ndx_tensor_release(prev);
+    if (e != NULL) {
+      ndx_error_free(e);
+      ndx_context_release(ctx);
+      ndx_tensor_release(x);
+      return NULL;
+    }
+  }
+  ndx_error_t* e = ndx_future_wait(f, -1);
+  r->chain_ok = e && ndx_test_chain_length(e) == LINKS + 1 &&
+                ndx_error_kind(e) == NDX_ERROR_RUNTIME;
+  size_t n = ndx_error_format(e, NULL, 0);
+  r->text_ok = n < 64 * 1024;
+  ndx_error_free(e);
+  ndx_future_release(f);
+  ndx_context_release(ctx);
+  ndx_tensor_release(x);
+  return NULL;
+}
+
+static NDX_TEST_NOINLINE void test_failed_chain_release(void) {
+  chain_result_t r = {0, 0};
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, 256 * 1024);
+  pthread_t t;
+  int rc = pthread_create(&t, &attr, failed_chain_main, &r);
+  pthread_attr_destroy(&attr);
+  if (!CHECK(rc == 0, "pthread_create: %d", rc)) return;
+  pthread_join(t, NULL);
+  CHECK(r.chain_ok, "the error waited on has the whole chain");
+  CHECK(r.text_ok, "its traceback is short");
+}
+
 #define RUN(call)                       \
   do {                                  \
     ndx_test_watchdog_phase(#call);     \
@@ -2482,6 +2539,7 @@ int main(void) {
   RUN(test_eager_on_worker());
   RUN(test_capture_depth_limit());
   RUN(test_provider_overcount());
+  RUN(test_failed_chain_release());
   ndx_test_watchdog_stop();
   return NDX_TEST_SUMMARY("test_engine");
 }

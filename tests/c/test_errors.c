@@ -178,8 +178,8 @@ static NDX_TEST_NOINLINE void test_clone_is_independent(void) {
  * freed on a thread with a 256 KiB stack (freeing or cloning one stack frame per link
  * overflowed it and killed the process). */
 typedef struct {
-  size_t links, walked;
-  int root_ok, clone_ok;
+  size_t links, walked, text_len;
+  int root_ok, clone_ok, text_ok;
 } long_chain_t;
 
 static void* long_chain_main(void* arg) {
@@ -196,12 +196,27 @@ static void* long_chain_main(void* arg) {
   r->walked = ndx_test_chain_length(copy);
   const ndx_error_t* root = ndx_test_chain_link(copy, r->links - 1);
   r->root_ok = root != NULL && strcmp(ndx_error_message(root), "link 0") == 0;
+  /* The traceback prints 32 links at each end and says how many it left out. */
+  r->text_len = ndx_error_format(copy, NULL, 0);
+  char* text = (char*)malloc(r->text_len + 1);
+  if (text) {
+    ndx_error_format(copy, text, r->text_len + 1);
+    char note[128];
+    snprintf(note, sizeof note, "[... %zu more links of this chain of %zu left out", r->links - 64,
+             r->links);
+    snprintf(msg, sizeof msg, "ValueError: link %zu\n", r->links - 1);
+    const char* root_at = strstr(text, "ValueError: link 0\n");
+    const char* note_at = strstr(text, note);
+    r->text_ok = root_at && note_at && root_at < note_at && ndx_test_ends_with(text, msg) &&
+                 strstr(text, "ValueError: link 31\n") && !strstr(text, "ValueError: link 32\n");
+    free(text);
+  }
   ndx_error_free(copy);
   return NULL;
 }
 
 static NDX_TEST_NOINLINE void test_long_cause_chain(void) {
-  long_chain_t r = {20000, 0, 0, 0};
+  long_chain_t r = {20000, 0, 0, 0, 0, 0};
   pthread_attr_t attr;
   pthread_attr_init(&attr);
   pthread_attr_setstacksize(&attr, 256 * 1024);
@@ -213,6 +228,8 @@ static NDX_TEST_NOINLINE void test_long_cause_chain(void) {
   CHECK(r.clone_ok, "the chain was cloned");
   CHECK(r.walked == r.links, "the clone has %zu links, expected %zu", r.walked, r.links);
   CHECK(r.root_ok, "the root cause of the clone is the first error made");
+  CHECK(r.text_ok, "the traceback shows both ends and the count left out");
+  CHECK(r.text_len < 64 * 1024, "the traceback of %zu links is %zu bytes", r.links, r.text_len);
 }
 
 static NDX_TEST_NOINLINE void test_null_safety(void) {
