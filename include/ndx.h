@@ -1250,7 +1250,9 @@ uint64_t ndx_error_sequence(const ndx_error_t *error);
  * first ("most recent call last"). A chain of more than 64 links (a failure passed
  * down a long pipeline) prints the 32 links nearest its root cause and the 32
  * outermost, with a line saying how many it left out (`ndx_error_cause` walks them
- * all). A NULL `error` gives the empty text (returns 0,
+ * all). Related errors print nested, as Python prints an exception group: the first
+ * 15, then a line counting the rest (`ndx_error_related` reads them all). A NULL
+ * `error` gives the empty text (returns 0,
  * and writes the NUL when `cap > 0`).
  *
  * Thread-safe; borrows `error`.

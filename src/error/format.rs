@@ -25,6 +25,9 @@ pub const CHAIN_PRINTED: usize = 2 * CHAIN_ENDS;
 /// The links printed at each end of a chain longer than [`CHAIN_PRINTED`].
 pub const CHAIN_ENDS: usize = 32;
 
+/// The related errors printed (the first ones), as Python's `max_group_width`.
+pub const RELATED_PRINTED: usize = 15;
+
 fn write_chain(out: &mut String, error: &Error, indent: &str) {
     let links: Vec<&Error> = error.chain().collect();
     let n = links.len();
@@ -78,7 +81,7 @@ fn write_link(out: &mut String, error: &Error, indent: &str) {
         &format!("{}: {}", error.kind().name(), error.message()),
     );
     let related = error.related();
-    for (i, rel) in related.iter().enumerate() {
+    for (i, rel) in related.iter().take(RELATED_PRINTED).enumerate() {
         push_line(
             out,
             indent,
@@ -90,6 +93,17 @@ fn write_link(out: &mut String, error: &Error, indent: &str) {
         );
         let nested = format!("{indent}| ");
         write_chain(out, rel, &nested);
+    }
+    if related.len() > RELATED_PRINTED {
+        // As Python prints an exception group wider than `max_group_width`.
+        push_line(out, indent, "+---------------- ... ----------------");
+        let more = related.len() - RELATED_PRINTED;
+        let s = if more == 1 { "" } else { "s" };
+        push_line(
+            out,
+            indent,
+            &format!("| and {more} more exception{s} (ndx_error_related reads them all)"),
+        );
     }
     if !related.is_empty() {
         push_line(out, indent, "+------------------------------------");
@@ -156,7 +170,7 @@ mod tests {
     #[test]
     fn a_long_chain_prints_its_ends_and_says_how_many_links_it_left_out() {
         // As `ndx_error_format`'s documentation says.
-        assert_eq!((CHAIN_PRINTED, CHAIN_ENDS), (64, 32));
+        assert_eq!((CHAIN_PRINTED, CHAIN_ENDS, RELATED_PRINTED), (64, 32, 15));
         let text = traceback(&chain_of(CHAIN_PRINTED));
         assert_eq!(printed_links(&text), (0..CHAIN_PRINTED).collect::<Vec<_>>());
         assert!(!text.contains("left out"), "{text}");
@@ -177,6 +191,40 @@ mod tests {
         assert!(before.contains(&format!("RuntimeError: link {}\n", CHAIN_ENDS - 1)));
         assert!(text[at..].starts_with(&format!("{note}\n{CAUSE_SEPARATOR}")));
         assert_eq!(text.matches("direct cause").count(), CHAIN_PRINTED);
+    }
+
+    #[test]
+    fn a_wide_group_prints_its_first_fifteen_and_counts_the_rest() {
+        let group = |n: usize| {
+            Error::new(ErrorKind::Runtime, "group")
+                .with_related((0..n).map(|k| Error::value(format!("member {k}"))))
+        };
+        let text = traceback(&group(RELATED_PRINTED));
+        assert!(
+            text.contains("member 14") && !text.contains("more exception"),
+            "{text}"
+        );
+        let text = traceback(&group(1000));
+        assert!(
+            text.contains(
+                "+---------------- 15 of 1000 ----------------\n| ValueError: member 14\n"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("member 15"), "{text}");
+        assert!(
+            text.ends_with(
+                "+---------------- ... ----------------\n\
+                 | and 985 more exceptions (ndx_error_related reads them all)\n\
+                 +------------------------------------\n"
+            ),
+            "{text}"
+        );
+        let text = traceback(&group(RELATED_PRINTED + 1));
+        assert!(
+            text.contains("| and 1 more exception (ndx_error_related"),
+            "{text}"
+        );
     }
 
     #[test]

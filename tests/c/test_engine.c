@@ -2496,6 +2496,37 @@ static NDX_TEST_NOINLINE void test_failed_chain_release(void) {
   CHECK(r.text_ok, "its traceback is short");
 }
 
+/* ndx_context_evaluate after 20 unobserved failures: one error with 20 related errors,
+ * whose traceback prints the first 15 and counts the other 5, as Python prints a wide
+ * exception group. */
+static NDX_TEST_NOINLINE void test_wide_group_format(void) {
+  ndx_context_t* ctx = make_ctx(NDX_EVAL_EAGER, NDX_CAPTURE_OFF, "inject_runtime_error:add");
+  static const int32_t v[6] = {1, 2, 3, 4, 5, 6};
+  ndx_tensor_t* x = t_i32(v);
+  ndx_input_t in[2] = {ndx_test_in(x), ndx_test_in(x)};
+  for (int i = 0; i < 20; i++) {
+    ndx_future_t* f = NULL;
+    CHECK_OK(ndx_invoke(ctx, "add", in, 2, NULL, NULL, &f));
+    ndx_future_release(f);
+  }
+  ndx_error_t* e = ndx_context_evaluate(ctx);
+  if (CHECK(e != NULL, "evaluate reports the failures")) {
+    CHECK(ndx_error_related_count(e) == 20, "%zu related", ndx_error_related_count(e));
+    size_t n = ndx_error_format(e, NULL, 0);
+    char* text = (char*)malloc(n + 1);
+    if (text) {
+      ndx_error_format(e, text, n + 1);
+      CHECK_CONTAINS(text, "+---------------- 15 of 20 ----------------");
+      CHECK(!ndx_test_contains(text, "16 of 20"), "the 16th is not printed");
+      CHECK_CONTAINS(text, "| and 5 more exceptions (ndx_error_related reads them all)");
+      free(text);
+    }
+  }
+  ndx_error_free(e);
+  ndx_context_release(ctx);
+  ndx_tensor_release(x);
+}
+
 #define RUN(call)                       \
   do {                                  \
     ndx_test_watchdog_phase(#call);     \
@@ -2540,6 +2571,7 @@ int main(void) {
   RUN(test_capture_depth_limit());
   RUN(test_provider_overcount());
   RUN(test_failed_chain_release());
+  RUN(test_wide_group_format());
   ndx_test_watchdog_stop();
   return NDX_TEST_SUMMARY("test_engine");
 }
