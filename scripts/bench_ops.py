@@ -21,12 +21,15 @@ back to ndx's cache, so a steady-state pipeline takes no fresh pages).
         `np.argmax`.
   lt, add with a broadcast row, float32 4096 x 4096: vs `np.less` / `np.add` of the
         same operands.
-  clamp, round, float32 16M: vs `np.clip` / `np.round`.
+  clamp, round, floor, ceil, sqrt, float32 16M: vs `np.clip` / `np.round` / `np.floor`
+        / `np.ceil` / `np.sqrt`.
   sum and cast to float16 of a transposed float32 4096 x 4096 view: vs `np.sum`
         (which sums in memory order, no copy) / `np.ascontiguousarray(..., float16)`.
   flip, transpose, pad, stack, concat, cast (f16, bf16 with ml_dtypes, u8, i16, i32;
         float64 to i32) and mixed-dtype add of float32 1024 x 1024: vs NumPy's
-        copies, `np.pad`, `np.stack`, `np.concatenate`, `astype` and `np.add`.
+        copies, `np.pad`, `np.stack`, `np.concatenate`, `astype` and `np.add`;
+        round, sqrt and neg of float16 1024 x 1024 vs `np.round` / `np.sqrt` /
+        `np.negative`.
   resize uint8 1080x1920x3 -> 224x224, linear: ndx `resize` vs OpenCV's
         `cv2.resize(..., INTER_LINEAR)` with OpenCV's default threads (the values
         are equal bit for bit; tests/python/test_ops_image.py checks them).
@@ -123,6 +126,9 @@ def main():
         ("add f32 4096^2 + a row", ndx_op("add", [ta2, ndx.tensor_from_numpy(b2[0])]), lambda: np.add(a2, b2[0])),
         ("clamp f32 16M", ndx_op("clamp", [ta], ndx.Args(lo=0.25, hi=0.75)), lambda: np.clip(a, 0.25, 0.75)),
         ("round f32 16M", ndx_op("round", [ta]), lambda: np.round(a)),
+        ("floor f32 16M", ndx_op("floor", [ta]), lambda: np.floor(a)),
+        ("ceil f32 16M", ndx_op("ceil", [ta]), lambda: np.ceil(a)),
+        ("sqrt f32 16M", ndx_op("sqrt", [ta]), lambda: np.sqrt(a)),
         # A transposed input: ndx compacts it (in tiles) before reducing or casting.
         ("sum f32 4096^2 transposed", ndx_op("sum", [ndx.tensor_from_numpy(a2.T)]),
          lambda: np.sum(a2.T)),
@@ -140,6 +146,8 @@ def main():
     f16 = m[1].astype(np.float16)
     f64 = m[2].astype(np.float64)
     ti32, tf16, tf64 = ndx.tensor_from_numpy(i32), ndx.tensor_from_numpy(f16), ndx.tensor_from_numpy(f64)
+    f16abs = np.abs(f16)
+    tf16abs = ndx.tensor_from_numpy(f16abs)
     cases = [
         ("flip f32 1024^2 axis 1", ndx_op("flip", tm[:1], ndx.Args().set_int_array("axes", [1])), lambda: np.flip(m[0], 1).copy()),
         ("transpose f32 1024^2", ndx_op("transpose", tm[:1]), lambda: m[0].T.copy()),
@@ -155,6 +163,9 @@ def main():
         ("cast f64 1024^2 -> i32", ndx_op("cast", [tf64], ndx.Args().set_dtype("dtype", ndx.NDX_DTYPE_INT32)), lambda: f64.astype(np.int32)),
         ("add f32 + i32 1024^2", ndx_op("add", [tm[0], ti32]), lambda: np.add(m[0], i32)),
         ("add f32 + f16 1024^2", ndx_op("add", [tm[0], tf16]), lambda: np.add(m[0], f16)),
+        ("round f16 1024^2", ndx_op("round", [tf16]), lambda: np.round(f16)),
+        ("sqrt f16 1024^2 (of |x|)", ndx_op("sqrt", [tf16abs]), lambda: np.sqrt(f16abs)),
+        ("neg f16 1024^2", ndx_op("neg", [tf16]), lambda: np.negative(f16)),
     ]
     try:
         import ml_dtypes
