@@ -656,7 +656,40 @@ fn map_loop<T: Elem, O: Elem, const CHECK: bool>(
 }
 
 fn unary_kernel(op: Unary, t: &Tensor) -> Result<Tensor> {
+    if let (DType::F16 | DType::BF16, Unary::Neg | Unary::Abs | Unary::Sign) = (t.dtype(), op) {
+        return half_sign_bits(op, t);
+    }
     with_elem!(t.dtype(), T => unary_typed::<T>(op, t), bool => unreachable!("rejected at inference"))
+}
+
+/// neg, abs and sign of float16 and bfloat16 on their bits (as `u16`), which
+/// vectorises, instead of a conversion to f64 and back per element. The same bits as
+/// that route: a NaN keeps its payload and comes back quiet (its sign flipped by neg,
+/// cleared by abs, kept by sign); sign of a zero is that zero. None of these makes a
+/// NaN or an infinity from a finite value, so there is nothing for the NAN check.
+fn half_sign_bits(op: Unary, t: &Tensor) -> Result<Tensor> {
+    let dtype = t.dtype();
+    // The exponent all ones, and the quiet bit (the mantissa's highest); 1.0.
+    let (inf, quiet, one): (u16, u16, u16) = if dtype == DType::F16 {
+        (0x7c00, 0x0200, 0x3c00)
+    } else {
+        (0x7f80, 0x0040, 0x3f80)
+    };
+    let quieted = move |b: u16| if b & 0x7fff > inf { b | quiet } else { b };
+    let bits = t.clone().with_dtype_of_same_size(DType::U16);
+    let out = match op {
+        Unary::Neg => map::<u16, u16>(&bits, move |b| quieted(b ^ 0x8000)),
+        Unary::Abs => map::<u16, u16>(&bits, move |b| quieted(b & 0x7fff)),
+        _ => map::<u16, u16>(&bits, move |b| {
+            if b & 0x7fff == 0 {
+                b
+            } else {
+                let s = (b & 0x8000) | one;
+                if b & 0x7fff > inf { b | quiet } else { s }
+            }
+        }),
+    }?;
+    Ok(out.with_dtype_of_same_size(dtype))
 }
 
 /// One loop per operation (the choice is made once, not per element, so each loop
@@ -719,9 +752,12 @@ fn math_kernel(op: Math, t: &Tensor) -> Result<Tensor> {
 }
 
 /// A loop per math function; `sqrt` (the common one) gets its own instance so it
-/// vectorises.
+/// vectorises. For float32 it is taken in f32: square roots are correctly rounded, and
+/// f64 has more than twice f32's precision plus two bits, so the f64 root rounded to
+/// f32 is the f32 root (with twice the lanes).
 fn math_typed<T: Elem>(x: &Tensor, op: Math, f: fn(f64) -> f64) -> Result<Tensor> {
     match op {
+        Math::Sqrt if T::DTYPE == DType::F32 => map::<T, T>(x, |v| T::from_f32(v.to_f32().sqrt())),
         Math::Sqrt => map::<T, T>(x, |v| T::from_f64(Elem::to_f64(v).sqrt())),
         _ => map::<T, T>(x, move |v| T::from_f64(f(Elem::to_f64(v)))),
     }
@@ -1085,5 +1121,94 @@ mod rounding_tests {
                 assert_eq!(g.to_bits(), want(x).to_bits(), "{op:?}({x:e})");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod f64_route_tests {
+    use super::kernels::make;
+    use super::*;
+    use half::{bf16, f16};
+
+    fn tensor<T: Elem>(values: &[T]) -> Tensor {
+        make::<T>(&[values.len() as i64], "", |o| {
+            o.copy_from_slice(values);
+            Ok(())
+        })
+        .unwrap()
+    }
+
+    /// `got` equals `want` of each value through f64 (widened, computed, rounded
+    /// back), bit for bit.
+    fn equal_the_f64_route<T: Elem + std::fmt::Debug>(
+        what: &str,
+        values: &[T],
+        got: &Tensor,
+        want: fn(f64) -> f64,
+    ) {
+        for (&x, g) in values.iter().zip(typed::<T>(got).unwrap().iter()) {
+            let w = T::from_f64(want(x.to_f64()));
+            assert_eq!(
+                bytemuck::bytes_of(g),
+                bytemuck::bytes_of(&w),
+                "{what}({x:?}) of {:?}: got {g:?}, want {w:?}",
+                T::DTYPE,
+            );
+        }
+    }
+
+    fn sign(v: f64) -> f64 {
+        if v > 0.0 {
+            1.0
+        } else if v < 0.0 {
+            -1.0
+        } else {
+            v
+        }
+    }
+
+    fn half_signs<T: Elem + std::fmt::Debug>(values: &[T]) {
+        let t = tensor(values);
+        type Reference = fn(f64) -> f64;
+        let cases: [(Unary, Reference); 3] = [
+            (Unary::Neg, |v| -v),
+            (Unary::Abs, f64::abs),
+            (Unary::Sign, sign),
+        ];
+        for (op, want) in cases {
+            let got = unary_kernel(op, &t).unwrap();
+            assert_eq!(got.dtype(), T::DTYPE);
+            equal_the_f64_route(&format!("{op:?}"), values, &got, want);
+        }
+    }
+
+    #[test]
+    fn neg_abs_sign_of_every_half_and_bfloat16_equal_the_f64_route() {
+        let all: Vec<u16> = (0..=u16::MAX).collect();
+        half_signs(&all.iter().map(|&b| f16::from_bits(b)).collect::<Vec<_>>());
+        half_signs(&all.iter().map(|&b| bf16::from_bits(b)).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn float32_sqrt_equals_the_f64_route() {
+        // A spread over the bit patterns (negatives, subnormals, NaNs included), the
+        // squares of whole numbers with their neighbours (exact roots, and results
+        // next to them), and the specials.
+        let mut bits: Vec<u32> = (0..=u32::MAX).step_by(4093).collect();
+        for k in 1..4096u32 {
+            let sq = ((k * k) as f32).to_bits();
+            bits.extend([sq - 1, sq, sq + 1]);
+        }
+        bits.extend([0, 1, 0x7f7f_ffff, 0x7f80_0000, 0x7f80_0001, 0x7fc0_0000]);
+        bits.extend([
+            0x8000_0000,
+            0x8000_0001,
+            0xff80_0000,
+            0xff80_0001,
+            0xffc0_0001,
+        ]);
+        let values: Vec<f32> = bits.into_iter().map(f32::from_bits).collect();
+        let got = math_kernel(Math::Sqrt, &tensor(&values)).unwrap();
+        equal_the_f64_route("sqrt", &values, &got, f64::sqrt);
     }
 }
