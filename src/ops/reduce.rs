@@ -394,25 +394,13 @@ fn is_suffix(axes: &[usize], ndim: usize) -> bool {
 /// compiler vectorises), in pieces of a fixed size whose sums are added in order, so
 /// the rounding never depends on the number of threads.
 fn sum_block<S: Elem>(v: &[S]) -> f64 {
-    fn lanes<S: Elem>(v: &[S]) -> f64 {
-        let mut acc = [0f64; 8];
-        let chunks = v.chunks_exact(8);
-        let rest = chunks.remainder();
-        for c in chunks {
-            for (a, x) in acc.iter_mut().zip(c) {
-                *a += x.to_f64();
-            }
-        }
-        let mut s =
-            ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-        for x in rest {
-            s += x.to_f64();
-        }
-        s
-    }
-    par::map_pieces(v.len(), 1, |r| lanes(&v[r]))
-        .into_iter()
-        .sum()
+    par::map_pieces(v.len(), 1, |r| {
+        let mut st = [Fold::<S>::start(&LaneSum)];
+        LaneSum.feed(&mut st, &[&v[r]], 0);
+        Fold::<S>::finish(&LaneSum, st[0])
+    })
+    .into_iter()
+    .sum()
 }
 
 fn reduce_typed<S: Elem>(
@@ -423,6 +411,11 @@ fn reduce_typed<S: Elem>(
     layout: &str,
     count: usize,
 ) -> Result<Tensor> {
+    if !t.is_compact()
+        && let Some(r) = reduce_strided::<S>(red, t, axes, out_shape, layout, count)
+    {
+        return r;
+    }
     let src = typed::<S>(t)?;
     let out_dtype = red.dtype(S::DTYPE);
     if let Some((_, len, inner)) = middle(t.shape(), axes)
@@ -655,7 +648,16 @@ fn argreduce(max: bool, t: &Tensor, axis: Option<usize>, keepdims: bool) -> Resu
     } else {
         t.clone()
     };
+    let axes = match axis {
+        Some(a) => vec![a],
+        None => (0..shape.len()).collect(),
+    };
     let best = with_elem!(src.dtype(), S => {
+        if !src.is_compact()
+            && let Some(best) = arg_strided::<S>(max, &src, &axes, len)
+        {
+            best?
+        } else {
         let v = typed::<S>(&src)?;
         let mut best = vec![0i64; t.numel() / len];
         if best.is_empty() {
@@ -675,11 +677,460 @@ fn argreduce(max: bool, t: &Tensor, axis: Option<usize>, keepdims: bool) -> Resu
             });
             acc.into_iter().map(|(_, k)| k).collect()
         }
+        }
     }, bool => unreachable!("bool cast above"));
     make::<i64>(&out_shape, "", |out| {
         out.copy_from_slice(&best);
         Ok(())
     })
+}
+
+/// Elements a reduction of a non-compact view gathers at a time: a piece of
+/// [`sum_block`] (256 KiB of float32, about an L2 cache), read in tiles.
+const CHUNK: usize = par::PIECE_WORK;
+
+thread_local! {
+    /// Each thread's buffer for the elements [`Blocks::read`] gathers.
+    static GATHERED: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The elements of a reduction whose every output folds one block of `len`
+/// consecutive elements of `view`'s row-major order: `view` is the input with the
+/// reduced axes moved last (see [`blocked_view`]).
+enum Blocks<'a, S> {
+    /// A compact view: its elements in place.
+    Slice(&'a [S]),
+    /// A non-compact view (its memory as [`Tensor::host_items`] gives it), gathered
+    /// piece by piece into a small buffer of each thread.
+    View(&'a Tensor, &'a [S]),
+}
+
+impl<S: Elem> Blocks<'_, S> {
+    /// Calls `f` with the elements of each `(first, n)` of `ranges` (at most 8).
+    fn read<R>(&self, ranges: &[(usize, usize)], f: impl FnOnce(&[&[S]]) -> R) -> R {
+        match self {
+            Blocks::Slice(s) => {
+                let mut parts: [&[S]; 8] = [&[]; 8];
+                for (p, &(first, n)) in parts.iter_mut().zip(ranges) {
+                    *p = &s[first..first + n];
+                }
+                f(&parts[..ranges.len()])
+            }
+            Blocks::View(t, items) => GATHERED.with_borrow_mut(|buf| {
+                let total: usize = ranges.iter().map(|r| r.1).sum();
+                let words = (total * size_of::<S>()).div_ceil(8);
+                if buf.len() < words {
+                    buf.resize(words, 0);
+                }
+                let all = &mut bytemuck::cast_slice_mut::<u64, S>(&mut buf[..words])[..total];
+                let mut at = 0;
+                for &(first, n) in ranges {
+                    t.gather_elems(items, first, &mut all[at..at + n]);
+                    at += n;
+                }
+                let mut local: [&[S]; 8] = [&[]; 8];
+                let mut rest: &[S] = all;
+                for (p, &(_, n)) in local.iter_mut().zip(ranges) {
+                    (*p, rest) = rest.split_at(n);
+                }
+                f(&local[..ranges.len()])
+            }),
+        }
+    }
+}
+
+/// `t` with the `axes` (sorted) moved after the other axes: each output of the
+/// reduction over `axes` folds one block of consecutive elements of its row-major
+/// order, in the order of the sequential definition.
+fn blocked_view(t: &Tensor, axes: &[usize]) -> Tensor {
+    let perm: Vec<usize> = (0..t.ndim())
+        .filter(|a| !axes.contains(a))
+        .chain(axes.iter().copied())
+        .collect();
+    t.restride(
+        perm.iter().map(|&a| t.shape()[a]).collect(),
+        perm.iter().map(|&a| t.strides()[a]).collect(),
+        0,
+    )
+}
+
+/// A reduction of blocks (see [`fold_blocks`]): a state per output fed the block's
+/// elements in order, piece by piece.
+trait Fold<S: Elem>: Sync {
+    type St: Copy + Send;
+    type Out: Copy + Send;
+    /// Whether a large block may be cut into the pieces of [`par::map_pieces`], whose
+    /// results [`Fold::combine`] joins in order.
+    const SPLIT: bool;
+    fn start(&self) -> Self::St;
+    /// Feeds each block `b` of a group its next elements `parts[b]` (all of the same
+    /// length), which start at element `offset` of the block (a multiple of 8 but for
+    /// the last piece of a block).
+    fn feed(&self, sts: &mut [Self::St], parts: &[&[S]], offset: usize);
+    fn finish(&self, st: Self::St) -> Self::Out;
+    fn combine(&self, parts: Vec<Self::Out>) -> Self::Out;
+}
+
+/// [`sum_block`]'s pieces: eight running sums over the elements, then the remainder.
+struct LaneSum;
+
+#[derive(Clone, Copy)]
+struct Lanes {
+    acc: [f64; 8],
+    rest: [f64; 7],
+    n_rest: usize,
+}
+
+impl<S: Elem> Fold<S> for LaneSum {
+    type St = Lanes;
+    type Out = f64;
+    const SPLIT: bool = true;
+    fn start(&self) -> Lanes {
+        Lanes {
+            acc: [0.0; 8],
+            rest: [0.0; 7],
+            n_rest: 0,
+        }
+    }
+    fn feed(&self, sts: &mut [Lanes], parts: &[&[S]], _: usize) {
+        for (st, v) in sts.iter_mut().zip(parts) {
+            debug_assert_eq!(st.n_rest, 0, "only the last piece has a remainder");
+            let mut acc = st.acc;
+            let chunks = v.chunks_exact(8);
+            let rest = chunks.remainder();
+            for c in chunks {
+                for (a, x) in acc.iter_mut().zip(c) {
+                    *a += x.to_f64();
+                }
+            }
+            st.acc = acc;
+            for x in rest {
+                st.rest[st.n_rest] = x.to_f64();
+                st.n_rest += 1;
+            }
+        }
+    }
+    fn finish(&self, st: Lanes) -> f64 {
+        let acc = st.acc;
+        let mut s =
+            ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+        for x in &st.rest[..st.n_rest] {
+            s += x;
+        }
+        s
+    }
+    fn combine(&self, parts: Vec<f64>) -> f64 {
+        parts.into_iter().sum()
+    }
+}
+
+/// The sequential float fold from the identity (`fold_middle`'s order): products,
+/// and sums over axes that are not the last ones. Blocks of a group fold side by
+/// side, so that their additions overlap.
+struct SeqFold {
+    prod: bool,
+}
+
+impl<S: Elem> Fold<S> for SeqFold {
+    type St = f64;
+    type Out = f64;
+    const SPLIT: bool = false;
+    fn start(&self) -> f64 {
+        if self.prod { 1.0 } else { 0.0 }
+    }
+    fn feed(&self, sts: &mut [f64], parts: &[&[S]], _: usize) {
+        fn run<S: Elem>(sts: &mut [f64], parts: &[&[S]], op: impl Fn(f64, f64) -> f64) {
+            let mut acc = [0f64; 8];
+            acc[..sts.len()].copy_from_slice(sts);
+            for j in 0..parts[0].len() {
+                for (a, p) in acc.iter_mut().zip(parts) {
+                    *a = op(*a, p[j].to_f64());
+                }
+            }
+            sts.copy_from_slice(&acc[..sts.len()]);
+        }
+        if self.prod {
+            run(sts, parts, |a, x| a * x);
+        } else {
+            run(sts, parts, |a, x| a + x);
+        }
+    }
+    fn finish(&self, st: f64) -> f64 {
+        st
+    }
+    fn combine(&self, _: Vec<f64>) -> f64 {
+        unreachable!("a sequential fold is never split")
+    }
+}
+
+/// Integer sums and products wrapping in 64 bits, in any order.
+struct WrapFold {
+    prod: bool,
+}
+
+impl<S: Elem> Fold<S> for WrapFold {
+    type St = u64;
+    type Out = u64;
+    const SPLIT: bool = true;
+    fn start(&self) -> u64 {
+        u64::from(self.prod)
+    }
+    fn feed(&self, sts: &mut [u64], parts: &[&[S]], _: usize) {
+        let wide = |v: S| v.to_i128() as u64;
+        for (a, v) in sts.iter_mut().zip(parts) {
+            *a = if self.prod {
+                v.iter().fold(*a, |a, &x| a.wrapping_mul(wide(x)))
+            } else {
+                v.iter().fold(*a, |a, &x| a.wrapping_add(wide(x)))
+            };
+        }
+    }
+    fn finish(&self, st: u64) -> u64 {
+        st
+    }
+    fn combine(&self, parts: Vec<u64>) -> u64 {
+        let mut st = [Fold::<S>::start(self)];
+        for p in parts {
+            st[0] = if self.prod {
+                st[0].wrapping_mul(p)
+            } else {
+                st[0].wrapping_add(p)
+            };
+        }
+        st[0]
+    }
+}
+
+/// The minimum (maximum) and its index in the block: the first NaN, else the first
+/// of the extremes. Pieces join in order by [`replaces`], which keeps the earlier of
+/// two equal ones, so any cut gives the sequential scan's element.
+struct ArgFold {
+    max: bool,
+}
+
+impl<S: Elem> Fold<S> for ArgFold {
+    type St = Option<(S, i64)>;
+    type Out = Option<(S, i64)>;
+    const SPLIT: bool = true;
+    fn start(&self) -> Self::St {
+        None
+    }
+    fn feed(&self, sts: &mut [Self::St], parts: &[&[S]], offset: usize) {
+        for (st, v) in sts.iter_mut().zip(parts) {
+            if v.is_empty() {
+                continue;
+            }
+            let k = arg_extreme(self.max, v) as usize;
+            *st = self.join(*st, Some((v[k], (offset + k) as i64)));
+        }
+    }
+    fn finish(&self, st: Self::St) -> Self::St {
+        st
+    }
+    fn combine(&self, parts: Vec<Self::St>) -> Self::St {
+        parts.into_iter().fold(None, |a, b| self.join(a, b))
+    }
+}
+
+impl ArgFold {
+    fn join<S: Elem>(&self, a: Option<(S, i64)>, b: Option<(S, i64)>) -> Option<(S, i64)> {
+        match (a, b) {
+            (Some(x), Some(y)) => Some(if replaces(self.max, x.0, y.0) { y } else { x }),
+            (x, None) => x,
+            (None, y) => y,
+        }
+    }
+}
+
+/// Folds each block of `len` elements of `src` into `out[o]` (`len` at least 1):
+/// large blocks of a [`Fold::SPLIT`] fold in the pieces of [`par::map_pieces`]
+/// (those of [`sum_block`]) on the worker pool; otherwise outputs split across the
+/// pool, small blocks read many at a time and larger ones in groups of 8 side by
+/// side, piece by piece.
+fn fold_blocks<S: Elem, F: Fold<S>>(f: &F, src: &Blocks<S>, len: usize, out: &mut [F::Out]) {
+    if F::SPLIT && par::pieces(len, 1).is_some() {
+        for (o, r) in out.iter_mut().enumerate() {
+            let parts = par::map_pieces(len, 1, |range| {
+                let mut st = [f.start()];
+                fold_group(f, src, o, len, range, &mut st);
+                f.finish(st[0])
+            });
+            *r = f.combine(parts);
+        }
+        return;
+    }
+    let _ = par::chunks_mut(out, 1, len, |first, piece| {
+        if len <= CHUNK / 2 {
+            let per = CHUNK / len;
+            for (i, batch) in piece.chunks_mut(per).enumerate() {
+                let o = first + i * per;
+                src.read(&[(o * len, batch.len() * len)], |all| {
+                    let blocks: Vec<&[S]> = all[0].chunks(len).collect();
+                    for (group, parts) in batch.chunks_mut(8).zip(blocks.chunks(8)) {
+                        let mut sts = [f.start(); 8];
+                        let sts = &mut sts[..group.len()];
+                        f.feed(sts, parts, 0);
+                        for (r, &st) in group.iter_mut().zip(sts.iter()) {
+                            *r = f.finish(st);
+                        }
+                    }
+                });
+            }
+        } else {
+            for (i, group) in piece.chunks_mut(8).enumerate() {
+                let mut sts = [f.start(); 8];
+                let sts = &mut sts[..group.len()];
+                fold_group(f, src, first + i * 8, len, 0..len, sts);
+                for (r, &st) in group.iter_mut().zip(sts.iter()) {
+                    *r = f.finish(st);
+                }
+            }
+        }
+        Ok(())
+    });
+}
+
+/// Feeds the elements `range` of the blocks `o..o + sts.len()` (at most 8) to
+/// their states, in pieces of at most [`CHUNK`] elements in all.
+fn fold_group<S: Elem, F: Fold<S>>(
+    f: &F,
+    src: &Blocks<S>,
+    o: usize,
+    len: usize,
+    range: std::ops::Range<usize>,
+    sts: &mut [F::St],
+) {
+    let seg = (CHUNK / sts.len()) / 8 * 8;
+    let mut j = range.start;
+    while j < range.end {
+        let m = seg.min(range.end - j);
+        let mut ranges = [(0usize, 0usize); 8];
+        for (b, r) in ranges[..sts.len()].iter_mut().enumerate() {
+            *r = ((o + b) * len + j, m);
+        }
+        src.read(&ranges[..sts.len()], |parts| f.feed(sts, parts, j));
+        j += m;
+    }
+}
+
+/// `t` (not compact) reduced over `axes`, reading it in place through its strides
+/// piece by piece instead of compacting it first, with the same results bit for bit
+/// as the compact paths (each output sees its elements in the same order, float sums
+/// over the last axes in [`sum_block`]'s pieces); `None` where its memory is not
+/// host memory aligned for `S`.
+fn reduce_strided<S: Elem>(
+    red: Red,
+    t: &Tensor,
+    axes: &[usize],
+    out_shape: &[i64],
+    layout: &str,
+    count: usize,
+) -> Option<Result<Tensor>> {
+    let view = blocked_view(t, axes);
+    let (items, origin) = view.host_items::<S>()?;
+    Some(t.storage().wait_host_readable().and_then(|()| {
+        let src = if view.is_compact() {
+            Blocks::Slice(&items[origin..origin + view.numel()])
+        } else {
+            Blocks::View(&view, items)
+        };
+        reduce_blocks(
+            red,
+            &src,
+            count,
+            out_shape,
+            layout,
+            is_suffix(axes, t.ndim()),
+        )
+    }))
+}
+
+/// [`reduce_strided`] over the blocks of `len` elements of `src`.
+fn reduce_blocks<S: Elem>(
+    red: Red,
+    src: &Blocks<S>,
+    len: usize,
+    out_shape: &[i64],
+    layout: &str,
+    suffix: bool,
+) -> Result<Tensor> {
+    let out_dtype = red.dtype(S::DTYPE);
+    match red {
+        Red::Min | Red::Max => {
+            let max = red == Red::Max;
+            let mut accs = accumulators(out_shape, out_count(out_shape), None)?;
+            if !accs.is_empty() {
+                if len == 0 {
+                    return Err(zero_size(red.name()));
+                }
+                fold_blocks(&ArgFold { max }, src, len, &mut accs);
+            }
+            make::<S>(out_shape, layout, |out| {
+                for (o, a) in out.iter_mut().zip(accs) {
+                    *o = a.map_or(*o, |(v, _)| v);
+                }
+                Ok(())
+            })
+        }
+        Red::Sum | Red::Prod if S::INT => {
+            let prod = red == Red::Prod;
+            let mut accs = accumulators(out_shape, out_count(out_shape), u64::from(prod))?;
+            if len > 0 && !accs.is_empty() {
+                fold_blocks(&WrapFold { prod }, src, len, &mut accs);
+            }
+            with_elem!(out_dtype, D => make::<D>(out_shape, layout, |out| {
+                for (o, &a) in out.iter_mut().zip(&accs) {
+                    *o = D::from_i128(i128::from(a));
+                }
+                Ok(())
+            }), bool => unreachable!("integer sums are int64 or uint64"))
+        }
+        Red::Sum | Red::Prod | Red::Mean => {
+            let prod = red == Red::Prod;
+            let mut accs =
+                accumulators(out_shape, out_count(out_shape), f64::from(u8::from(prod)))?;
+            if len > 0 && !accs.is_empty() {
+                if suffix && !prod {
+                    fold_blocks(&LaneSum, src, len, &mut accs);
+                } else {
+                    fold_blocks(&SeqFold { prod }, src, len, &mut accs);
+                }
+            }
+            if red == Red::Mean {
+                accs.iter_mut().for_each(|a| *a /= len as f64);
+            }
+            with_elem!(out_dtype, D => make::<D>(out_shape, layout, |out| {
+                for (o, &a) in out.iter_mut().zip(&accs) {
+                    *o = D::from_f64(a);
+                }
+                Ok(())
+            }), bool => unreachable!("float results"))
+        }
+        Red::All | Red::Any => unreachable!("handled on bools"),
+    }
+}
+
+/// [`argreduce`] of a non-compact `t` over `axes` (one, or all for the flattened
+/// tensor; `len` elements each) read in place as [`reduce_strided`] does; `None`
+/// where its memory is not host memory aligned for `S`.
+fn arg_strided<S: Elem>(
+    max: bool,
+    t: &Tensor,
+    axes: &[usize],
+    len: usize,
+) -> Option<Result<Vec<i64>>> {
+    let view = blocked_view(t, axes);
+    let (items, origin) = view.host_items::<S>()?;
+    Some(t.storage().wait_host_readable().map(|()| {
+        let src = if view.is_compact() {
+            Blocks::Slice(&items[origin..origin + view.numel()])
+        } else {
+            Blocks::View(&view, items)
+        };
+        let mut accs = vec![None; t.numel() / len];
+        fold_blocks(&ArgFold { max }, &src, len, &mut accs);
+        accs.into_iter().map(|a| a.map_or(0, |(_, k)| k)).collect()
+    }))
 }
 
 pub(crate) fn axes_arg(shape: &[i64], args: &Args) -> Result<(Vec<usize>, bool)> {
@@ -1003,5 +1454,197 @@ mod fast_path_tests {
         .unwrap();
         let s = reduce(Red::Sum, &z, &[0], false).unwrap();
         assert!(typed::<f32>(&s).unwrap().iter().all(|x| x.to_bits() == 0));
+    }
+}
+
+#[cfg(test)]
+mod strided_tests {
+    use super::*;
+
+    /// NaN number `k` of a float type, with its own payload.
+    fn nan<S: Elem>(k: u64) -> S {
+        let bytes = match size_of::<S>() {
+            2 => (0x7e00u16 | k as u16).to_ne_bytes().to_vec(),
+            4 => (0x7fc0_0000u32 | k as u32).to_ne_bytes().to_vec(),
+            _ => (0x7ff8_0000_0000_0000u64 | k).to_ne_bytes().to_vec(),
+        };
+        bytemuck::pod_read_unaligned(&bytes)
+    }
+
+    /// A compact tensor of `n` values of `S` of many magnitudes (so that a float sum
+    /// rounds differently in another order), with zeros of both signs, equal
+    /// extremes, and NaNs of distinct payloads at `nans`.
+    fn base<S: Elem>(n: usize, nans: &[usize]) -> Tensor {
+        make::<S>(&[n as i64], "", |o| {
+            for (i, x) in o.iter_mut().enumerate() {
+                let v = (i as f64 * 0.7).sin() * 10f64.powi((i % 9) as i32 - 3);
+                *x = S::from_f64(match i % 13 {
+                    3 => -0.0,
+                    7 => 0.0,
+                    11 => 90.0,
+                    _ => v,
+                });
+            }
+            if !S::INT {
+                for (k, &at) in nans.iter().enumerate() {
+                    o[at % n] = nan::<S>(k as u64 + 1);
+                }
+            }
+            Ok(())
+        })
+        .unwrap()
+    }
+
+    /// Every reduction of `view` (non-compact) over every set of axes, against the
+    /// same reduction of its compact copy: the same dtype, shape and bytes.
+    fn check(view: &Tensor, what: &str) {
+        assert!(!view.is_compact(), "{what}");
+        let compact = view.to_compact().unwrap();
+        let n = view.ndim();
+        let mut axes_sets: Vec<Vec<usize>> = vec![(0..n).collect(), vec![]];
+        axes_sets.extend((0..n).map(|a| vec![a]));
+        if n == 3 {
+            axes_sets.extend([vec![0, 2], vec![1, 2], vec![0, 1]]);
+        }
+        let same = |a: Result<Tensor>, b: Result<Tensor>, label: String| {
+            let (a, b) = (a.unwrap(), b.unwrap());
+            assert_eq!(a.dtype(), b.dtype(), "{label}");
+            assert_eq!(a.shape(), b.shape(), "{label}");
+            assert_eq!(a.to_bytes().unwrap(), b.to_bytes().unwrap(), "{label}");
+        };
+        for red in [
+            Red::Sum,
+            Red::Prod,
+            Red::Mean,
+            Red::Min,
+            Red::Max,
+            Red::All,
+            Red::Any,
+        ] {
+            for axes in &axes_sets {
+                same(
+                    reduce(red, view, axes, false),
+                    reduce(red, &compact, axes, false),
+                    format!("{what}: {red:?} over {axes:?}"),
+                );
+            }
+        }
+        for max in [false, true] {
+            for axis in std::iter::once(None).chain((0..n).map(Some)) {
+                same(
+                    argreduce(max, view, axis, false),
+                    argreduce(max, &compact, axis, false),
+                    format!("{what}: arg (max {max}) over {axis:?}"),
+                );
+            }
+        }
+    }
+
+    /// Transposed, flipped, stepped and permuted 3-d views of a tensor of `S`.
+    fn views<S: Elem>(nans: &[usize]) {
+        let name = S::DTYPE.name();
+        // [r, c] = [40, 27] and its transpose.
+        let b = base::<S>(40 * 27, nans);
+        check(
+            &b.restride(vec![27, 40], vec![1, 27], 0),
+            &format!("{name} transposed"),
+        );
+        // Rows and columns reversed.
+        check(
+            &b.restride(vec![40, 27], vec![-27, -1], 40 * 27 - 1),
+            &format!("{name} flipped"),
+        );
+        // [::2, ::3].
+        check(
+            &b.restride(vec![20, 9], vec![54, 3], 0),
+            &format!("{name} stepped"),
+        );
+        // A [4, 5, 6] tensor with its axes permuted to [6, 4, 5], one reversed.
+        check(
+            &b.restride(vec![6, 4, 5], vec![1, 30, -6], 24),
+            &format!("{name} 3-d"),
+        );
+    }
+
+    #[test]
+    fn strided_reductions_give_the_compact_copys_bits() {
+        let nans = [5, 333, 334, 700, 701, 1000];
+        views::<f32>(&nans);
+        views::<f64>(&nans);
+        views::<half::f16>(&nans);
+        views::<i32>(&[]);
+        views::<u8>(&[]);
+        let b = base::<u8>(40 * 27, &[]).with_dtype_of_same_size(DType::Bool);
+        check(&b.restride(vec![27, 40], vec![1, 27], 0), "bool transposed");
+        // Without NaNs, so that the sums' rounding shows.
+        views::<f32>(&[]);
+    }
+
+    #[test]
+    fn large_strided_reductions_keep_the_pieces_of_the_compact_sum() {
+        // Enough elements for pieces on several threads (a full sum of 2^18 and more
+        // in pieces of 2^16; blocks longer than a gathered piece), NaNs late or none.
+        for nans in [vec![], vec![300_001, 299_999]] {
+            let b = base::<f32>(600 * 520, &nans);
+            let t = b.restride(vec![520, 600], vec![1, 520], 0);
+            let c = t.to_compact().unwrap();
+            for red in [Red::Sum, Red::Mean, Red::Prod, Red::Max, Red::Min] {
+                for axes in [vec![0, 1], vec![0], vec![1]] {
+                    let got = reduce(red, &t, &axes, false).unwrap();
+                    let want = reduce(red, &c, &axes, false).unwrap();
+                    assert_eq!(
+                        got.to_bytes().unwrap(),
+                        want.to_bytes().unwrap(),
+                        "{red:?} over {axes:?} with NaNs {nans:?}"
+                    );
+                }
+            }
+            for axis in [None, Some(0), Some(1)] {
+                let got = argreduce(true, &t, axis, false).unwrap();
+                let want = argreduce(true, &c, axis, false).unwrap();
+                assert_eq!(
+                    got.to_bytes().unwrap(),
+                    want.to_bytes().unwrap(),
+                    "{axis:?}"
+                );
+            }
+            // A float64 sum shows the rounding of its pieces' sums: pieces of 2^16
+            // elements of 1e12, 0.3, -1e12, 0.7 and the rest.
+            let b = base::<f64>(600 * 520, &nans);
+            let b = make::<f64>(&[600 * 520], "", |o| {
+                o.copy_from_slice(&typed::<f64>(&b).unwrap());
+                let scale = [1e12, 0.3, -1e12, 0.7];
+                for (i, x) in o.iter_mut().enumerate().take(4 << 16) {
+                    *x = x.abs().min(1.0) * scale[i >> 16] + 1e-3 * i as f64;
+                }
+                Ok(())
+            })
+            .unwrap();
+            let t = b.restride(vec![520, 600], vec![1, 520], 0);
+            let c = t.to_compact().unwrap();
+            for red in [Red::Sum, Red::Mean] {
+                let got = reduce(red, &t, &[0, 1], false).unwrap();
+                let want = reduce(red, &c, &[0, 1], false).unwrap();
+                assert_eq!(got.to_bytes().unwrap(), want.to_bytes().unwrap(), "{red:?}");
+            }
+            // Two blocks of 2^18 elements, each summed in pieces.
+            let b = base::<f32>(2 << 18, &nans);
+            let t = b.restride(vec![2, 1 << 18], vec![1, 2], 0);
+            let c = t.to_compact().unwrap();
+            for red in [Red::Sum, Red::Max] {
+                let got = reduce(red, &t, &[1], false).unwrap();
+                let want = reduce(red, &c, &[1], false).unwrap();
+                assert_eq!(got.to_bytes().unwrap(), want.to_bytes().unwrap(), "{red:?}");
+            }
+            // Blocks longer than half a gathered piece, several outputs.
+            let b = base::<f64>(3 * 40_000, &nans);
+            let t = b.restride(vec![3, 40_000], vec![1, 3], 0);
+            let c = t.to_compact().unwrap();
+            for red in [Red::Sum, Red::Prod, Red::Min] {
+                let got = reduce(red, &t, &[1], false).unwrap();
+                let want = reduce(red, &c, &[1], false).unwrap();
+                assert_eq!(got.to_bytes().unwrap(), want.to_bytes().unwrap(), "{red:?}");
+            }
+        }
     }
 }

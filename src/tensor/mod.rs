@@ -480,27 +480,62 @@ impl Tensor {
     fn gather_items<T: Copy + Send + Sync>(&self, src: &[T], shift: usize, dst: &mut [T]) {
         let row = self.row_len();
         let _ = crate::ops::par::chunks_mut(dst, row, row, |first, piece| {
-            self.gather_rows(src, shift, first, piece);
+            self.gather_range(src, shift, first * row, piece);
             Ok(())
         });
     }
 
-    /// The rows `first..` of [`Tensor::gather_items`], as many as fill `dst`.
+    /// This view's host memory as items of `T` (the dtype's size) and the index of
+    /// element 0 among them, for [`Tensor::gather_elems`]; `None` when the memory is
+    /// not host memory or not aligned for `T`.
+    pub(crate) fn host_items<T: bytemuck::Pod>(&self) -> Option<(&[T], usize)> {
+        let item = std::mem::size_of::<T>();
+        debug_assert_eq!(item, self.dtype.itemsize());
+        let (span, origin) = self.host_span()?;
+        if origin < 0 || !(origin as usize).is_multiple_of(item) {
+            return None;
+        }
+        let items = bytemuck::try_cast_slice::<u8, T>(&span[..span.len() / item * item]).ok()?;
+        Some((items, origin as usize / item))
+    }
+
+    /// Copies the elements `first..first + dst.len()` of this view, in row-major
+    /// order, into `dst`: `items` is its memory as [`Tensor::host_items`] gives it. A
+    /// reduction reads a large view piece by piece this way instead of compacting all
+    /// of it first.
+    pub(crate) fn gather_elems<T: Copy>(&self, items: &[T], first: usize, dst: &mut [T]) {
+        debug_assert!(first + dst.len() <= self.numel);
+        self.gather_range(items, 0, first, dst);
+    }
+
+    /// The elements `first..first + dst.len()` (in row-major order) of
+    /// [`Tensor::gather_items`]: `src` is the span from byte `shift` on.
     ///
     /// Rows whose elements lie apart (a transposed view, say) are copied in tiles of
     /// [`TILE_ROWS`] rows by [`TILE_COLS`] elements: the rows of a tile usually start
     /// next to each other, so a tile reads each cache line of its columns once instead
     /// of once per row.
-    fn gather_rows<T: Copy>(&self, src: &[T], shift: usize, first: usize, dst: &mut [T]) {
+    fn gather_range<T: Copy>(&self, src: &[T], shift: usize, first: usize, dst: &mut [T]) {
+        if dst.is_empty() {
+            return;
+        }
         let item = std::mem::size_of::<T>() as isize;
-        // Rows waiting for their tile: (first element in `src`, offset in `dst`), and
-        // the step and length every row of this view shares (allocated at the first).
+        let row = self.row_len();
+        let end = first + dst.len();
+        let rows = first / row..end.div_ceil(row);
+        // The element index of the first row's first element.
+        let base = rows.start * row;
+        // Whole rows waiting for their tile: (first element in `src`, offset in `dst`),
+        // and the step every row of this view shares (allocated at the first).
         let mut tile: Vec<(isize, usize)> = Vec::new();
-        let (mut tile_step, mut tile_n) = (0isize, 0usize);
-        let rows = first..first + dst.len() / self.row_len();
-        self.for_each_row(rows, |at, step, out, row| {
-            let (at, step) = ((at - shift as isize) / item, step / item);
-            let (out, n) = (out / item as usize, row / item as usize);
+        let mut tile_step = 0isize;
+        self.for_each_row(rows, |at, step, out, _| {
+            let (mut at, step) = ((at - shift as isize) / item, step / item);
+            // This row's part inside `first..end`.
+            let row_start = base + out / item as usize;
+            let (lo, hi) = (row_start.max(first), (row_start + row).min(end));
+            at += (lo - row_start) as isize * step;
+            let (out, n) = (lo - first, hi - lo);
             let d = &mut dst[out..out + n];
             match step {
                 1 => d.copy_from_slice(&src[at as usize..at as usize + n]),
@@ -511,16 +546,21 @@ impl Tensor {
                     }
                 }
                 0 => d.fill(src[at as usize]),
-                _ => {
-                    (tile_step, tile_n) = (step, n);
+                _ if n == row => {
+                    tile_step = step;
                     tile.push((at, out));
                     if tile.len() == TILE_ROWS {
-                        copy_tile(src, dst, &mut tile, tile_step, tile_n);
+                        copy_tile(src, dst, &mut tile, tile_step, row);
+                    }
+                }
+                _ => {
+                    for (k, d) in d.iter_mut().enumerate() {
+                        *d = src[(at + k as isize * step) as usize];
                     }
                 }
             }
         });
-        copy_tile(src, dst, &mut tile, tile_step, tile_n);
+        copy_tile(src, dst, &mut tile, tile_step, row);
     }
 
     /// Elements per innermost row (1 for a 0-d tensor).
