@@ -317,6 +317,97 @@ fn reduce(red: Red, t: &Tensor, axes: &[usize], keepdims: bool) -> Result<Tensor
     } else {
         String::new()
     };
+    if !t.is_compact()
+        && let Some(r) = reduce_in_memory_order(red, t, axes, &out_shape, &layout)
+    {
+        return r;
+    }
+    reduce_into(red, t, axes, out_shape, &layout)
+}
+
+/// A reduction whose result does not depend on the order of the elements (`all`,
+/// `any`, integer sums and products, integer minimums and maximums; float ones
+/// unless the result is NaN or zero, where the first NaN or the first zero's sign
+/// decides) of a view that its memory order makes compact (a transposed view, a
+/// view with reduced axes reversed): the compact tensor reduced over the same axes,
+/// read in place. `None` where that does not apply.
+fn reduce_in_memory_order(
+    red: Red,
+    t: &Tensor,
+    axes: &[usize],
+    out_shape: &[i64],
+    layout: &str,
+) -> Option<Result<Tensor>> {
+    let d = t.dtype();
+    let float = matches!(d, DType::F16 | DType::BF16 | DType::F32 | DType::F64);
+    let order_free = match red {
+        Red::All | Red::Any | Red::Min | Red::Max => true,
+        Red::Sum | Red::Prod => !float,
+        Red::Mean => false,
+    };
+    if !order_free {
+        return None;
+    }
+    // Axes by decreasing stride, reduced ones reversed where their stride is negative;
+    // the kept axes must stay in their order (the outputs' order).
+    let (shape, strides) = (t.shape(), t.strides());
+    let mut perm: Vec<usize> = (0..t.ndim()).collect();
+    perm.sort_by_key(|&a| std::cmp::Reverse(strides[a].unsigned_abs()));
+    let kept: Vec<usize> = perm.iter().copied().filter(|a| !axes.contains(a)).collect();
+    if !kept.is_sorted() {
+        return None;
+    }
+    let mut origin = 0i64;
+    let mut new_strides = Vec::with_capacity(perm.len());
+    for &a in &perm {
+        let s = strides[a];
+        if s < 0 && shape[a] > 1 {
+            if !axes.contains(&a) {
+                return None;
+            }
+            origin += (shape[a] - 1) * s;
+            new_strides.push(-s);
+        } else {
+            new_strides.push(s);
+        }
+    }
+    let c = t.restride(
+        perm.iter().map(|&a| shape[a]).collect(),
+        new_strides,
+        origin,
+    );
+    if !c.is_compact() {
+        return None;
+    }
+    let mut c_axes: Vec<usize> = (0..perm.len())
+        .filter(|&i| axes.contains(&perm[i]))
+        .collect();
+    c_axes.sort_unstable();
+    let r = match reduce_into(red, &c, &c_axes, out_shape.to_vec(), layout) {
+        Ok(r) => r,
+        Err(e) => return Some(Err(e)),
+    };
+    // A float minimum (maximum) of NaN or zero: the logical order decides which.
+    if matches!(red, Red::Min | Red::Max) && float {
+        let decided = with_elem!(d, S => typed::<S>(&r).is_ok_and(|v| {
+            v.iter().all(|&x| !Elem::is_nan(x) && x != S::from_i128(0))
+        }), bool => true);
+        if !decided {
+            return None;
+        }
+    }
+    Some(Ok(r))
+}
+
+/// [`reduce`] into an output of `out_shape` (with `layout`).
+fn reduce_into(
+    red: Red,
+    t: &Tensor,
+    axes: &[usize],
+    out_shape: Vec<i64>,
+    layout: &str,
+) -> Result<Tensor> {
+    let layout = layout.to_string();
     let count: usize = axes.iter().map(|&a| t.shape()[a] as usize).product();
     if count == 0 && matches!(red, Red::Min | Red::Max) {
         let n_out: usize = out_shape.iter().map(|&d| d as usize).product();
@@ -1578,6 +1669,22 @@ mod strided_tests {
         check(&b.restride(vec![27, 40], vec![1, 27], 0), "bool transposed");
         // Without NaNs, so that the sums' rounding shows.
         views::<f32>(&[]);
+        // Zeros of both signs as the minimums, no NaN: the first zero's sign.
+        let z = make::<f32>(&[40 * 27], "", |o| {
+            for (i, x) in o.iter_mut().enumerate() {
+                *x = [0.0, -0.0, 1.0, 0.0, -0.0, -0.0, 2.0][(i * 5 + i / 7) % 7];
+            }
+            Ok(())
+        })
+        .unwrap();
+        check(
+            &z.restride(vec![27, 40], vec![1, 27], 0),
+            "zeros transposed",
+        );
+        check(
+            &z.restride(vec![40, 27], vec![-27, -1], 40 * 27 - 1),
+            "zeros flipped",
+        );
     }
 
     #[test]
