@@ -1023,6 +1023,44 @@ impl<S: Elem> Fold<S> for ArgFold {
     }
 }
 
+/// The minimum (maximum) of the block: the first NaN, else the first of the
+/// extremes, as [`ArgFold`] without the index.
+struct ExtremeFold {
+    max: bool,
+}
+
+impl<S: Elem> Fold<S> for ExtremeFold {
+    type St = Option<S>;
+    type Out = Option<S>;
+    const SPLIT: bool = true;
+    fn start(&self) -> Option<S> {
+        None
+    }
+    fn feed(&self, sts: &mut [Option<S>], parts: &[&[S]], _: usize) {
+        for (st, v) in sts.iter_mut().zip(parts) {
+            if !v.is_empty() {
+                *st = self.join(*st, Some(extreme(self.max, v)));
+            }
+        }
+    }
+    fn finish(&self, st: Option<S>) -> Option<S> {
+        st
+    }
+    fn combine(&self, parts: Vec<Option<S>>) -> Option<S> {
+        parts.into_iter().fold(None, |a, b| self.join(a, b))
+    }
+}
+
+impl ExtremeFold {
+    fn join<S: Elem>(&self, a: Option<S>, b: Option<S>) -> Option<S> {
+        match (a, b) {
+            (Some(x), Some(y)) => Some(if replaces(self.max, x, y) { y } else { x }),
+            (x, None) => x,
+            (None, y) => y,
+        }
+    }
+}
+
 impl ArgFold {
     fn join<S: Elem>(&self, a: Option<(S, i64)>, b: Option<(S, i64)>) -> Option<(S, i64)> {
         match (a, b) {
@@ -1118,6 +1156,12 @@ fn reduce_strided<S: Elem>(
     count: usize,
 ) -> Option<Result<Tensor>> {
     let view = blocked_view(t, axes);
+    let suffix = is_suffix(axes, t.ndim());
+    if !suffix && !view.is_compact() {
+        // Gathering each output's elements across rows reads worse than a compact
+        // copy reduced row by row (a stepped view over its first axis, say).
+        return None;
+    }
     let (items, origin) = view.host_items::<S>()?;
     Some(t.storage().wait_host_readable().and_then(|()| {
         let src = if view.is_compact() {
@@ -1154,11 +1198,11 @@ fn reduce_blocks<S: Elem>(
                 if len == 0 {
                     return Err(zero_size(red.name()));
                 }
-                fold_blocks(&ArgFold { max }, src, len, &mut accs);
+                fold_blocks(&ExtremeFold { max }, src, len, &mut accs);
             }
             make::<S>(out_shape, layout, |out| {
                 for (o, a) in out.iter_mut().zip(accs) {
-                    *o = a.map_or(*o, |(v, _)| v);
+                    *o = a.unwrap_or(*o);
                 }
                 Ok(())
             })
@@ -1714,6 +1758,20 @@ mod strided_tests {
                     want.to_bytes().unwrap(),
                     "{axis:?}"
                 );
+            }
+            // Zeros as extremes, in pieces: the first one's sign (-0.0, the others
+            // 0.0).
+            let z = make::<f32>(&[600 * 520], "", |o| {
+                o[0] = -0.0;
+                Ok(())
+            })
+            .unwrap();
+            let t = z.restride(vec![520, 600], vec![1, 520], 0);
+            let c = t.to_compact().unwrap();
+            for red in [Red::Min, Red::Max] {
+                let got = reduce(red, &t, &[0, 1], false).unwrap();
+                let want = reduce(red, &c, &[0, 1], false).unwrap();
+                assert_eq!(got.to_bytes().unwrap(), want.to_bytes().unwrap(), "{red:?}");
             }
             // A float64 sum shows the rounding of its pieces' sums: pieces of 2^16
             // elements of 1e12, 0.3, -1e12, 0.7 and the rest.
