@@ -318,6 +318,7 @@ fn reduce(red: Red, t: &Tensor, axes: &[usize], keepdims: bool) -> Result<Tensor
         String::new()
     };
     if !t.is_compact()
+        && !broadcast(t)
         && let Some(r) = reduce_in_memory_order(red, t, axes, &out_shape, &layout)
     {
         return r;
@@ -474,6 +475,16 @@ fn reduce_into(
         bool => unreachable!("bool cast above"))
 }
 
+/// Whether `t` repeats elements (a zero stride on an axis longer than 1): such a
+/// view stays on the compact-copy paths, which refuse one too large to copy
+/// (NDX_ERROR_MEMORY) rather than fold all of its repeated elements.
+fn broadcast(t: &Tensor) -> bool {
+    t.shape()
+        .iter()
+        .zip(t.strides())
+        .any(|(&d, &s)| d > 1 && s == 0)
+}
+
 /// Whether `axes` (sorted, distinct) are the last axes of an `ndim`-d tensor.
 fn is_suffix(axes: &[usize], ndim: usize) -> bool {
     axes.iter()
@@ -503,6 +514,7 @@ fn reduce_typed<S: Elem>(
     count: usize,
 ) -> Result<Tensor> {
     if !t.is_compact()
+        && !broadcast(t)
         && let Some(r) = reduce_strided::<S>(red, t, axes, out_shape, layout, count)
     {
         return r;
@@ -745,6 +757,7 @@ fn argreduce(max: bool, t: &Tensor, axis: Option<usize>, keepdims: bool) -> Resu
     };
     let best = with_elem!(src.dtype(), S => {
         if !src.is_compact()
+            && !broadcast(&src)
             && let Some(best) = arg_strided::<S>(max, &src, &axes, len)
         {
             best?
