@@ -282,12 +282,16 @@ def test_a_failure_down_a_long_pipeline_becomes_one_exception_chain(ctx):
     root = chain[-1]
     assert root.op == "div" and "division by zero" in root.message and root.cause is None
     assert chain[-2].__cause__ is root
-    # Each link's text is its own chain's: the root's alone, the top's all of them.
+    # Each link's text is its own chain's: the root's alone; a chain of up to 64 links
+    # whole; a longer one its 32 links at each end and a line counting the rest.
     assert root.traceback_text.rstrip().endswith(f"ValueError: {root.message}")
     assert "direct cause" not in root.traceback_text
     sep = "The above exception was the direct cause of the following exception:"
-    assert err.traceback_text.count(sep) == depth
-    assert chain[1].traceback_text.count(sep) == depth - 1
+    assert chain[-64].traceback_text.count(sep) == 63
+    assert "left out" not in chain[-64].traceback_text
+    for link, n in [(err, depth + 1), (chain[1], depth)]:
+        assert link.traceback_text.count(sep) == 64
+        assert f"[... {n - 64} more links of this chain of {n} left out" in link.traceback_text
     for f in futs:
         f.release()
 
