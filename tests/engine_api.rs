@@ -1356,3 +1356,53 @@ fn a_failure_down_a_chain_of_many_invocations_is_dropped_without_recursion() {
         }
     }
 }
+
+/// A loop driven by callbacks: each step's callback invokes the next step and
+/// registers itself on it. In a SYNC mode the next step is complete before its
+/// callback is registered, so that callback became due inside the running one: run
+/// there, at once, each step nested one level deeper (a stack overflow after some
+/// thousands of steps, on this thread's small stack). It runs once the running
+/// callback returns instead: never more than one step deep.
+#[test]
+fn a_loop_of_callbacks_each_registering_the_next_runs_flat() {
+    const STEPS: usize = 20_000;
+    struct Steps {
+        left: AtomicUsize,
+        ran: AtomicUsize,
+        depth: AtomicUsize,
+        deepest: AtomicUsize,
+    }
+    fn step(ctx: Context, steps: Arc<Steps>) {
+        let f = call(&ctx, "add", vec![i32s(&[1], &[1]), i32s(&[2], &[1])]);
+        let s = steps.clone();
+        f.on_ready(Box::new(move |_| {
+            let depth = s.depth.fetch_add(1, Ordering::SeqCst) + 1;
+            s.deepest.fetch_max(depth, Ordering::SeqCst);
+            s.ran.fetch_add(1, Ordering::SeqCst);
+            if s.left.fetch_sub(1, Ordering::SeqCst) > 1 {
+                step(ctx, s.clone());
+            }
+            s.depth.fetch_sub(1, Ordering::SeqCst);
+        }));
+    }
+    for mode in [EvalMode::SyncCpu, EvalMode::SyncFull] {
+        let ctx = context(mode, CapturePolicy::Off);
+        let steps = Arc::new(Steps {
+            left: AtomicUsize::new(STEPS),
+            ran: AtomicUsize::new(0),
+            depth: AtomicUsize::new(0),
+            deepest: AtomicUsize::new(0),
+        });
+        let s = steps.clone();
+        let c = ctx.clone();
+        std::thread::Builder::new()
+            .stack_size(256 << 10)
+            .spawn(move || step(c, s))
+            .unwrap()
+            .join()
+            .expect("the loop's thread");
+        assert_eq!(steps.ran.load(Ordering::SeqCst), STEPS, "{mode:?}");
+        assert_eq!(steps.deepest.load(Ordering::SeqCst), 1, "{mode:?}");
+        ctx.evaluate().unwrap();
+    }
+}

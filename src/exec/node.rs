@@ -1,7 +1,8 @@
 //! An invocation: what to run, where it was asked for, and its future. A node runs
 //! once every input it depends on is complete; its result is set exactly once.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
@@ -135,6 +136,53 @@ pub(crate) fn as_callback<R>(f: impl FnOnce() -> R) -> R {
     let r = f();
     IN_CALLBACK.with(|c| c.set(previous));
     r
+}
+
+/// A completion callback bound to its future, ready to run.
+type Ready = Box<dyn FnOnce()>;
+
+thread_local! {
+    /// While a callback registered on a complete future runs on this thread: the
+    /// callbacks registered on complete futures meanwhile, to run once it returns.
+    static LATER: RefCell<Option<VecDeque<Ready>>> = const { RefCell::new(None) };
+}
+
+/// Runs a callback registered on a complete future, on this thread. One registered so
+/// while another runs here runs after that one returns, not inside it: a callback that
+/// invokes the next step of a loop and registers itself on it, complete already (a
+/// SYNC invocation), would otherwise nest one level deeper per step and overflow the
+/// stack. (Callbacks run at completion are not deferred: whoever waits for a
+/// completion's callbacks to have returned, as a context's release does, can count on
+/// them.)
+fn run_callback(cb: Ready) {
+    let first = LATER.with(|later| {
+        let mut later = later.borrow_mut();
+        match later.as_mut() {
+            Some(queue) => {
+                queue.push_back(cb);
+                None
+            }
+            None => {
+                *later = Some(VecDeque::new());
+                Some(cb)
+            }
+        }
+    });
+    let Some(first) = first else { return };
+    // Ends the loop even when a callback unwinds: what it left queued is dropped
+    // uncalled (their user data freed), and later callbacks start a new loop.
+    struct Loop;
+    impl Drop for Loop {
+        fn drop(&mut self) {
+            let left = LATER.with(|later| later.borrow_mut().take());
+            drop(left);
+        }
+    }
+    let _loop = Loop;
+    as_callback(first);
+    while let Some(cb) = LATER.with(|later| later.borrow_mut().as_mut()?.pop_front()) {
+        as_callback(cb);
+    }
 }
 
 /// Whether a blocking wait here could deadlock the pool (a worker, a callback, a host
@@ -1524,7 +1572,9 @@ impl Node {
         }
     }
 
-    /// Registers `cb` to run once on completion; at once (on this thread) when done.
+    /// Registers `cb` to run once on completion; at once (on this thread) when done,
+    /// or, from inside another callback run so, once that one returns
+    /// ([`run_callback`]).
     /// A deferred node is handed to the workers (recorded as a poll's flush): a
     /// callback waits for nothing else.
     pub fn on_ready(self: &Arc<Self>, cb: Callback) {
@@ -1546,14 +1596,14 @@ impl Node {
         // Complete: queued for process-events while someone processes them, else (its
         // context released, or the queue refusing it as the release closes it) run at
         // once on the registering thread.
+        let node = self.clone();
         match self.ctx.upgrade() {
             Some(ctx) if self.events => {
-                let node = self.clone();
                 if let Err(cb) = ctx.push_event(Box::new(move || cb(&node))) {
-                    as_callback(cb);
+                    run_callback(cb);
                 }
             }
-            _ => as_callback(|| cb(self)),
+            _ => run_callback(Box::new(move || cb(&node))),
         }
     }
 

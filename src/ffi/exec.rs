@@ -1236,11 +1236,13 @@ pub extern "C" fn ndx_future_batch(
 }
 
 /// Calls `callback(user, future)` exactly once when the future completes: on the ndx
-/// worker thread that completes it, at once on this thread if it is already complete,
-/// or — with `process_events_callbacks` — inside `ndx_context_process_events` or a
-/// wait, never on a worker (so a process-events callback is dropped uncalled when its
-/// context is released from a callback, a host operator or a worker before it could
-/// run: see `ndx_context_release`). Then `user_free(user)` if not NULL: it is called
+/// worker thread that completes it, at once on this thread if it is already complete
+/// (but never more than one such callback deep: one registered on a complete future
+/// inside another that runs so runs once that one returns, so a loop whose callbacks
+/// each register its next step on a complete future runs flat), or — with `process_events_callbacks` — inside
+/// `ndx_context_process_events` or a wait, never on a worker (so a process-events
+/// callback is dropped uncalled when its context is released from a callback, a host
+/// operator or a worker before it could run: see `ndx_context_release`). Then `user_free(user)` if not NULL: it is called
 /// exactly once in every case, also when this call fails (before it returns; NULL
 /// future or callback). The callback may call ndx (poll, read errors and outputs,
 /// invoke) but must not wait: waits there return NDX_ERROR_RUNTIME. Registering on a

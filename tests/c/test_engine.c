@@ -2527,6 +2527,64 @@ static NDX_TEST_NOINLINE void test_wide_group_format(void) {
   ndx_tensor_release(x);
 }
 
+/* A loop driven by callbacks in SYNC_CPU: each step's callback invokes the next step and
+ * registers itself on it. The next step is complete before its callback is registered, so
+ * that callback runs on this thread once the running one returns, never inside it: 20,000
+ * steps on a 256 KiB thread stay one callback deep (nested, they overflowed the stack). */
+typedef struct {
+  ndx_context_t* ctx;
+  ndx_tensor_t* x;
+  int left, ran, depth, deepest, failed_calls;
+} loop_state_t;
+
+static void loop_step(loop_state_t* s);
+
+static void loop_cb(void* user, const ndx_future_t* f) {
+  loop_state_t* s = (loop_state_t*)user;
+  (void)f;
+  s->depth++;
+  if (s->depth > s->deepest) s->deepest = s->depth;
+  s->ran++;
+  if (--s->left > 0) loop_step(s);
+  s->depth--;
+}
+
+static void loop_step(loop_state_t* s) {
+  ndx_input_t in[2] = {ndx_test_in(s->x), ndx_test_in(s->x)};
+  ndx_future_t* f = NULL;
+  ndx_error_t* e = ndx_invoke(s->ctx, "add", in, 2, NULL, NULL, &f);
+  if (e == NULL) e = ndx_future_on_ready(f, loop_cb, s, NULL);
+  if (e != NULL) {
+    s->failed_calls++;
+    ndx_error_free(e);
+  }
+  ndx_future_release(f);
+}
+
+static void* callback_loop_main(void* arg) {
+  loop_step((loop_state_t*)arg);
+  return NULL;
+}
+
+static NDX_TEST_NOINLINE void test_callback_loop_runs_flat(void) {
+  static const int32_t v[6] = {1, 2, 3, 4, 5, 6};
+  loop_state_t s = {make_ctx(NDX_EVAL_SYNC_CPU, NDX_CAPTURE_OFF, NULL), t_i32(v), 20000, 0, 0, 0, 0};
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, 256 * 1024);
+  pthread_t t;
+  int rc = pthread_create(&t, &attr, callback_loop_main, &s);
+  pthread_attr_destroy(&attr);
+  if (CHECK(rc == 0, "pthread_create: %d", rc)) {
+    pthread_join(t, NULL);
+    CHECK(s.ran == 20000, "%d steps ran", s.ran);
+    CHECK(s.deepest == 1, "callbacks nested %d deep", s.deepest);
+    CHECK(s.failed_calls == 0, "%d calls failed", s.failed_calls);
+  }
+  ndx_context_release(s.ctx);
+  ndx_tensor_release(s.x);
+}
+
 #define RUN(call)                       \
   do {                                  \
     ndx_test_watchdog_phase(#call);     \
@@ -2572,6 +2630,7 @@ int main(void) {
   RUN(test_provider_overcount());
   RUN(test_failed_chain_release());
   RUN(test_wide_group_format());
+  RUN(test_callback_loop_runs_flat());
   ndx_test_watchdog_stop();
   return NDX_TEST_SUMMARY("test_engine");
 }
