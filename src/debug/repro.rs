@@ -114,8 +114,8 @@ pub struct Invocation<'a> {
 /// frames are symbolised, and the text written, the first time it is read.
 pub struct Document {
     text: OnceLock<String>,
-    /// The document without its site, and the site to symbolise, until first read.
-    pending: Mutex<Option<(Value, Arc<Site>)>>,
+    /// What the document records, and the site to symbolise, until first read.
+    pending: Mutex<Option<(Record, Arc<Site>)>>,
 }
 
 impl Document {
@@ -124,7 +124,7 @@ impl Document {
     pub fn new(inv: &Invocation<'_>, error: &Error, max_bytes: u64) -> Document {
         Document {
             text: OnceLock::new(),
-            pending: Mutex::new(Some((unsited(inv, error, max_bytes), inv.site.clone()))),
+            pending: Mutex::new(Some((Record::new(inv, error, max_bytes), inv.site.clone()))),
         }
     }
 
@@ -133,8 +133,8 @@ impl Document {
         self.text.get_or_init(|| {
             let mut pending = self.pending.lock();
             let text = pending
-                .as_mut()
-                .map(|(doc, site)| render(doc, site))
+                .as_ref()
+                .map(|(record, site)| render(&mut record.unsited(), site))
                 .unwrap_or_default();
             *pending = None;
             text
@@ -178,48 +178,106 @@ fn render(doc: &mut Value, site: &Site) -> String {
     serde_json::to_string_pretty(doc).unwrap_or_default()
 }
 
-/// The document with a null site, to be filled in by [`render`].
-fn unsited(inv: &Invocation<'_>, error: &Error, max_bytes: u64) -> Value {
-    let total: u64 = inv.inputs.iter().map(|t| t.nbytes() as u64).sum();
-    let with_bytes = total <= max_bytes && inv.inputs.iter().all(|t| t.device().host_accessible());
-    let inputs: Vec<Value> = inv
-        .inputs
-        .iter()
-        .map(|t| {
-            let bytes = with_bytes
-                .then(|| t.compact_bytes().ok().map(|b| hex(&b)))
-                .flatten();
-            json!({
-                "dtype": t.dtype().name(),
-                "shape": t.shape(),
-                "strides": t.strides(),
-                "layout": t.layout(),
-                "device": t.device().to_string(),
-                "read_only": t.read_only(),
-                "bytes": bytes,
+/// What a document records about one input.
+struct InputRecord {
+    dtype: DType,
+    shape: Vec<i64>,
+    strides: Vec<i64>,
+    layout: String,
+    device: String,
+    read_only: bool,
+    /// Its bytes in hexadecimal, when included.
+    bytes: Option<String>,
+}
+
+/// What a document records, taken when the invocation fails and written as JSON only
+/// when read: a parsed JSON document costs several times this (about 5 KB for two
+/// small inputs), and every unobserved failure keeps its document until evaluated.
+struct Record {
+    op: String,
+    args: Args,
+    inputs: Vec<InputRecord>,
+    input_bytes: u64,
+    bytes_included: bool,
+    sample: Option<usize>,
+    mode: EvalMode,
+    backend: String,
+    error_kind: &'static str,
+    error_message: String,
+}
+
+impl Record {
+    fn new(inv: &Invocation<'_>, error: &Error, max_bytes: u64) -> Record {
+        let total: u64 = inv.inputs.iter().map(|t| t.nbytes() as u64).sum();
+        let with_bytes =
+            total <= max_bytes && inv.inputs.iter().all(|t| t.device().host_accessible());
+        let inputs = inv
+            .inputs
+            .iter()
+            .map(|t| InputRecord {
+                dtype: t.dtype(),
+                shape: t.shape().to_vec(),
+                strides: t.strides().to_vec(),
+                layout: t.layout().to_string(),
+                device: t.device().to_string(),
+                read_only: t.read_only(),
+                bytes: with_bytes
+                    .then(|| t.compact_bytes().ok().map(|b| hex(&b)))
+                    .flatten(),
             })
+            .collect();
+        Record {
+            op: inv.op.to_string(),
+            args: inv.args.clone(),
+            inputs,
+            input_bytes: total,
+            bytes_included: with_bytes,
+            sample: inv.sample,
+            mode: inv.mode,
+            backend: inv.backend.clone(),
+            error_kind: error.kind().name(),
+            error_message: error.message().to_string(),
+        }
+    }
+
+    /// The document with a null site, to be filled in by [`render`].
+    fn unsited(&self) -> Value {
+        let inputs: Vec<Value> = self
+            .inputs
+            .iter()
+            .map(|t| {
+                json!({
+                    "dtype": t.dtype.name(),
+                    "shape": t.shape,
+                    "strides": t.strides,
+                    "layout": t.layout,
+                    "device": t.device,
+                    "read_only": t.read_only,
+                    "bytes": t.bytes,
+                })
+            })
+            .collect();
+        let args: Vec<Value> = self
+            .args
+            .entries()
+            .iter()
+            .map(|(n, v)| arg_json(n, v))
+            .collect();
+        json!({
+            "ndx_repro": FORMAT,
+            "ndx_version": env!("CARGO_PKG_VERSION"),
+            "op": self.op,
+            "args": args,
+            "inputs": inputs,
+            "input_bytes": self.input_bytes,
+            "bytes_included": self.bytes_included,
+            "sample": self.sample,
+            "mode": mode_name(self.mode),
+            "backend": self.backend,
+            "site": Value::Null,
+            "error": { "kind": self.error_kind, "message": self.error_message },
         })
-        .collect();
-    let args: Vec<Value> = inv
-        .args
-        .entries()
-        .iter()
-        .map(|(n, v)| arg_json(n, v))
-        .collect();
-    json!({
-        "ndx_repro": FORMAT,
-        "ndx_version": env!("CARGO_PKG_VERSION"),
-        "op": inv.op,
-        "args": args,
-        "inputs": inputs,
-        "input_bytes": total,
-        "bytes_included": with_bytes,
-        "sample": inv.sample,
-        "mode": mode_name(inv.mode),
-        "backend": inv.backend,
-        "site": Value::Null,
-        "error": { "kind": error.kind().name(), "message": error.message() },
-    })
+    }
 }
 
 /// A parsed document, ready to be invoked again.
