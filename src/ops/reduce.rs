@@ -60,6 +60,8 @@ pub fn normalize_axes(axes: Option<&[i64]>, ndim: usize) -> Result<Vec<usize>> {
         return Ok((0..ndim).collect());
     };
     let mut out = Vec::with_capacity(axes.len());
+    // Marks the axes met, so a rank in the tens of thousands stays linear.
+    let mut seen = vec![false; ndim];
     for &a in axes {
         let n = ndim as i64;
         if a < -n || a >= n {
@@ -68,7 +70,7 @@ pub fn normalize_axes(axes: Option<&[i64]>, ndim: usize) -> Result<Vec<usize>> {
             )));
         }
         let a = if a < 0 { a + n } else { a } as usize;
-        if out.contains(&a) {
+        if std::mem::replace(&mut seen[a], true) {
             return Err(Error::value(format!(
                 "axis {a} is repeated in axes {}",
                 dims(axes)
@@ -80,12 +82,24 @@ pub fn normalize_axes(axes: Option<&[i64]>, ndim: usize) -> Result<Vec<usize>> {
     Ok(out)
 }
 
+/// Whether each of `ndim` axes is among `axes` (each below `ndim`): a lookup per axis
+/// without a search through `axes`, which made shape computations quadratic in the
+/// rank.
+pub(crate) fn axis_mask(axes: &[usize], ndim: usize) -> Vec<bool> {
+    let mut mask = vec![false; ndim];
+    for &a in axes {
+        mask[a] = true;
+    }
+    mask
+}
+
 /// The shape of a reduction over `axes`.
 pub fn reduced_shape(shape: &[i64], axes: &[usize], keepdims: bool) -> Vec<i64> {
+    let reduced = axis_mask(axes, shape.len());
     shape
         .iter()
         .enumerate()
-        .filter_map(|(i, &d)| match (axes.contains(&i), keepdims) {
+        .filter_map(|(i, &d)| match (reduced[i], keepdims) {
             (true, true) => Some(1),
             (true, false) => None,
             (false, _) => Some(d),
@@ -98,8 +112,9 @@ pub fn reduced_shape(shape: &[i64], axes: &[usize], keepdims: bool) -> Vec<i64> 
 fn for_each_output(shape: &[i64], axes: &[usize], mut f: impl FnMut(usize, usize)) -> usize {
     let mut out_strides = vec![0usize; shape.len()];
     let mut acc = 1usize;
+    let reduced = axis_mask(axes, shape.len());
     for i in (0..shape.len()).rev() {
-        if !axes.contains(&i) {
+        if !reduced[i] {
             out_strides[i] = acc;
             acc *= shape[i] as usize;
         }

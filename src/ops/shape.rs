@@ -8,7 +8,7 @@ use crate::checks;
 
 use super::kernels::{self, make};
 use super::par;
-use super::reduce::normalize_axes;
+use super::reduce::{axis_mask, normalize_axes};
 use super::{ArgSpec, Kernel, OpDef, TMeta};
 use crate::error::{Error, Result};
 use crate::exec::args::{ArgType, ArgValue, Args};
@@ -254,10 +254,11 @@ fn squeeze_shape(shape: &[i64], args: &Args) -> Result<Vec<i64>> {
             dims(shape)
         )));
     }
+    let squeezed = axis_mask(&axes, shape.len());
     Ok(shape
         .iter()
         .enumerate()
-        .filter(|(i, _)| !axes.contains(i))
+        .filter(|&(i, _)| !squeezed[i])
         .map(|(_, &d)| d)
         .collect())
 }
