@@ -575,30 +575,17 @@ fn reduce_typed<S: Elem>(
                     accs[o].wrapping_add(v)
                 };
             });
-            with_elem!(out_dtype, D => make::<D>(out_shape, layout, |out| {
-                for (o, a) in out.iter_mut().zip(accs) {
-                    *o = D::from_i128(a);
-                }
-                Ok(())
-            }), bool => unreachable!("integer sums are int64 or uint64"))
+            int_output(&accs, out_dtype, out_shape, layout)
         }
         Red::Sum | Red::Mean if is_suffix(axes, t.ndim()) => {
             // Each output sums one contiguous block: the fast path.
             let n_out: usize = out_shape.iter().map(|&d| d as usize).product();
-            let mut accs: Vec<f64> = if count == 0 {
+            let accs: Vec<f64> = if count == 0 {
                 accumulators(out_shape, n_out, 0.0)?
             } else {
                 src.chunks(count).map(sum_block).collect()
             };
-            if red == Red::Mean {
-                accs.iter_mut().for_each(|a| *a /= count as f64);
-            }
-            with_elem!(out_dtype, D => make::<D>(out_shape, layout, |out| {
-                for (o, a) in out.iter_mut().zip(accs) {
-                    *o = D::from_f64(a);
-                }
-                Ok(())
-            }), bool => unreachable!("float results"))
+            float_output(red, accs, count, out_dtype, out_shape, layout)
         }
         Red::Sum | Red::Prod | Red::Mean => {
             let prod = red == Red::Prod;
@@ -612,15 +599,7 @@ fn reduce_typed<S: Elem>(
                     accs[o] += v;
                 }
             });
-            if red == Red::Mean {
-                accs.iter_mut().for_each(|a| *a /= count as f64);
-            }
-            with_elem!(out_dtype, D => make::<D>(out_shape, layout, |out| {
-                for (o, a) in out.iter_mut().zip(accs) {
-                    *o = D::from_f64(a);
-                }
-                Ok(())
-            }), bool => unreachable!("float results"))
+            float_output(red, accs, count, out_dtype, out_shape, layout)
         }
         Red::All | Red::Any => unreachable!("handled on bools"),
     }
@@ -678,12 +657,7 @@ fn reduce_middle<S: Elem>(
                     });
                 }
             }
-            with_elem!(out_dtype, D => make::<D>(out_shape, layout, |out| {
-                for (o, &a) in out.iter_mut().zip(&accs) {
-                    *o = D::from_i128(i128::from(a));
-                }
-                Ok(())
-            }), bool => unreachable!("integer sums are int64 or uint64"))
+            int_output(&accs, out_dtype, out_shape, layout)
         }
         Red::Sum | Red::Prod | Red::Mean => {
             let prod = red == Red::Prod;
@@ -705,18 +679,46 @@ fn reduce_middle<S: Elem>(
                     fold_middle(src, len, inner, &mut accs, first, |a, v, _| a + v.to_f64());
                 }
             }
-            if red == Red::Mean {
-                accs.iter_mut().for_each(|a| *a /= len as f64);
-            }
-            with_elem!(out_dtype, D => make::<D>(out_shape, layout, |out| {
-                for (o, &a) in out.iter_mut().zip(&accs) {
-                    *o = D::from_f64(a);
-                }
-                Ok(())
-            }), bool => unreachable!("float results"))
+            float_output(red, accs, len, out_dtype, out_shape, layout)
         }
         Red::All | Red::Any => unreachable!("handled on bools"),
     }
+}
+
+/// The output of a float sum, product or mean: `accs`, each divided by `count` for a
+/// mean, rounded once to `out_dtype`.
+fn float_output(
+    red: Red,
+    mut accs: Vec<f64>,
+    count: usize,
+    out_dtype: DType,
+    out_shape: &[i64],
+    layout: &str,
+) -> Result<Tensor> {
+    if red == Red::Mean {
+        accs.iter_mut().for_each(|a| *a /= count as f64);
+    }
+    with_elem!(out_dtype, D => make::<D>(out_shape, layout, |out| {
+        for (o, &a) in out.iter_mut().zip(&accs) {
+            *o = D::from_f64(a);
+        }
+        Ok(())
+    }), bool => unreachable!("float results"))
+}
+
+/// The int64/uint64 output of an integer sum or product: `accs` wrapped to it.
+fn int_output<A: Copy + Into<i128>>(
+    accs: &[A],
+    out_dtype: DType,
+    out_shape: &[i64],
+    layout: &str,
+) -> Result<Tensor> {
+    with_elem!(out_dtype, D => make::<D>(out_shape, layout, |out| {
+        for (o, &a) in out.iter_mut().zip(accs) {
+            *o = D::from_i128(a.into());
+        }
+        Ok(())
+    }), bool => unreachable!("integer sums are int64 or uint64"))
 }
 
 /// `n` accumulators, one per element of the output of shape `out_shape`, or
@@ -1241,12 +1243,7 @@ fn reduce_blocks<S: Elem>(
             if len > 0 && !accs.is_empty() {
                 fold_blocks(&WrapFold { prod }, src, len, &mut accs);
             }
-            with_elem!(out_dtype, D => make::<D>(out_shape, layout, |out| {
-                for (o, &a) in out.iter_mut().zip(&accs) {
-                    *o = D::from_i128(i128::from(a));
-                }
-                Ok(())
-            }), bool => unreachable!("integer sums are int64 or uint64"))
+            int_output(&accs, out_dtype, out_shape, layout)
         }
         Red::Sum | Red::Prod | Red::Mean => {
             let prod = red == Red::Prod;
@@ -1259,15 +1256,7 @@ fn reduce_blocks<S: Elem>(
                     fold_blocks(&SeqFold { prod }, src, len, &mut accs);
                 }
             }
-            if red == Red::Mean {
-                accs.iter_mut().for_each(|a| *a /= len as f64);
-            }
-            with_elem!(out_dtype, D => make::<D>(out_shape, layout, |out| {
-                for (o, &a) in out.iter_mut().zip(&accs) {
-                    *o = D::from_f64(a);
-                }
-                Ok(())
-            }), bool => unreachable!("float results"))
+            float_output(red, accs, len, out_dtype, out_shape, layout)
         }
         Red::All | Red::Any => unreachable!("handled on bools"),
     }
