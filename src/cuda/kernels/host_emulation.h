@@ -52,7 +52,10 @@ struct ndx_emu_warp {
         }
     }
 };
-inline std::vector<ndx_emu_warp*> ndx_emu_warps;
+// Never destroyed: the emulated driver drains its streams at exit, after the static
+// destructors of this (later loaded) module have run, so a launch still queued then
+// must find its warps' list alive.
+inline std::vector<ndx_emu_warp*>& ndx_emu_warps = *new std::vector<ndx_emu_warp*>();
 
 inline ndx_emu_warp& ndx_emu_my_warp() {
     const unsigned long long t = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
