@@ -1360,7 +1360,9 @@ ndx_error_t *ndx_context_set_backend(const ndx_context_t *ctx, const char *name)
  * Registers the host language's frame provider (NULL `provider` removes it). It is
  * called on the invoking thread during `ndx_invoke` when the capture policy is HOST
  * or ALL. `user_free(user)` (if not NULL) is called exactly once: when the provider
- * is replaced or removed or the context is freed; at once when `provider` is NULL;
+ * is replaced or removed, or the context is released (on the thread of the last
+ * `ndx_context_release`, when that release waits for the context's work; else when
+ * the context is freed); at once when `provider` is NULL;
  * and also when this call fails (before it returns). Run for a replaced or removed
  * provider, `user_free` may call ndx, on this context too. Thread-safe.
  */

@@ -888,3 +888,45 @@ fn args_round_trip_through_the_builder_and_getters() {
     );
     ndx_args_free(args);
 }
+
+static PROVIDER_FREED_ON: std::sync::Mutex<Vec<std::thread::ThreadId>> =
+    std::sync::Mutex::new(Vec::new());
+
+unsafe extern "C" fn no_frames(_: *mut c_void, _: *mut ndx_host_frame_t, _: usize) -> usize {
+    0
+}
+
+unsafe extern "C" fn record_free_thread(_: *mut c_void) {
+    PROVIDER_FREED_ON
+        .lock()
+        .unwrap()
+        .push(std::thread::current().id());
+}
+
+/// The frame provider's `user_free` runs in the last `ndx_context_release`, on its
+/// thread, after EAGER work on the workers: not later, on a worker that let go of the
+/// context last (a Python interpreter that is finalizing ends such a thread with
+/// pthread_exit, which aborted the process inside ndx). The race this closes was
+/// seen on the emulated driver (tests/python/test_cuda_emulated.py); here the check
+/// is that the call has happened, once, on this thread, when the release returns.
+#[test]
+fn the_providers_user_free_runs_in_the_release_on_its_thread() {
+    for _ in 0..200 {
+        PROVIDER_FREED_ON.lock().unwrap().clear();
+        let ctx = context(ndx_capture_policy_t::NDX_CAPTURE_HOST);
+        ok(ndx_context_set_frame_provider(
+            ctx,
+            Some(no_frames),
+            std::ptr::null_mut(),
+            Some(record_free_thread),
+        ));
+        let (e, _) = failing_add(ctx, std::ptr::null());
+        ndx_error_free(e);
+        ndx_context_release(ctx);
+        assert_eq!(
+            *PROVIDER_FREED_ON.lock().unwrap(),
+            [std::thread::current().id()],
+            "user_free ran once, in the release, on this thread"
+        );
+    }
+}

@@ -691,8 +691,14 @@ impl ContextInner {
                 self.jobs_done.wait(&mut jobs);
             }
             drop(jobs);
-            // Nothing of this context runs any more: host operators' user data can go.
+            // Nothing of this context runs any more: host operators' user data can go,
+            // and the frame provider's, here on the releasing thread. The context
+            // itself may be freed later on a worker that held it last, and a host
+            // language cannot always take a call there (a Python interpreter that is
+            // finalizing ends such a thread with pthread_exit, which aborts the
+            // process inside ndx).
             self.registry.release_host_data();
+            self.update(|s| s.provider = None);
         }
         // Until the queue is empty: a callback may be queued while the queued ones run
         // (another thread registering one on a complete future). The queue closes
