@@ -16,6 +16,7 @@
  *   ndx_test_new_context(opts)  a context, or abort.
  *   ndx_test_tensor / ndx_test_in / ndx_test_output   host tensors, inputs, outputs.
  *   ndx_test_watchdog_start/_phase/_stop   turns a hang into a failure (POSIX tests only).
+ *   ndx_test_run_on_small_stack(fn, arg, bytes)   fn on a thread with a small stack (POSIX).
  *
  * DLPack producer: ndx_test_versioned() / ndx_test_legacy() build a heap-allocated
  * managed tensor that owns malloc'd shape, strides and data. Its deleter frees all of
@@ -561,6 +562,22 @@ static inline void ndx_test_watchdog_stop(void) {
   pthread_mutex_unlock(&ndx_test_wd_mu_);
   if (ndx_test_wd_started_) pthread_join(ndx_test_wd_thread_, NULL);
   ndx_test_wd_started_ = 0;
+}
+
+/* Runs fn(arg) on a new thread with a `stack_bytes` stack and joins it: a recursion
+ * one frame per element overflows there with few elements. 1 when it ran (a failed
+ * pthread_create is reported as a failure). */
+static inline int ndx_test_run_on_small_stack(void* (*fn)(void*), void* arg,
+                                              size_t stack_bytes) {
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, stack_bytes);
+  pthread_t t;
+  int rc = pthread_create(&t, &attr, fn, arg);
+  pthread_attr_destroy(&attr);
+  if (!CHECK(rc == 0, "pthread_create: %d", rc)) return 0;
+  pthread_join(t, NULL);
+  return 1;
 }
 #endif
 

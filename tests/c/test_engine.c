@@ -2484,14 +2484,7 @@ static void* failed_chain_main(void* arg) {
 
 static NDX_TEST_NOINLINE void test_failed_chain_release(void) {
   chain_result_t r = {0, 0};
-  pthread_attr_t attr;
-  pthread_attr_init(&attr);
-  pthread_attr_setstacksize(&attr, 256 * 1024);
-  pthread_t t;
-  int rc = pthread_create(&t, &attr, failed_chain_main, &r);
-  pthread_attr_destroy(&attr);
-  if (!CHECK(rc == 0, "pthread_create: %d", rc)) return;
-  pthread_join(t, NULL);
+  if (!ndx_test_run_on_small_stack(failed_chain_main, &r, 256 * 1024)) return;
   CHECK(r.chain_ok, "the error waited on has the whole chain");
   CHECK(r.text_ok, "its traceback is short");
 }
@@ -2569,14 +2562,7 @@ static void* callback_loop_main(void* arg) {
 static NDX_TEST_NOINLINE void test_callback_loop_runs_flat(void) {
   static const int32_t v[6] = {1, 2, 3, 4, 5, 6};
   loop_state_t s = {make_ctx(NDX_EVAL_SYNC_CPU, NDX_CAPTURE_OFF, NULL), t_i32(v), 20000, 0, 0, 0, 0};
-  pthread_attr_t attr;
-  pthread_attr_init(&attr);
-  pthread_attr_setstacksize(&attr, 256 * 1024);
-  pthread_t t;
-  int rc = pthread_create(&t, &attr, callback_loop_main, &s);
-  pthread_attr_destroy(&attr);
-  if (CHECK(rc == 0, "pthread_create: %d", rc)) {
-    pthread_join(t, NULL);
+  if (ndx_test_run_on_small_stack(callback_loop_main, &s, 256 * 1024)) {
     CHECK(s.ran == 20000, "%d steps ran", s.ran);
     CHECK(s.deepest == 1, "callbacks nested %d deep", s.deepest);
     CHECK(s.failed_calls == 0, "%d calls failed", s.failed_calls);

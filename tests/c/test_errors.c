@@ -217,14 +217,7 @@ static void* long_chain_main(void* arg) {
 
 static NDX_TEST_NOINLINE void test_long_cause_chain(void) {
   long_chain_t r = {20000, 0, 0, 0, 0, 0};
-  pthread_attr_t attr;
-  pthread_attr_init(&attr);
-  pthread_attr_setstacksize(&attr, 256 * 1024);
-  pthread_t t;
-  int rc = pthread_create(&t, &attr, long_chain_main, &r);
-  pthread_attr_destroy(&attr);
-  if (!CHECK(rc == 0, "pthread_create: %d", rc)) return;
-  pthread_join(t, NULL);
+  if (!ndx_test_run_on_small_stack(long_chain_main, &r, 256 * 1024)) return;
   CHECK(r.clone_ok, "the chain was cloned");
   CHECK(r.walked == r.links, "the clone has %zu links, expected %zu", r.walked, r.links);
   CHECK(r.root_ok, "the root cause of the clone is the first error made");
