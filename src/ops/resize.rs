@@ -100,8 +100,8 @@ impl Plan {
     pub fn halves_by_area(&self, shape: &[i64], dtype: DType) -> bool {
         self.interp == Interp::Linear
             && dtype == DType::U8
-            && shape[self.axes.0] == 2 * self.out_h
-            && shape[self.axes.1] == 2 * self.out_w
+            && self.out_h.checked_mul(2) == Some(shape[self.axes.0])
+            && self.out_w.checked_mul(2) == Some(shape[self.axes.1])
             && !matches!(shape[self.axes.2], 1 | 3 | 4)
     }
 }
@@ -797,5 +797,24 @@ mod tests {
         int_blend_matches_the_f64_route::<u32>(|b| b as u32);
         int_blend_matches_the_f64_route::<i64>(|b| (b as i64) >> 23);
         int_blend_matches_the_f64_route::<u64>(|b| b >> 11);
+    }
+
+    /// An output height past half of i64 (the fuzz property's h = i64::MAX on a 1x1
+    /// uint8 image) is not a halving, and asking does not overflow.
+    #[test]
+    fn a_huge_output_is_not_a_halving_and_does_not_overflow() {
+        let p = Plan {
+            out_h: i64::MAX,
+            out_w: 1,
+            interp: Interp::Linear,
+            axes: (1, 2, 0),
+        };
+        assert!(!p.halves_by_area(&[1, 1, 1], DType::U8));
+        let half = Plan {
+            out_h: 1,
+            out_w: 1,
+            ..p
+        };
+        assert!(half.halves_by_area(&[2, 2, 2], DType::U8));
     }
 }
