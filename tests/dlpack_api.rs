@@ -471,6 +471,112 @@ fn flip_leaves_the_stride_of_an_extent_of_one_alone() {
     assert_eq!(calls(&count), 1);
 }
 
+/// Runs `op` with `args` on `t` in SYNC_CPU: the output's shape and layout, or the
+/// error.
+fn op_shape(
+    op: &CStr,
+    t: *const ndx_tensor_t,
+    args: &Args,
+) -> Result<(Vec<i64>, String), (i32, String)> {
+    let ctx = Ctx::new(ndx_eval_mode_t::NDX_EVAL_SYNC_CPU as i32);
+    let inputs = [ndx_input_t {
+        tensor: t,
+        batch: std::ptr::null(),
+    }];
+    let f = invoke_with(&ctx, op, &inputs, args.0, &invoke_options(0, &[]))
+        .map_err(|e| take_error(e).expect("an error"))?;
+    let waited = take_error(ndx_future_wait(f, -1));
+    let result = match waited {
+        Some(e) => Err(e),
+        None => {
+            let mut out = std::ptr::null_mut();
+            ok(ndx_future_tensor(f, 0, &mut out));
+            let mut layout = std::ptr::null();
+            ok(ndx_tensor_layout(out, &mut layout));
+            let r = (shape_of(out), cstr(layout));
+            ndx_tensor_release(out);
+            Ok(r)
+        }
+    };
+    ndx_future_release(f);
+    result
+}
+
+#[test]
+fn empty_imports_with_extreme_strides_go_through_flips_slices_crops_and_reductions() {
+    // An empty tensor reads no element, so DLPack lets its strides be anything and the
+    // import keeps them. Flips, slices, crops and the in-memory-order reductions scaled
+    // or negated them: a panic (NDX_ERROR_INTERNAL, "attempt to multiply with
+    // overflow") in builds with overflow checks.
+    type Case = (&'static CStr, fn() -> Args, [i64; 3], &'static [i64]);
+    let cases: &[Case] = &[
+        (
+            c"flip",
+            || Args::new().ints(c"axes", &[1]),
+            [0, 5, 3],
+            &[0, 5, 3],
+        ),
+        (c"flip", Args::new, [5, 0, 3], &[5, 0, 3]),
+        (
+            c"slice",
+            || {
+                Args::new()
+                    .ints(c"start", &[4])
+                    .ints(c"end", &[0])
+                    .ints(c"step", &[-2])
+                    .ints(c"axes", &[1])
+            },
+            [0, 5, 3],
+            &[0, 2, 3],
+        ),
+        (c"flip_horizontal", Args::new, [0, 5, 3], &[0, 5, 3]),
+        (c"flip_vertical", Args::new, [5, 0, 3], &[5, 0, 3]),
+        (
+            c"crop",
+            || {
+                Args::new()
+                    .int(c"x", 1)
+                    .int(c"y", 1)
+                    .int(c"w", 2)
+                    .int(c"h", 3)
+            },
+            [5, 5, 0],
+            &[3, 2, 0],
+        ),
+        (
+            c"max",
+            || Args::new().ints(c"axes", &[1]),
+            [0, 5, 3],
+            &[0, 3],
+        ),
+        (
+            c"all",
+            || Args::new().ints(c"axes", &[0]),
+            [5, 0, 3],
+            &[0, 3],
+        ),
+    ];
+    for huge in [i64::MIN, i64::MAX, i64::MAX / 3] {
+        for (op, args, shape, expect) in cases {
+            let mut spec = Spec::f32s(&[], shape);
+            spec.strides = Some(vec![huge; 3]);
+            let (m, count) = spec.versioned();
+            let opts = import_options(Some(c"HWC"), false);
+            let mut t = std::ptr::null_mut();
+            ok(ndx_tensor_from_dlpack_versioned(m, &opts, &mut t));
+            assert_eq!(strides_of(t), [huge; 3], "the producer's strides are kept");
+            let what = format!("{op:?} of {shape:?} with strides {huge}");
+            let (got, layout) =
+                op_shape(op, t, &args()).unwrap_or_else(|e| panic!("{what}: {e:?}"));
+            assert_eq!(got, *expect, "{what}");
+            let image = op.to_bytes().starts_with(b"flip_") || op == &c"crop";
+            assert_eq!(layout, if image { "HWC" } else { "" }, "{what}");
+            ndx_tensor_release(t);
+            assert_eq!(calls(&count), 1, "{what}");
+        }
+    }
+}
+
 #[test]
 fn read_only_is_honoured_on_export_and_legacy_export_refuses_it() {
     let mut spec = base();

@@ -279,6 +279,11 @@ fn flip_op(name: &'static str, horizontal: bool) -> OpDef {
         Arc::new(move |i: &[&Tensor], _: &Args| {
             let t = i[0];
             let (h, w, _) = hwc_axes(t.layout(), t.shape(), name)?;
+            if t.numel() == 0 {
+                // Nothing to flip, and the strides of an empty image may be anything
+                // (DLPack): scaling them overflowed.
+                return Ok(vec![t.to_compact()?]);
+            }
             let a = if horizontal { w } else { h };
             let mut strides = t.strides().to_vec();
             let mut origin = 0;
@@ -499,6 +504,14 @@ pub fn ops() -> Vec<OpDef> {
                 let mut shape = t.shape().to_vec();
                 shape[h_ax] = h;
                 shape[w_ax] = w;
+                if t.numel() == 0 {
+                    // An empty image's strides may be anything (DLPack): none is
+                    // stepped, and the crop is as empty.
+                    let layout = t.c_layout().to_owned();
+                    return Ok(vec![Tensor::new_host(t.dtype(), &shape, layout, |_| {
+                        Ok(())
+                    })?]);
+                }
                 let origin = y * t.strides()[h_ax] + x * t.strides()[w_ax];
                 let view = t.restride(shape, t.strides().to_vec(), origin);
                 Ok(vec![

@@ -455,6 +455,19 @@ fn view_op(
         })),
         kernel: Kernel::Builtin(Arc::new(move |i: &[&Tensor], a: &Args| {
             let t = i[0];
+            if t.numel() == 0 {
+                // An empty view reads nothing, and DLPack lets its strides be anything
+                // (i64::MIN, say): scaling them for a flip or a slice overflowed. The
+                // view is taken over compact strides, as at inference.
+                let strides = compact_strides(t.shape()).unwrap_or_default();
+                let v = view(t.shape(), &strides, a)?;
+                return Ok(vec![Tensor::new_host(
+                    t.dtype(),
+                    &v.shape,
+                    Default::default(),
+                    |_| Ok(()),
+                )?]);
+            }
             let v = view(t.shape(), t.strides(), a)?;
             Ok(vec![t.restride(v.shape, v.strides, v.origin).to_compact()?])
         })),

@@ -1375,6 +1375,91 @@ static void test_batch_null_handles(void) {
   drop_samples(2, v, NULL, cs);
 }
 
+/* ---- empty tensors with extreme strides through operators ---------------------------- */
+
+/* Runs `op` on `t` (SYNC_CPU): its output's shape must be `expect` (ndim 2 or 3, given by
+ * `ndim`) and its layout `layout`. */
+static void check_op_on_empty(const ndx_context_t* ctx, const ndx_tensor_t* t, const char* op,
+                              const ndx_args_t* args, int32_t ndim, const int64_t* expect,
+                              const char* layout) {
+  ndx_input_t in = {t, NULL};
+  ndx_future_t* f = NULL;
+  if (!CHECK_OK(ndx_invoke(ctx, op, &in, 1, args, NULL, &f))) return;
+  if (CHECK_OK(ndx_future_wait(f, -1))) {
+    ndx_tensor_t* out = NULL;
+    CHECK_OK(ndx_future_tensor(f, 0, &out));
+    check_shape(out, ndim, expect, NULL);
+    const char* l = NULL;
+    CHECK_OK(ndx_tensor_layout(out, &l));
+    CHECK_STR_EQ(l, layout);
+    ndx_tensor_release(out);
+  }
+  ndx_future_release(f);
+}
+
+/* An empty tensor reads no element, so DLPack lets its strides be anything and the import
+ * keeps them; flips, slices, crops and reductions scaled or negated them (a panic,
+ * NDX_ERROR_INTERNAL "attempt to multiply with overflow", in builds with overflow checks). */
+static void test_empty_extreme_strides_through_ops(void) {
+  ndx_context_options_t o;
+  memset(&o, 0, sizeof o);
+  o.struct_size = sizeof o;
+  o.eval_mode = NDX_EVAL_SYNC_CPU;
+  o.num_threads = 2;
+  ndx_context_t* ctx = ndx_test_new_context(&o);
+  ndx_args_t* none = NULL;
+  ndx_args_t* axis1 = NULL;
+  ndx_args_t* slice = NULL;
+  ndx_args_t* crop = NULL;
+  CHECK_OK(ndx_args_new(&none));
+  CHECK_OK(ndx_args_new(&axis1));
+  CHECK_OK(ndx_args_new(&slice));
+  CHECK_OK(ndx_args_new(&crop));
+  const int64_t one[1] = {1};
+  const int64_t start[1] = {4}, end[1] = {0}, step[1] = {-2};
+  CHECK_OK(ndx_args_set_int_array(axis1, "axes", one, 1));
+  CHECK_OK(ndx_args_set_int_array(slice, "start", start, 1));
+  CHECK_OK(ndx_args_set_int_array(slice, "end", end, 1));
+  CHECK_OK(ndx_args_set_int_array(slice, "step", step, 1));
+  CHECK_OK(ndx_args_set_int_array(slice, "axes", one, 1));
+  CHECK_OK(ndx_args_set_int(crop, "x", 1));
+  CHECK_OK(ndx_args_set_int(crop, "y", 1));
+  CHECK_OK(ndx_args_set_int(crop, "w", 2));
+  CHECK_OK(ndx_args_set_int(crop, "h", 3));
+  const int64_t huge[3] = {INT64_MIN, INT64_MAX, INT64_MAX / 3};
+  const int64_t e053[3] = {0, 5, 3}, e503[3] = {5, 0, 3}, e550[3] = {5, 5, 0};
+  const int64_t e023[3] = {0, 2, 3}, e320[3] = {3, 2, 0}, e03[2] = {0, 3};
+  const ndx_import_options_t hwc = ndx_test_options("HWC", false);
+  for (int k = 0; k < 3; k++) {
+    const int64_t strides[3] = {huge[k], huge[k], huge[k]};
+    const int64_t* shapes[3] = {e053, e503, e550};
+    ndx_tensor_t* t[3] = {NULL, NULL, NULL};
+    int deleted[3] = {0, 0, 0};
+    for (int i = 0; i < 3; i++) {
+      DLManagedTensorVersioned* m =
+          ndx_test_versioned(&deleted[i], NDX_TEST_DL_F32, 3, shapes[i], strides, NULL, 0);
+      CHECK_OK(ndx_tensor_from_dlpack_versioned(m, &hwc, &t[i]));
+      check_shape(t[i], 3, shapes[i], strides); /* the producer's strides are kept */
+    }
+    check_op_on_empty(ctx, t[0], "flip", axis1, 3, e053, "");
+    check_op_on_empty(ctx, t[1], "flip", none, 3, e503, "");
+    check_op_on_empty(ctx, t[0], "slice", slice, 3, e023, "");
+    check_op_on_empty(ctx, t[0], "flip_horizontal", none, 3, e053, "HWC");
+    check_op_on_empty(ctx, t[1], "flip_vertical", none, 3, e503, "HWC");
+    check_op_on_empty(ctx, t[2], "crop", crop, 3, e320, "HWC");
+    check_op_on_empty(ctx, t[0], "max", axis1, 2, e03, "");
+    for (int i = 0; i < 3; i++) {
+      ndx_tensor_release(t[i]);
+      CHECK(deleted[i] == 1, "deleted once (%d)", deleted[i]);
+    }
+  }
+  ndx_args_free(none);
+  ndx_args_free(axis1);
+  ndx_args_free(slice);
+  ndx_args_free(crop);
+  ndx_context_release(ctx);
+}
+
 int main(void) {
   test_versioned_import_success();
   test_legacy_import_success();
@@ -1392,5 +1477,6 @@ int main(void) {
   test_cuda_metadata();
   test_batch_to_tensor();
   test_batch_null_handles();
+  test_empty_extreme_strides_through_ops();
   return NDX_TEST_SUMMARY("test_dlpack");
 }
