@@ -1775,8 +1775,8 @@ ndx_error_t *ndx_tensor_wrap_host(void *data,
 /**
  * Copies the tensor's elements, compacted in row-major order, into `buf` (`cap`
  * bytes). Fails with NDX_ERROR_VALUE when `cap` is smaller than the tensor's byte
- * size (`ndx_tensor_nbytes`) or the memory is not host-accessible (kDLCUDA).
- * Thread-safe.
+ * size (`ndx_tensor_nbytes`), the memory is not host-accessible (kDLCUDA), or `buf`
+ * overlaps the bytes the tensor reads. Thread-safe.
  */
 ndx_error_t *ndx_tensor_copy_to(const ndx_tensor_t *tensor, void *buf, size_t cap);
 

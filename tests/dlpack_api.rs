@@ -1038,6 +1038,48 @@ fn accessors_reject_null_handles_and_clear_out_params() {
     assert!(ndx_dtype_name(0).is_null());
 }
 
+/// `ndx_tensor_copy_to` into the very memory the tensor reads is refused, naming `buf`:
+/// it read bytes it had just overwritten (a transposed view copied onto its own buffer
+/// came out scrambled, and Rust saw the same bytes as shared and exclusive at once).
+#[test]
+fn copy_to_refuses_a_buffer_that_overlaps_the_tensor() {
+    let f32_ = ndx_dtype_t::NDX_DTYPE_FLOAT32 as i32;
+    let mut buf: Vec<f32> = (0..8).map(|v| v as f32).collect();
+    let base = buf.as_mut_ptr();
+    // The transpose of the 2x3 matrix in buf[1..7], as a wrapped view.
+    // SAFETY: inside `buf`.
+    let data = unsafe { base.add(1) };
+    let t = wrap_host(data.cast(), f32_, &[3, 2], Some(&[1, 3]), false);
+    let mut apart = [0f32; 6];
+    ok(ndx_tensor_copy_to(t, apart.as_mut_ptr().cast(), 24));
+    assert_eq!(apart, [1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
+    // Onto itself, onto its last element, and from just before its first one.
+    for (at, cap) in [(1usize, 24usize), (6, 24), (0, 8), (0, usize::MAX)] {
+        // SAFETY: inside `buf` or just at its start; nothing is written on refusal.
+        let dst = unsafe { base.add(at) };
+        let (_, msg) = take_error(ndx_tensor_copy_to(t, dst.cast(), cap))
+            .unwrap_or_else(|| panic!("a copy onto buf[{at}..] was accepted"));
+        assert!(
+            msg.contains("argument 'buf'") && msg.contains("overlaps the tensor's memory"),
+            "{msg}"
+        );
+    }
+    assert_eq!(
+        buf,
+        [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0],
+        "nothing written"
+    );
+    // Buffers next to the memory read, on either side, do not overlap it: buf[1] as a
+    // one-element tensor copied into buf[2] and into buf[0].
+    let one = wrap_host(data.cast(), f32_, &[1], None, false);
+    // SAFETY: inside `buf`.
+    ok(ndx_tensor_copy_to(one, unsafe { base.add(2) }.cast(), 4));
+    ok(ndx_tensor_copy_to(one, base.cast(), 4));
+    assert_eq!(buf[..3], [1.0, 1.0, 1.0]);
+    ndx_tensor_release(one);
+    ndx_tensor_release(t);
+}
+
 /// A zero-stride (broadcast) view spans a few bytes but its elements, compacted, would
 /// not fit: refused at import, not a panic later in nbytes, copy_to, reshape or sum.
 #[test]

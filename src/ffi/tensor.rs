@@ -362,8 +362,8 @@ pub extern "C" fn ndx_tensor_wrap_host(
 
 /// Copies the tensor's elements, compacted in row-major order, into `buf` (`cap`
 /// bytes). Fails with NDX_ERROR_VALUE when `cap` is smaller than the tensor's byte
-/// size (`ndx_tensor_nbytes`) or the memory is not host-accessible (kDLCUDA).
-/// Thread-safe.
+/// size (`ndx_tensor_nbytes`), the memory is not host-accessible (kDLCUDA), or `buf`
+/// overlaps the bytes the tensor reads. Thread-safe.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_tensor_copy_to(
     tensor: *const ndx_tensor_t,
@@ -379,6 +379,19 @@ pub extern "C" fn ndx_tensor_copy_to(
         // reach `from_raw_parts_mut`, whose precondition (at most isize::MAX bytes)
         // aborts in debug builds.
         let cap = cap.min(t.nbytes());
+        // The copy reads the tensor's bytes while it writes `buf`: the two must not
+        // share a byte (a transposed view copied onto its own memory read what it had
+        // just overwritten).
+        if cap > 0
+            && let Some((start, end)) = t.host_extent()
+            && (buf as usize) < end
+            && start < (buf as usize).saturating_add(cap)
+        {
+            return Err(Error::value(format!(
+                "argument 'buf' ({buf:p}, {cap} bytes) overlaps the tensor's memory \
+                 ({start:#x} to {end:#x}); ndx_tensor_copy_to needs a buffer of its own"
+            )));
+        }
         let dst: &mut [u8] = if cap == 0 || buf.is_null() {
             &mut []
         } else {

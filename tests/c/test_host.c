@@ -618,6 +618,42 @@ static void test_array_lengths_beyond_the_address_space(void) {
   ndx_tensor_release(t);
 }
 
+/* ndx_tensor_copy_to into memory the tensor reads is refused naming 'buf' (it read bytes
+ * it had just overwritten: a transposed view copied onto its own buffer came out
+ * scrambled); buffers next to that memory are fine. */
+static void test_copy_to_overlapping_buffer(void) {
+  float buf[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+  const int64_t shape[2] = {3, 2};
+  const int64_t strides[2] = {1, 3};
+  ndx_tensor_t* t = NULL;
+  /* The transpose of the 2x3 matrix in buf[1..7]. */
+  CHECK_OK(ndx_tensor_wrap_host(buf + 1, NDX_DTYPE_FLOAT32, 2, shape, strides, NULL, NULL, NULL,
+                                &t));
+  float apart[6] = {0};
+  const float transposed[6] = {1, 4, 2, 5, 3, 6};
+  CHECK_OK(ndx_tensor_copy_to(t, apart, sizeof apart));
+  CHECK(memcmp(apart, transposed, sizeof apart) == 0, "the transpose copied apart");
+  const size_t at[4] = {1, 6, 0, 0};
+  const size_t cap[4] = {24, 24, 8, SIZE_MAX};
+  for (int i = 0; i < 4; i++) {
+    ndx_error_t* e = ndx_tensor_copy_to(t, buf + at[i], cap[i]);
+    if (CHECK(e != NULL, "a copy onto buf[%zu..] was accepted", at[i])) {
+      CHECK_CONTAINS(ndx_error_message(e), "argument 'buf'");
+    }
+    expect_error(e, NDX_ERROR_VALUE, "overlaps the tensor's memory");
+  }
+  for (int i = 0; i < 8; i++) CHECK(buf[i] == (float)i, "buf[%d] untouched: %g", i, (double)buf[i]);
+  /* buf[1] alone, copied next to itself on either side. */
+  const int64_t one[1] = {1};
+  ndx_tensor_t* t1 = NULL;
+  CHECK_OK(ndx_tensor_wrap_host(buf + 1, NDX_DTYPE_FLOAT32, 1, one, NULL, NULL, NULL, NULL, &t1));
+  CHECK_OK(ndx_tensor_copy_to(t1, buf + 2, sizeof(float)));
+  CHECK_OK(ndx_tensor_copy_to(t1, buf, sizeof(float)));
+  CHECK(buf[0] == 1 && buf[1] == 1 && buf[2] == 1, "copied next to itself");
+  ndx_tensor_release(t1);
+  ndx_tensor_release(t);
+}
+
 int main(void) {
   test_dtype_names();
   test_from_host_copies();
@@ -630,5 +666,6 @@ int main(void) {
   test_accessors_null_out();
   test_args_array_out_params();
   test_array_lengths_beyond_the_address_space();
+  test_copy_to_overlapping_buffer();
   return NDX_TEST_SUMMARY("test_host");
 }
