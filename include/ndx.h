@@ -1945,7 +1945,8 @@ ndx_error_t *ndx_batch_layout(const ndx_batch_t *batch, const char **out);
  * Stacks a uniform batch into one new compact host tensor with a leading batch
  * dimension (layout "N" + the samples' layout, when they have one). A ragged batch
  * fails with NDX_ERROR_VALUE naming the first sample whose shape differs and both
- * shapes. Thread-safe.
+ * shapes; so does a batch in device memory (kDLCUDA: copy it to the host first, with
+ * the `to_host` operator), naming the sample and its device. Thread-safe.
  */
 ndx_error_t *ndx_batch_to_tensor(const ndx_batch_t *batch, ndx_tensor_t **out);
 

@@ -869,6 +869,29 @@ fn cuda_tensors_import_as_metadata_without_ordering() {
     );
     ndx_tensor_release(t);
     assert_eq!(calls(&count), 1);
+
+    // A batch in device memory does not stack into host memory: said naming the sample
+    // and its device (it said "ndx_tensor_copy_to reads host-accessible memory only").
+    let (managed, counts) = batch_v(&[spec.clone(), spec.clone()]);
+    let mut b = std::ptr::null_mut();
+    ok(ndx_batch_from_dlpack_versioned(
+        managed.as_ptr(),
+        2,
+        std::ptr::null(),
+        &mut b,
+    ));
+    let mut stacked = 0x5a5a_usize as *mut ndx_tensor_t;
+    let (kind, msg) = take_error(ndx_batch_to_tensor(b, &mut stacked)).expect("an error");
+    assert_eq!(kind, NDX_ERROR_VALUE as i32);
+    assert!(
+        msg.starts_with("cannot stack sample 0: it lives in kDLCUDA:1 device memory")
+            && msg.contains("the to_host operator")
+            && !msg.contains("ndx_tensor_copy_to"),
+        "{msg}"
+    );
+    assert!(stacked.is_null());
+    ndx_batch_release(b);
+    assert_eq!(counts.iter().map(calls).collect::<Vec<_>>(), [1, 1]);
 }
 
 #[test]

@@ -709,7 +709,8 @@ pub extern "C" fn ndx_batch_layout(
 /// Stacks a uniform batch into one new compact host tensor with a leading batch
 /// dimension (layout "N" + the samples' layout, when they have one). A ragged batch
 /// fails with NDX_ERROR_VALUE naming the first sample whose shape differs and both
-/// shapes. Thread-safe.
+/// shapes; so does a batch in device memory (kDLCUDA: copy it to the host first, with
+/// the `to_host` operator), naming the sample and its device. Thread-safe.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_batch_to_tensor(
     batch: *const ndx_batch_t,

@@ -961,12 +961,24 @@ impl Batch {
 
 /// Stacks `samples` (at least one, sharing sample 0's dtype and layout) into one new
 /// compact host tensor with a leading dimension, whatever host-readable memory each
-/// sample lives in; a ragged set fails naming its first odd sample. Its layout is
+/// sample lives in; a set with a sample in device memory (kDLCUDA) or a ragged set
+/// fails naming its first such sample. Its layout is
 /// the samples' prefixed with `N` (when they have one without `N`).
 pub(crate) fn stack<S: std::ops::Deref<Target = Tensor>>(samples: &[S]) -> Result<Tensor> {
     let first = samples
         .first()
         .ok_or_else(|| Error::value("a batch needs at least one sample, got 0"))?;
+    // Said here, naming the sample: the copy below would fail with ndx_tensor_copy_to's
+    // message, which names neither the sample nor the call.
+    if let Some(s) = samples.iter().position(|s| !s.device().host_accessible()) {
+        return Err(Error::value(format!(
+            "cannot stack sample {s}: it lives in {} device memory, which the host cannot \
+             read; stacking copies host-accessible samples (kDLCPU, kDLCUDAHost, \
+             kDLCUDAManaged) into host memory: copy the samples to the host first (the \
+             to_host operator)",
+            samples[s].device()
+        )));
+    }
     if let Some(i) = samples.iter().position(|s| s.shape() != first.shape()) {
         return Err(Error::value(format!(
             "cannot stack a ragged batch: sample {i} has shape {}, sample 0 has shape {}",

@@ -1146,6 +1146,35 @@ static void test_cuda_metadata(void) {
           c);
   }
 
+  /* A batch in device memory does not stack into host memory: said naming the sample and
+   * its device (it said "ndx_tensor_copy_to reads host-accessible memory only"). */
+  {
+    const int64_t shape[1] = {2};
+    int deleted[2] = {0, 0};
+    DLManagedTensorVersioned* v[2];
+    for (int i = 0; i < 2; i++) {
+      v[i] = ndx_test_versioned(&deleted[i], NDX_TEST_DL_F32, 1, shape, NULL, NULL, 0);
+      v[i]->dl_tensor.device.device_type = kDLCUDA;
+      v[i]->dl_tensor.device.device_id = 1;
+      v[i]->dl_tensor.data = (void*)(uintptr_t)0x1000; /* never dereferenced */
+    }
+    ndx_batch_t* b = NULL;
+    if (CHECK_OK(ndx_batch_from_dlpack_versioned(v, 2, &no_sync, &b))) {
+      ndx_tensor_t* stacked = (ndx_tensor_t*)NDX_TEST_BOGUS_PTR;
+      ndx_error_t* e = ndx_batch_to_tensor(b, &stacked);
+      if (e) CHECK(!ndx_test_contains(ndx_error_message(e), "ndx_tensor_copy_to"), "%s",
+                   ndx_error_message(e));
+      expect_error(e, NDX_ERROR_VALUE,
+                   "cannot stack sample 0: it lives in kDLCUDA:1 device memory");
+      CHECK(stacked == NULL, "no tensor on error");
+      ndx_batch_release(b);
+    } else {
+      for (int i = 0; i < 2; i++) ndx_test_drop_versioned(v[i]);
+    }
+    CHECK(deleted[0] == 1 && deleted[1] == 1, "deleted once each (%d, %d)", deleted[0],
+          deleted[1]);
+  }
+
   /* Pinned (CUDA-host) memory is host-accessible: copy_to works. */
   int c = 0;
   DLManagedTensorVersioned* m = v_2x3(&c);
