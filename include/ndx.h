@@ -50,6 +50,16 @@
 #define NDX_MAX_CAPTURE_DEPTH 1024
 
 /**
+ * The most dimensions a tensor has (NumPy 2's limit). The DLPack imports,
+ * `ndx_tensor_from_host` and `ndx_tensor_wrap_host` refuse more,
+ * `ndx_invoke` refuses an invocation whose output would have more (an `expand_dims`
+ * or `reshape` too far) and `ndx_batch_to_tensor` a stack of samples with as many:
+ * each with `NDX_ERROR_VALUE`. So every tensor ndx makes can be exported and
+ * imported again.
+ */
+#define NDX_MAX_NDIM 64
+
+/**
  * Who supplied a frame.
  */
 enum ndx_frame_origin_t

@@ -73,7 +73,7 @@ fn every_invalid_field_fails_naming_it_and_leaves_the_tensor_with_the_caller() {
             "ndim -1",
             |s| s.ndim = Some(-1),
             NDX_ERROR_VALUE as i32,
-            "ndim is -1, expected 0 to 32",
+            "ndim is -1, expected 0 to 64",
         ),
         (
             "ndim 1000",
@@ -1008,14 +1008,14 @@ fn host_memory_copy_and_wrap() {
         ndx_tensor_from_host(
             data,
             12,
-            33,
+            65,
             shape.as_ptr(),
             std::ptr::null(),
             std::ptr::null(),
             &mut t,
         ),
         NDX_ERROR_VALUE,
-        "argument 'ndim' is 33",
+        "argument 'ndim' is 65, expected 0 to 64",
     );
     let empty = [0i64, 4];
     ok(ndx_tensor_from_host(
@@ -1219,4 +1219,76 @@ fn batch_to_tensor_stacks_samples_from_different_host_memories() {
     assert!(msg.contains("input 0"), "{msg}");
     drop((ctx, gpu, tensors));
     assert_eq!(counts.iter().map(calls).collect::<Vec<_>>(), [1, 1, 1, 1]);
+}
+
+#[test]
+fn no_output_has_more_dimensions_than_an_import_accepts() {
+    // Found by review: expand_dims and reshape made tensors of more than MAX_NDIM
+    // dimensions, which ndx exported but could not import again.
+    let ctx = Ctx::new(ndx_eval_mode_t::NDX_EVAL_SYNC_CPU as i32);
+    let x = T::copy(&[2.5f32], 12, &[]);
+    let invoke = |op: &CStr, input: ndx_input_t, args: &Args| {
+        invoke_with(&ctx, op, &[input], args.0, &invoke_options(0, &[]))
+    };
+    // The most dimensions there may be: made, exported and imported again.
+    let most = vec![1i64; NDX_MAX_NDIM as usize];
+    let f = invoke(c"reshape", x.input(), &Args::new().ints(c"shape", &most)).expect("64 dims");
+    let mut wide = std::ptr::null_mut();
+    ok(ndx_future_tensor(f, 0, &mut wide));
+    ndx_future_release(f);
+    assert_eq!(shape_of(wide), most);
+    let mut exported = std::ptr::null_mut();
+    ok(ndx_tensor_to_dlpack_versioned(wide, &mut exported));
+    let back = import_v(exported).expect("ndx imports what it exported");
+    assert_eq!(shape_of(back), most);
+    assert_eq!(values_f32(back), [2.5]);
+    ndx_tensor_release(back);
+
+    // One more is refused when enqueued, naming the output and the limit.
+    let fail = |r: Result<*mut ndx_future_t, *mut ndx_error_t>, fragment: &str| {
+        let e = r.expect_err("refused at ndx_invoke");
+        expect_err(e, NDX_ERROR_VALUE, fragment);
+    };
+    let over = vec![1i64; NDX_MAX_NDIM as usize + 1];
+    fail(
+        invoke(c"reshape", x.input(), &Args::new().ints(c"shape", &over)),
+        "output 0 would have 65 dimensions; a tensor has at most 64 (NDX_MAX_NDIM)",
+    );
+    let w = ndx_input_t {
+        tensor: wide,
+        batch: std::ptr::null(),
+    };
+    fail(
+        invoke(c"expand_dims", w, &Args::new().int(c"axis", 0)),
+        "output 0 would have 65 dimensions",
+    );
+    // Per sample, the error names the sample.
+    let (b, counts) = f32_batch(&[(&[1.0], &most), (&[2.0], &most)]);
+    let per_sample = ndx_input_t {
+        tensor: std::ptr::null(),
+        batch: b,
+    };
+    fail(
+        invoke(c"expand_dims", per_sample, &Args::new().int(c"axis", 0)),
+        "sample 0: output 0 would have 65 dimensions",
+    );
+    // Stacking samples of 64 dimensions would make 65.
+    let mut stacked = std::ptr::null_mut();
+    expect_err(
+        ndx_batch_to_tensor(b, &mut stacked),
+        NDX_ERROR_VALUE,
+        "the stacked tensor (samples of 64 dimensions) would have 65 dimensions",
+    );
+    assert!(stacked.is_null());
+    let samples = ndx_input_t {
+        tensor: std::ptr::null(),
+        batch: b,
+    };
+    fail(
+        invoke(c"batch_to_tensor", samples, &Args::new()),
+        "output 0 would have 65 dimensions",
+    );
+    ndx_batch_release(b);
+    assert_eq!(counts.iter().map(calls).collect::<Vec<_>>(), [1, 1]);
+    ndx_tensor_release(wide);
 }

@@ -782,6 +782,7 @@ fn infer(def: &OpDef, inputs: &[Input], args: &Args) -> Result<(Vec<OutMeta>, Op
                 })
                 .collect::<Result<Vec<&TMeta>>>()?;
             let outs = infer(&refs, args)?;
+            check_out_ndims(&outs)?;
             Ok((
                 outs.into_iter().map(|m| OutMeta::Tensor(Some(m))).collect(),
                 None,
@@ -799,6 +800,7 @@ fn infer(def: &OpDef, inputs: &[Input], args: &Args) -> Result<(Vec<OutMeta>, Op
             for s in 0..n {
                 let refs: Vec<&TMeta> = per_input.iter().map(|v| &v[s]).collect();
                 let o = infer(&refs, args)
+                    .and_then(|o| check_out_ndims(&o).map(|()| o))
                     .map_err(|e| Error::new(e.kind(), format!("sample {s}: {}", e.message())))?;
                 for (k, m) in o.into_iter().enumerate() {
                     outs[k].push(m);
@@ -810,6 +812,15 @@ fn infer(def: &OpDef, inputs: &[Input], args: &Args) -> Result<(Vec<OutMeta>, Op
             ))
         }
     }
+}
+
+/// Refuses inferred outputs of more than `MAX_NDIM` dimensions (an `expand_dims` or
+/// `reshape` too far), which could not be exported and imported again.
+fn check_out_ndims(outs: &[TMeta]) -> Result<()> {
+    for (k, m) in outs.iter().enumerate() {
+        crate::tensor::check_ndim(&format!("output {k}"), &m.shape)?;
+    }
+    Ok(())
 }
 
 /// Refuses at enqueue what the CUDA launchers would refuse, for the inputs whose data
@@ -908,10 +919,11 @@ fn infer_samples(
     };
     cuda_check(def, inputs, args)?;
     let outs = match &def.infer {
-        Some(infer) => infer(&metas.iter().collect::<Vec<_>>(), args)?
-            .into_iter()
-            .map(|m| OutMeta::Tensor(Some(m)))
-            .collect(),
+        Some(infer) => {
+            let outs = infer(&metas.iter().collect::<Vec<_>>(), args)?;
+            check_out_ndims(&outs)?;
+            outs.into_iter().map(|m| OutMeta::Tensor(Some(m))).collect()
+        }
         None => (0..def.n_outputs).map(|_| OutMeta::Tensor(None)).collect(),
     };
     Ok((outs, None))

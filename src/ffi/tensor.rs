@@ -119,6 +119,15 @@ fn dtype_arg(dtype: i32) -> Result<DType> {
     })
 }
 
+/// The most dimensions a tensor has (NumPy 2's limit). The DLPack imports,
+/// `ndx_tensor_from_host` and `ndx_tensor_wrap_host` refuse more,
+/// `ndx_invoke` refuses an invocation whose output would have more (an `expand_dims`
+/// or `reshape` too far) and `ndx_batch_to_tensor` a stack of samples with as many:
+/// each with `NDX_ERROR_VALUE`. So every tensor ndx makes can be exported and
+/// imported again.
+pub const NDX_MAX_NDIM: i32 = 64;
+const _: () = assert!(NDX_MAX_NDIM == MAX_NDIM);
+
 /// Reads a C description of host memory: dtype, shape and optional strides.
 fn host_view(
     data: *const c_void,

@@ -14,8 +14,21 @@ use std::sync::Arc;
 
 use crate::error::{Error, ErrorKind, Result};
 
-/// The most dimensions a tensor may have.
-pub const MAX_NDIM: i32 = 32;
+/// The most dimensions a tensor may have (NumPy 2's limit): imports and host tensors
+/// with more are refused, and so is an invocation whose output would have more
+/// (`check_ndim`), so every tensor ndx makes can be exported and imported again.
+pub const MAX_NDIM: i32 = 64;
+
+/// Refuses a shape of more than [`MAX_NDIM`] dimensions; `what` names the tensor.
+pub fn check_ndim(what: &str, shape: &[i64]) -> Result<()> {
+    if shape.len() > MAX_NDIM as usize {
+        return Err(Error::value(format!(
+            "{what} would have {} dimensions; a tensor has at most {MAX_NDIM} (NDX_MAX_NDIM)",
+            shape.len()
+        )));
+    }
+    Ok(())
+}
 
 /// Options that apply to every import (DLPack or host memory).
 #[derive(Debug, Clone, Default)]
@@ -989,6 +1002,13 @@ pub(crate) fn stack<S: std::ops::Deref<Target = Tensor>>(samples: &[S]) -> Resul
     debug_assert!(samples.iter().all(|s| s.dtype() == first.dtype()));
     let mut shape = vec![samples.len() as i64];
     shape.extend_from_slice(first.shape());
+    check_ndim(
+        &format!(
+            "the stacked tensor (samples of {} dimensions)",
+            first.ndim()
+        ),
+        &shape,
+    )?;
     let layout = CString::new(stacked_layout(first.layout())).unwrap_or_default();
     let per_sample = first.nbytes();
     Tensor::new_host_overwritten(first.dtype(), &shape, layout, |bytes| {

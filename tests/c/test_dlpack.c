@@ -194,8 +194,8 @@ static const struct {
   const char* fragment;
   const char* name;
 } k_mutations[M_COUNT] = {
-    {NDX_ERROR_VALUE, "ndim is -1, expected 0 to 32", "ndim -1"},
-    {NDX_ERROR_VALUE, "ndim is 1000, expected 0 to 32", "ndim 1000"},
+    {NDX_ERROR_VALUE, "ndim is -1, expected 0 to 64", "ndim -1"},
+    {NDX_ERROR_VALUE, "ndim is 1000, expected 0 to 64", "ndim 1000"},
     {NDX_ERROR_VALUE, "shape is NULL but ndim is 2", "shape NULL"},
     {NDX_ERROR_VALUE, "shape[1] is -3", "negative dim"},
     {NDX_ERROR_TYPE, "dtype code 5 (complex), bits 64, lanes 1 is not supported", "complex64"},
@@ -1489,6 +1489,66 @@ static void test_empty_extreme_strides_through_ops(void) {
   ndx_context_release(ctx);
 }
 
+/* ---- the most dimensions a tensor may have ------------------------------------------ */
+
+/* expand_dims and reshape made tensors of more than NDX_MAX_NDIM dimensions, which ndx
+ * exported but could not import again; such an output is now refused at ndx_invoke. */
+static void test_max_ndim_round_trip(void) {
+  ndx_context_options_t o;
+  memset(&o, 0, sizeof o);
+  o.struct_size = sizeof o;
+  o.eval_mode = NDX_EVAL_SYNC_CPU;
+  o.num_threads = 2;
+  ndx_context_t* ctx = ndx_test_new_context(&o);
+  const float value = 2.5f;
+  ndx_tensor_t* x = NULL;
+  CHECK_OK(ndx_tensor_from_host(&value, NDX_DTYPE_FLOAT32, 0, NULL, NULL, NULL, &x));
+  int64_t ones[NDX_MAX_NDIM + 1];
+  for (int i = 0; i <= NDX_MAX_NDIM; i++) ones[i] = 1;
+  ndx_args_t* most = NULL;
+  ndx_args_t* over = NULL;
+  ndx_args_t* axis0 = NULL;
+  CHECK_OK(ndx_args_new(&most));
+  CHECK_OK(ndx_args_new(&over));
+  CHECK_OK(ndx_args_new(&axis0));
+  CHECK_OK(ndx_args_set_int_array(most, "shape", ones, NDX_MAX_NDIM));
+  CHECK_OK(ndx_args_set_int_array(over, "shape", ones, NDX_MAX_NDIM + 1));
+  CHECK_OK(ndx_args_set_int(axis0, "axis", 0));
+
+  ndx_input_t in = {x, NULL};
+  ndx_future_t* f = NULL;
+  ndx_tensor_t* wide = NULL;
+  if (CHECK_OK(ndx_invoke(ctx, "reshape", &in, 1, most, NULL, &f))) {
+    CHECK_OK(ndx_future_tensor(f, 0, &wide));
+    ndx_future_release(f);
+  }
+  if (wide) {
+    check_shape(wide, NDX_MAX_NDIM, ones, NULL);
+    DLManagedTensorVersioned* exported = NULL;
+    ndx_tensor_t* back = NULL;
+    CHECK_OK(ndx_tensor_to_dlpack_versioned(wide, &exported));
+    if (exported && CHECK_OK(ndx_tensor_from_dlpack_versioned(exported, NULL, &back))) {
+      check_shape(back, NDX_MAX_NDIM, ones, NULL);
+      check_f32_values(back, &value, 1, __LINE__);
+      ndx_tensor_release(back);
+    }
+    f = (ndx_future_t*)NDX_TEST_BOGUS_PTR;
+    ndx_input_t w = {wide, NULL};
+    expect_error(ndx_invoke(ctx, "expand_dims", &w, 1, axis0, NULL, &f),
+                          NDX_ERROR_VALUE,
+                          "output 0 would have 65 dimensions; a tensor has at most 64");
+    CHECK(f == NULL, "no future on error");
+    ndx_tensor_release(wide);
+  }
+  expect_error(ndx_invoke(ctx, "reshape", &in, 1, over, NULL, &f), NDX_ERROR_VALUE,
+                        "output 0 would have 65 dimensions");
+  ndx_args_free(most);
+  ndx_args_free(over);
+  ndx_args_free(axis0);
+  ndx_tensor_release(x);
+  ndx_context_release(ctx);
+}
+
 int main(void) {
   test_versioned_import_success();
   test_legacy_import_success();
@@ -1507,5 +1567,6 @@ int main(void) {
   test_batch_to_tensor();
   test_batch_null_handles();
   test_empty_extreme_strides_through_ops();
+  test_max_ndim_round_trip();
   return NDX_TEST_SUMMARY("test_dlpack");
 }
