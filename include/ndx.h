@@ -932,9 +932,14 @@ typedef struct {
 
 /**
  * A host operator's kernel: reads `inputs` (borrowed for the call), fills every
- * `outputs[i]` with a new tensor reference (e.g. from `ndx_tensor_from_host`), and
- * returns NULL, or an error (e.g. from `ndx_error_new`, perhaps with its own cause)
- * that surfaces like any failure, with the invocation's site.
+ * `outputs[i]` with a new tensor reference (e.g. from `ndx_tensor_from_host`, or
+ * `ndx_tensor_retain` of an input it returns), and returns NULL, or an error (e.g.
+ * from `ndx_error_new`, perhaps with its own cause) that surfaces like any failure,
+ * with the invocation's site. Outputs must hold data (an invocation inside a kernel:
+ * NDX_EVAL_SYNC_CPU). Where ndx can see the contract broken — an input returned
+ * without a reference of its own, one tensor in several slots with too few
+ * references, the output of a pending invocation — the invocation fails with
+ * NDX_ERROR_BACKEND saying so.
  */
 typedef ndx_error_t *(*ndx_kernel_fn_t)(void *user,
                                         const ndx_tensor_t *const *inputs,

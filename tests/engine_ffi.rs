@@ -930,3 +930,143 @@ fn the_providers_user_free_runs_in_the_release_on_its_thread() {
         );
     }
 }
+
+/// A host kernel that returns its input as output 0 without `ndx_tensor_retain`.
+unsafe extern "C" fn pass_input_unretained(
+    _: *mut c_void,
+    inputs: *const *const ndx_tensor_t,
+    _: usize,
+    _: *const ndx_args_t,
+    outputs: *mut *mut ndx_tensor_t,
+    _: usize,
+) -> *mut ndx_error_t {
+    // SAFETY: one input, one output slot (the schema's).
+    unsafe { *outputs = (*inputs).cast_mut() };
+    std::ptr::null_mut()
+}
+
+/// A host kernel that puts one new tensor (one reference) in both its output slots.
+unsafe extern "C" fn one_tensor_in_two_slots(
+    _: *mut c_void,
+    _: *const *const ndx_tensor_t,
+    _: usize,
+    _: *const ndx_args_t,
+    outputs: *mut *mut ndx_tensor_t,
+    _: usize,
+) -> *mut ndx_error_t {
+    let t = scalar();
+    // SAFETY: two output slots (the schema's).
+    unsafe {
+        *outputs = t;
+        *outputs.add(1) = t;
+    }
+    std::ptr::null_mut()
+}
+
+/// A host kernel that returns the pending output of a DEFERRED `neg` it invoked on
+/// its context (`user`).
+unsafe extern "C" fn return_pending_output(
+    user: *mut c_void,
+    inputs: *const *const ndx_tensor_t,
+    _: usize,
+    _: *const ndx_args_t,
+    outputs: *mut *mut ndx_tensor_t,
+    _: usize,
+) -> *mut ndx_error_t {
+    let opts = ndx_invoke_options_t {
+        mode: ndx_eval_mode_t::NDX_EVAL_DEFERRED as i32,
+        ..Default::default()
+    };
+    let input = ndx_input_t {
+        // SAFETY: one input (the schema's).
+        tensor: unsafe { *inputs },
+        batch: std::ptr::null(),
+    };
+    let mut f = std::ptr::null_mut();
+    let e = ndx_invoke(
+        user.cast(),
+        c"neg".as_ptr(),
+        &input,
+        1,
+        std::ptr::null(),
+        &opts,
+        &mut f,
+    );
+    if !e.is_null() {
+        return e;
+    }
+    let e = ndx_future_tensor(f, 0, outputs);
+    ndx_future_release(f);
+    e
+}
+
+/// A host kernel's outputs that break its contract where ndx can tell fail the
+/// invocation with an error that says what went wrong, in every mode: an input
+/// returned without a reference of its own (which freed it under the output:
+/// a use after free), one tensor in two slots with one reference, the pending output
+/// of an invocation (which read as a refused wait).
+#[test]
+fn host_kernel_outputs_short_of_references_or_pending_fail_clearly() {
+    for mode in 1..=4 {
+        let ctx = common::Ctx::new(mode);
+        let schema = |n_outputs| ndx_op_schema_t {
+            n_outputs,
+            ..one_in_one_out(0, std::ptr::null(), std::ptr::null())
+        };
+        let register = |name: &CStr, n_outputs, kernel: ndx_kernel_fn_t| {
+            ok(ndx_register_op(
+                ctx.0,
+                name.as_ptr(),
+                &schema(n_outputs),
+                kernel,
+                ctx.0.cast(),
+                None,
+            ))
+        };
+        register(c"unretained", 1, Some(pass_input_unretained));
+        register(c"two_slots", 2, Some(one_tensor_in_two_slots));
+        register(c"pending", 1, Some(return_pending_output));
+        let t = scalar();
+        let run = |op: &CStr| {
+            let input = ndx_input_t {
+                tensor: t,
+                batch: std::ptr::null(),
+            };
+            let mut f = std::ptr::null_mut();
+            ok(ndx_invoke(
+                ctx.0,
+                op.as_ptr(),
+                &input,
+                1,
+                std::ptr::null(),
+                std::ptr::null(),
+                &mut f,
+            ));
+            let e = ndx_future_wait(f, -1);
+            ndx_future_release(f);
+            e
+        };
+        common::expect_err(
+            run(c"unretained"),
+            ndx_error_kind_t::NDX_ERROR_BACKEND,
+            "host operator 'unretained' returned inputs[0] as outputs[0] without a reference \
+             of its own (call ndx_tensor_retain on an input it returns)",
+        );
+        common::expect_err(
+            run(c"two_slots"),
+            ndx_error_kind_t::NDX_ERROR_BACKEND,
+            "host operator 'two_slots' put one tensor in outputs[0], outputs[1] with 1 \
+             reference for them",
+        );
+        common::expect_err(
+            run(c"pending"),
+            ndx_error_kind_t::NDX_ERROR_BACKEND,
+            "host operator 'pending' returned as outputs[0] the output of 'neg' (#",
+        );
+        // The caller's tensor is intact.
+        assert_eq!(common::values_f32(t), [1.0], "mode {mode}");
+        ndx_tensor_release(t);
+        // The DEFERRED `neg`s, never asked for, run here.
+        ok(ndx_context_evaluate(ctx.0));
+    }
+}

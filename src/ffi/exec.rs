@@ -266,9 +266,14 @@ pub type ndx_future_callback_t =
     Option<unsafe extern "C" fn(user: *mut c_void, future: *const ndx_future_t)>;
 
 /// A host operator's kernel: reads `inputs` (borrowed for the call), fills every
-/// `outputs[i]` with a new tensor reference (e.g. from `ndx_tensor_from_host`), and
-/// returns NULL, or an error (e.g. from `ndx_error_new`, perhaps with its own cause)
-/// that surfaces like any failure, with the invocation's site.
+/// `outputs[i]` with a new tensor reference (e.g. from `ndx_tensor_from_host`, or
+/// `ndx_tensor_retain` of an input it returns), and returns NULL, or an error (e.g.
+/// from `ndx_error_new`, perhaps with its own cause) that surfaces like any failure,
+/// with the invocation's site. Outputs must hold data (an invocation inside a kernel:
+/// NDX_EVAL_SYNC_CPU). Where ndx can see the contract broken — an input returned
+/// without a reference of its own, one tensor in several slots with too few
+/// references, the output of a pending invocation — the invocation fails with
+/// NDX_ERROR_BACKEND saying so.
 pub type ndx_kernel_fn_t = Option<
     unsafe extern "C" fn(
         user: *mut c_void,
@@ -1423,13 +1428,22 @@ impl HostKernel for CKernel {
                 n_outputs,
             )
         };
+        let short = self.short_references(&handles, &outputs);
         for h in handles {
-            release(h.cast_const());
+            if !short.iter().any(|s| s.handle == h) {
+                release(h.cast_const());
+            }
+        }
+        // One too few references: every one that exists is let go of, none taken.
+        for s in &short {
+            for _ in 0..s.have {
+                release(s.handle.cast_const());
+            }
         }
         let taken: Vec<Option<Arc<TensorRef>>> = outputs
             .iter()
             .map(|&p| {
-                (!p.is_null()).then(|| {
+                (!p.is_null() && !short.iter().any(|s| s.handle == p)).then(|| {
                     // SAFETY: a new reference the kernel handed over.
                     unsafe { Arc::from_raw(p.cast_const().cast::<TensorRef>()) }
                 })
@@ -1438,6 +1452,12 @@ impl HostKernel for CKernel {
         if !err.is_null() {
             // SAFETY: an owned error the kernel returned.
             return Err(*unsafe { Box::from_raw(err.cast::<Error>()) });
+        }
+        if let Some(s) = short.first() {
+            return Err(Error::new(
+                crate::error::ErrorKind::Backend,
+                s.message.clone(),
+            ));
         }
         taken
             .into_iter()
@@ -1452,9 +1472,95 @@ impl HostKernel for CKernel {
                         ),
                     )
                 })?;
+                if let Some(up) = t.producer().filter(|up| !up.is_done()) {
+                    return Err(Error::new(
+                        crate::error::ErrorKind::Backend,
+                        format!(
+                            "host operator '{}' returned as outputs[{i}] the output of '{}' \
+                             (#{}), which is still pending; a kernel's outputs must hold data \
+                             (invoke with NDX_EVAL_SYNC_CPU inside a kernel)",
+                            self.name,
+                            up.op_name(),
+                            up.seq()
+                        ),
+                    ));
+                }
                 t.resolve().cloned()
             })
             .collect()
+    }
+}
+
+/// A handle a host kernel put in its output slots with fewer references than it
+/// handed over there (plus ndx's own, for an input handle): taking them all would free
+/// it while still in use.
+struct ShortReference {
+    handle: *mut ndx_tensor_t,
+    /// The references that exist.
+    have: usize,
+    message: String,
+}
+
+impl CKernel {
+    /// The output handles the kernel did not give a reference each (an input returned
+    /// without `ndx_tensor_retain`, one tensor in two slots with one reference), each
+    /// once, first by output slot. Where the host kept more references elsewhere it
+    /// goes unnoticed (nothing tells them apart).
+    fn short_references(
+        &self,
+        inputs: &[*mut ndx_tensor_t],
+        outputs: &[*mut ndx_tensor_t],
+    ) -> Vec<ShortReference> {
+        let mut short: Vec<ShortReference> = Vec::new();
+        for (i, &p) in outputs.iter().enumerate() {
+            if p.is_null() || short.iter().any(|s| s.handle == p) {
+                continue;
+            }
+            let slots: Vec<usize> = (i..outputs.len()).filter(|&k| outputs[k] == p).collect();
+            let input = inputs.iter().position(|&h| h == p);
+            let needed = slots.len() + usize::from(input.is_some());
+            // SAFETY: a handle the kernel returned, alive: it holds at least one
+            // reference (its own or ndx's input reference); the count is only read.
+            let have = Arc::strong_count(&std::mem::ManuallyDrop::new(unsafe {
+                Arc::from_raw(p.cast_const().cast::<TensorRef>())
+            }));
+            if have >= needed {
+                continue;
+            }
+            let what = match (input, slots.as_slice()) {
+                (Some(k), [_]) => format!(
+                    "returned inputs[{k}] as outputs[{i}] without a reference of its own \
+                     (call ndx_tensor_retain on an input it returns)"
+                ),
+                (_, slots) => format!(
+                    "put one tensor in {} with {} reference{} for them{}",
+                    slots
+                        .iter()
+                        .map(|k| format!("outputs[{k}]"))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    have - usize::from(input.is_some()),
+                    if have - usize::from(input.is_some()) == 1 {
+                        ""
+                    } else {
+                        "s"
+                    },
+                    match input {
+                        Some(k) => format!(" (it is inputs[{k}])"),
+                        None => String::new(),
+                    }
+                ),
+            };
+            short.push(ShortReference {
+                handle: p,
+                have,
+                message: format!(
+                    "host operator '{}' {what}: every output slot needs a new reference",
+                    self.name
+                ),
+            });
+        }
+        short
     }
 }
 

@@ -2571,6 +2571,81 @@ static NDX_TEST_NOINLINE void test_callback_loop_runs_flat(void) {
   ndx_tensor_release(s.x);
 }
 
+/* ---- host kernels whose outputs break the contract ------------------------------------ */
+
+/* Returns its input as output 0 without ndx_tensor_retain. */
+static ndx_error_t* k_unretained(void* user, const ndx_tensor_t* const* inputs, size_t n_inputs,
+                                 const ndx_args_t* args, ndx_tensor_t** outputs, size_t n_outputs) {
+  (void)user; (void)n_inputs; (void)args; (void)n_outputs;
+  outputs[0] = (ndx_tensor_t*)inputs[0];
+  return NULL;
+}
+
+/* Puts one new tensor (one reference) in both output slots. */
+static ndx_error_t* k_two_slots(void* user, const ndx_tensor_t* const* inputs, size_t n_inputs,
+                                const ndx_args_t* args, ndx_tensor_t** outputs, size_t n_outputs) {
+  (void)user; (void)n_inputs; (void)args; (void)n_outputs;
+  ndx_tensor_t* t = NULL;
+  ndx_error_t* e = copy_tensor(inputs[0], &t);
+  outputs[0] = t;
+  outputs[1] = t;
+  return e;
+}
+
+/* Returns the pending output of a DEFERRED 'neg' it invokes on its context (`user`). */
+static ndx_error_t* k_pending_out(void* user, const ndx_tensor_t* const* inputs, size_t n_inputs,
+                                  const ndx_args_t* args, ndx_tensor_t** outputs, size_t n_outputs) {
+  (void)n_inputs; (void)args; (void)n_outputs;
+  ndx_input_t in = ndx_test_in(inputs[0]);
+  ndx_invoke_options_t o = mode_opts(NDX_EVAL_DEFERRED);
+  ndx_future_t* f = NULL;
+  ndx_error_t* e = ndx_invoke((ndx_context_t*)user, "neg", &in, 1, NULL, &o, &f);
+  if (e) return e;
+  e = ndx_future_tensor(f, 0, &outputs[0]);
+  ndx_future_release(f);
+  return e;
+}
+
+/* Outputs short of references (an input returned unretained was freed under its output:
+ * a use after free; one tensor in two slots with one reference was freed twice) and a
+ * pending output (which read as a refused wait) fail the invocation with an error saying
+ * so, in every mode; the caller's input is intact. */
+static NDX_TEST_NOINLINE void test_host_outputs_break_the_contract(void) {
+  for (int m = 0; m < 4; m++) {
+    NDX_TEST_CONTEXT(mode_name(kModes[m]));
+    ndx_context_t* ctx = make_ctx(kModes[m], NDX_CAPTURE_OFF, NULL);
+    ndx_op_schema_t s;
+    memset(&s, 0, sizeof s);
+    s.struct_size = sizeof s;
+    s.n_inputs = 1;
+    s.n_outputs = 1;
+    CHECK_OK(ndx_register_op(ctx, "unretained", &s, k_unretained, NULL, NULL));
+    CHECK_OK(ndx_register_op(ctx, "pending", &s, k_pending_out, ctx, NULL));
+    s.n_outputs = 2;
+    CHECK_OK(ndx_register_op(ctx, "two_slots", &s, k_two_slots, NULL, NULL));
+    static const char* const ops[3] = {"unretained", "two_slots", "pending"};
+    static const char* const expected[3] = {
+        "host operator 'unretained' returned inputs[0] as outputs[0] without a reference of its "
+        "own (call ndx_tensor_retain on an input it returns)",
+        "host operator 'two_slots' put one tensor in outputs[0], outputs[1] with 1 reference for "
+        "them",
+        "host operator 'pending' returned as outputs[0] the output of 'neg' (#"};
+    ndx_tensor_t* a = t_i32(kA);
+    ndx_input_t in = ndx_test_in(a);
+    for (int k = 0; k < 3; k++) {
+      ndx_future_t* f = NULL;
+      if (!CHECK_OK(ndx_invoke(ctx, ops[k], &in, 1, NULL, NULL, &f))) continue;
+      expect_error(ndx_future_wait(f, -1), NDX_ERROR_BACKEND, expected[k]);
+      ndx_future_release(f);
+    }
+    check_i32(a, kA, 6);
+    ndx_tensor_release(a);
+    CHECK_OK(ndx_context_evaluate(ctx)); /* the DEFERRED 'neg's, never asked for */
+    ndx_context_release(ctx);
+    NDX_TEST_CONTEXT(NULL);
+  }
+}
+
 #define RUN(call)                       \
   do {                                  \
     ndx_test_watchdog_phase(#call);     \
@@ -2617,6 +2692,7 @@ int main(void) {
   RUN(test_failed_chain_release());
   RUN(test_wide_group_format());
   RUN(test_callback_loop_runs_flat());
+  RUN(test_host_outputs_break_the_contract());
   ndx_test_watchdog_stop();
   return NDX_TEST_SUMMARY("test_engine");
 }
