@@ -1070,3 +1070,40 @@ fn host_kernel_outputs_short_of_references_or_pending_fail_clearly() {
         ok(ndx_context_evaluate(ctx.0));
     }
 }
+
+/// A NULL out-param is refused with an error naming it as the header does:
+/// `ndx_future_cancel`'s is `cancelled` (its error said 'out'), and the invocation is
+/// left as it was.
+#[test]
+fn a_null_out_param_is_named_as_the_header_names_it() {
+    let ctx = common::Ctx::new(ndx_eval_mode_t::NDX_EVAL_DEFERRED as i32);
+    let t = scalar();
+    let input = ndx_input_t {
+        tensor: t,
+        batch: std::ptr::null(),
+    };
+    let mut f = std::ptr::null_mut();
+    ok(ndx_invoke(
+        ctx.0,
+        c"neg".as_ptr(),
+        &input,
+        1,
+        std::ptr::null(),
+        std::ptr::null(),
+        &mut f,
+    ));
+    common::expect_err(
+        ndx_future_cancel(f, std::ptr::null_mut()),
+        ndx_error_kind_t::NDX_ERROR_VALUE,
+        "argument 'cancelled' is NULL",
+    );
+    common::expect_err(
+        ndx_future_output_count(f, std::ptr::null_mut()),
+        ndx_error_kind_t::NDX_ERROR_VALUE,
+        "argument 'out' is NULL",
+    );
+    ok(ndx_future_wait(f, -1));
+    assert_eq!(common::values_f32(t), [1.0]);
+    ndx_future_release(f);
+    ndx_tensor_release(t);
+}

@@ -12,8 +12,8 @@ use std::time::Duration;
 use super::handle::{borrow, clone_arc, into_handle, release};
 use super::{
     Options, boundary, boundary_out, boundary_value, caller_return_address, error_into_raw,
-    host_str, ndx_batch_t, ndx_context_t, ndx_error_t, ndx_future_t, ndx_tensor_t, read_options,
-    size_check,
+    host_str, ndx_batch_t, ndx_context_t, ndx_error_t, ndx_future_t, ndx_tensor_t, out_param,
+    read_options, size_check,
 };
 use crate::error::{Error, Frame, FrameOrigin, Result};
 use crate::exec::{
@@ -1287,8 +1287,13 @@ pub extern "C" fn ndx_future_cancel(
     future: *const ndx_future_t,
     cancelled: *mut bool,
 ) -> *mut ndx_error_t {
-    boundary_out("ndx_future_cancel", cancelled, false, || {
-        Ok(clone_arc(future, "future")?.cancel("ndx_future_cancel was called"))
+    boundary("ndx_future_cancel", || {
+        if cancelled.is_null() {
+            return Err(Error::value("argument 'cancelled' is NULL"));
+        }
+        out_param(cancelled, false, || {
+            Ok(clone_arc(future, "future")?.cancel("ndx_future_cancel was called"))
+        })
     })
 }
 

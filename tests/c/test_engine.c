@@ -1192,6 +1192,8 @@ static NDX_TEST_NOINLINE void test_cancel_deferred(void) {
   CHECK_OK(ndx_future_cancel(f2, &cancelled));
   CHECK(!cancelled, "a completed invocation is not cancelled");
   expect_error(ndx_future_cancel(NULL, &cancelled), NDX_ERROR_VALUE, "future");
+  /* The out-param's error names it (it said 'out'). */
+  expect_error(ndx_future_cancel(f2, NULL), NDX_ERROR_VALUE, "argument 'cancelled' is NULL");
 done:
   check_evaluate_clean(ctx);
   ndx_tensor_release(t1);
