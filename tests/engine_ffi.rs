@@ -1107,3 +1107,36 @@ fn a_null_out_param_is_named_as_the_header_names_it() {
     ndx_future_release(f);
     ndx_tensor_release(t);
 }
+
+/// `n_inputs` is an exact count: SIZE_MAX - 1, which marks ndx's whole-batch operators,
+/// is refused like SIZE_MAX (it registered an operator that took any number of inputs).
+#[test]
+fn a_schema_with_a_reserved_input_count_is_refused() {
+    let ctx = common::Ctx::new(0);
+    for (n_inputs, says) in [
+        (
+            usize::MAX,
+            "schema->n_inputs is SIZE_MAX: give the exact number of inputs",
+        ),
+        (
+            usize::MAX - 1,
+            "schema->n_inputs is SIZE_MAX - 1: give the exact number of inputs",
+        ),
+    ] {
+        let schema = ndx_op_schema_t {
+            n_inputs,
+            ..one_in_one_out(0, std::ptr::null(), std::ptr::null())
+        };
+        common::expect_err(
+            register_noop(ctx.0, c"reserved", &schema),
+            ndx_error_kind_t::NDX_ERROR_VALUE,
+            says,
+        );
+    }
+    // The name stayed free: an exact count registers.
+    let schema = ndx_op_schema_t {
+        n_inputs: usize::MAX - 2,
+        ..one_in_one_out(0, std::ptr::null(), std::ptr::null())
+    };
+    ok(register_noop(ctx.0, c"reserved", &schema));
+}

@@ -1611,10 +1611,16 @@ pub extern "C" fn ndx_register_op(
         let full = size >= std::mem::size_of::<ndx_op_schema_t>();
         // SAFETY: at least as large as the fields read below (`full` guards the rest).
         let s = unsafe { &*schema };
-        if s.n_inputs == usize::MAX {
-            return Err(Error::value(
-                "schema->n_inputs is SIZE_MAX: give the exact number of inputs",
-            ));
+        // The two largest values mark ndx's own variadic and whole-batch operators: an
+        // operator registered with one would take any number of inputs.
+        if s.n_inputs >= crate::ops::SAMPLES {
+            return Err(Error::value(format!(
+                "schema->n_inputs is SIZE_MAX{}: give the exact number of inputs",
+                match usize::MAX - s.n_inputs {
+                    0 => String::new(),
+                    k => format!(" - {k}"),
+                }
+            )));
         }
         if s.n_outputs == 0 {
             return Err(Error::value(

@@ -1974,6 +1974,15 @@ static NDX_TEST_NOINLINE void test_struct_size_messages(void) {
   expect_error(ndx_register_op(ctx, "mine", &schema, k_copy, NULL, NULL), NDX_ERROR_VALUE,
                "schema->arg_names[0] and schema->arg_names[2] are both \"a\"");
   schema.n_args = 2;
+  /* n_inputs is an exact count: the two values ndx reserves for its variadic and
+   * whole-batch operators are refused (SIZE_MAX - 1 registered one taking any number). */
+  schema.n_inputs = SIZE_MAX;
+  expect_error(ndx_register_op(ctx, "mine", &schema, k_copy, NULL, NULL), NDX_ERROR_VALUE,
+               "schema->n_inputs is SIZE_MAX: give the exact number of inputs");
+  schema.n_inputs = SIZE_MAX - 1;
+  expect_error(ndx_register_op(ctx, "mine", &schema, k_copy, NULL, NULL), NDX_ERROR_VALUE,
+               "schema->n_inputs is SIZE_MAX - 1: give the exact number of inputs");
+  schema.n_inputs = 1;
   CHECK_OK(ndx_register_op(ctx, "mine", &schema, k_copy, NULL, NULL));
   ndx_tensor_release(a);
   ndx_context_release(ctx);
