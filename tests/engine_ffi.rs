@@ -1140,3 +1140,146 @@ fn a_schema_with_a_reserved_input_count_is_refused() {
     };
     ok(register_noop(ctx.0, c"reserved", &schema));
 }
+
+fn i32_tensor(values: &[i32]) -> *mut ndx_tensor_t {
+    let mut t = std::ptr::null_mut();
+    ok(ndx_tensor_from_host(
+        values.as_ptr().cast(),
+        ndx_dtype_t::NDX_DTYPE_INT32 as i32,
+        1,
+        [values.len() as i64].as_ptr(),
+        std::ptr::null(),
+        std::ptr::null(),
+        &mut t,
+    ));
+    t
+}
+
+/// A host kernel that divides its input by zeros with a SYNC `div` on the context
+/// `user`, returning that invocation's error or output.
+unsafe extern "C" fn divide_by_zero_in(
+    user: *mut c_void,
+    inputs: *const *const ndx_tensor_t,
+    _: usize,
+    _: *const ndx_args_t,
+    outputs: *mut *mut ndx_tensor_t,
+    _: usize,
+) -> *mut ndx_error_t {
+    let zeros = i32_tensor(&[0, 0, 0]);
+    let ins = [
+        ndx_input_t {
+            // SAFETY: one input (the schema's).
+            tensor: unsafe { *inputs },
+            batch: std::ptr::null(),
+        },
+        ndx_input_t {
+            tensor: zeros,
+            batch: std::ptr::null(),
+        },
+    ];
+    let opts = ndx_invoke_options_t {
+        mode: ndx_eval_mode_t::NDX_EVAL_SYNC_CPU as i32,
+        ..Default::default()
+    };
+    let mut f = std::ptr::null_mut();
+    let mut e = ndx_invoke(
+        user.cast(),
+        c"div".as_ptr(),
+        ins.as_ptr(),
+        2,
+        std::ptr::null(),
+        &opts,
+        &mut f,
+    );
+    ndx_tensor_release(zeros);
+    if e.is_null() {
+        e = ndx_future_error(f);
+        if e.is_null() {
+            e = ndx_future_tensor(f, 0, outputs);
+        }
+    }
+    ndx_future_release(f);
+    e
+}
+
+/// An invocation keeps the checks of its own context when it runs inside another's
+/// kernel: a SYNC `div` by zero on a context without checks, from a host operator of
+/// a context that collects DIV flags, fails with its VALUE error (it raised a flag
+/// that was taken for the host operator's, and returned a result), and the
+/// collecting context has nothing to report; the other way round, the inner
+/// invocation's flag goes to its own context, not the host operator's.
+#[test]
+fn an_invocation_inside_a_host_kernel_keeps_its_own_contexts_checks() {
+    let with_checks = |mode: i32, policy: ndx_check_policy_t| {
+        let opts = ndx_context_options_t {
+            eval_mode: mode,
+            check_policy: policy as i32,
+            ..Default::default()
+        };
+        let mut ctx = std::ptr::null_mut();
+        ok(ndx_context_new(&opts, &mut ctx));
+        ctx
+    };
+    for mode in 1..=4 {
+        for inner_collects in [false, true] {
+            let (outer_policy, inner_policy) = if inner_collects {
+                (
+                    ndx_check_policy_t::NDX_CHECKS_OFF,
+                    ndx_check_policy_t::NDX_CHECKS_COLLECT,
+                )
+            } else {
+                (
+                    ndx_check_policy_t::NDX_CHECKS_COLLECT,
+                    ndx_check_policy_t::NDX_CHECKS_OFF,
+                )
+            };
+            let outer = with_checks(mode, outer_policy);
+            let inner = with_checks(ndx_eval_mode_t::NDX_EVAL_EAGER as i32, inner_policy);
+            ok(ndx_register_op(
+                outer,
+                c"divide_there".as_ptr(),
+                &one_in_one_out(0, std::ptr::null(), std::ptr::null()),
+                Some(divide_by_zero_in),
+                inner.cast(),
+                None,
+            ));
+            let t = i32_tensor(&[1, 2, 3]);
+            let input = ndx_input_t {
+                tensor: t,
+                batch: std::ptr::null(),
+            };
+            let mut f = std::ptr::null_mut();
+            ok(ndx_invoke(
+                outer,
+                c"divide_there".as_ptr(),
+                &input,
+                1,
+                std::ptr::null(),
+                std::ptr::null(),
+                &mut f,
+            ));
+            let e = ndx_future_wait(f, -1);
+            if inner_collects {
+                ok(e);
+                ok(ndx_context_evaluate(outer));
+                common::expect_err(
+                    ndx_context_evaluate(inner),
+                    ndx_error_kind_t::NDX_ERROR_CHECK,
+                    "1 check failed",
+                );
+            } else {
+                common::expect_err(
+                    e,
+                    ndx_error_kind_t::NDX_ERROR_VALUE,
+                    "integer division by zero",
+                );
+                ok(ndx_context_evaluate(outer));
+                ok(ndx_context_evaluate(inner));
+            }
+            ndx_future_release(f);
+            ndx_tensor_release(t);
+            ndx_context_release(outer);
+            ndx_context_release(inner);
+        }
+    }
+}

@@ -217,6 +217,25 @@ pub fn run_scoped<R>(categories: u32, f: impl FnOnce() -> R) -> (R, Outcome) {
     )
 }
 
+/// Runs `f` outside any scope, restoring the one it was called in after: the kernels
+/// of an invocation without checks check nothing and raise nothing, also when it runs
+/// inside a checked one's kernel (a SYNC invocation from a host operator, whose flags
+/// were taken for the host operator's and whose division by zero did not fail).
+pub fn run_unscoped<R>(f: impl FnOnce() -> R) -> R {
+    let Some(previous) = SCOPE.with(|s| s.borrow_mut().take()) else {
+        return f();
+    };
+    struct Restore(Option<Scope>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let previous = self.0.take();
+            SCOPE.with(|s| *s.borrow_mut() = previous);
+        }
+    }
+    let _restore = Restore(Some(previous));
+    f()
+}
+
 /// Counts failing elements across the pieces of a parallel kernel: how many, and the
 /// smallest index.
 pub struct Tally {

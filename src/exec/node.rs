@@ -1051,7 +1051,7 @@ impl Node {
                 .collect();
             let outs = crate::tensor::dest::with_lent(lent, || {
                 if active == 0 {
-                    self.run_kernel(&tensors, sample)
+                    checks::run_unscoped(|| self.run_kernel(&tensors, sample))
                 } else {
                     if let Some(ctx) = self.ctx.upgrade() {
                         ctx.count_checked_run();

@@ -323,6 +323,68 @@ static void test_bad_arguments(void) {
   ndx_context_release(ctx);
 }
 
+/* A host kernel dividing its input by zeros with a SYNC 'div' on the context `user`. */
+static ndx_error_t* k_divide_there(void* user, const ndx_tensor_t* const* inputs,
+                                   size_t n_inputs, const ndx_args_t* args,
+                                   ndx_tensor_t** outputs, size_t n_outputs) {
+  (void)n_inputs; (void)args; (void)n_outputs;
+  static const int32_t zeros[3] = {0, 0, 0};
+  ndx_tensor_t* z = i32s(zeros, 3);
+  ndx_input_t in[2] = {ndx_test_in(inputs[0]), ndx_test_in(z)};
+  ndx_invoke_options_t o;
+  memset(&o, 0, sizeof o);
+  o.struct_size = sizeof o;
+  o.mode = NDX_EVAL_SYNC_CPU;
+  ndx_future_t* f = NULL;
+  ndx_error_t* e = ndx_invoke((ndx_context_t*)user, "div", in, 2, NULL, &o, &f);
+  ndx_tensor_release(z);
+  if (e == NULL) e = ndx_future_error(f);
+  if (e == NULL) e = ndx_future_tensor(f, 0, &outputs[0]);
+  ndx_future_release(f);
+  return e;
+}
+
+/* An invocation keeps its own context's checks inside another's kernel: a SYNC 'div' by
+ * zero on a context without checks, from a host operator of a collecting context, fails
+ * with its VALUE error (its flag was taken for the host operator's), in every mode; the
+ * other way round, the inner flag is reported by the inner context. */
+static void test_checks_of_an_invocation_inside_a_host_kernel(void) {
+  static const int32_t kModes[4] = {NDX_EVAL_SYNC_CPU, NDX_EVAL_SYNC_FULL, NDX_EVAL_DEFERRED,
+                                    NDX_EVAL_EAGER};
+  static const int32_t a[3] = {1, 2, 3};
+  for (int m = 0; m < 4; m++) {
+    for (int inner_collects = 0; inner_collects < 2; inner_collects++) {
+      ndx_context_t* outer =
+          context(kModes[m], inner_collects ? NDX_CHECKS_OFF : NDX_CHECKS_COLLECT, 0);
+      ndx_context_t* inner =
+          context(NDX_EVAL_EAGER, inner_collects ? NDX_CHECKS_COLLECT : NDX_CHECKS_OFF, 0);
+      ndx_op_schema_t s;
+      memset(&s, 0, sizeof s);
+      s.struct_size = sizeof s;
+      s.n_inputs = 1;
+      s.n_outputs = 1;
+      CHECK_OK(ndx_register_op(outer, "divide_there", &s, k_divide_there, inner, NULL));
+      ndx_tensor_t* t = i32s(a, 3);
+      ndx_input_t in = ndx_test_in(t);
+      ndx_future_t* f = NULL;
+      CHECK_OK(ndx_invoke(outer, "divide_there", &in, 1, NULL, NULL, &f));
+      if (inner_collects) {
+        CHECK_OK(ndx_future_wait(f, -1));
+        CHECK_OK(ndx_context_evaluate(outer));
+        expect_error(ndx_context_evaluate(inner), NDX_ERROR_CHECK, "1 check failed");
+      } else {
+        expect_error(ndx_future_wait(f, -1), NDX_ERROR_VALUE, "integer division by zero");
+        CHECK_OK(ndx_context_evaluate(outer));
+        CHECK_OK(ndx_context_evaluate(inner));
+      }
+      ndx_future_release(f);
+      ndx_tensor_release(t);
+      ndx_context_release(outer);
+      ndx_context_release(inner);
+    }
+  }
+}
+
 int main(void) {
   test_collect_in_enqueue_order(NDX_EVAL_EAGER);
   test_collect_in_enqueue_order(NDX_EVAL_DEFERRED);
@@ -331,5 +393,6 @@ int main(void) {
   test_off_and_switching();
   test_folding_in_a_loop();
   test_bad_arguments();
+  test_checks_of_an_invocation_inside_a_host_kernel();
   return NDX_TEST_SUMMARY("test_checks");
 }
