@@ -701,13 +701,69 @@ fn a_host_kernel_making_its_outputs_out_of_order_fills_each_out_tensor() {
         assert_eq!(data_address(&r1), second.as_ptr() as usize, "mode {mode}");
         ndx_future_release(f);
         drop((r1, o0, o1));
-        // Output 1 was made in the out tensor of output 0 and must be copied out of
-        // it before output 0 is copied in.
+        // Each output lands in its own out tensor, whatever order they were made in.
         assert_eq!(
             (first, second),
             (vec![1., 2., 3.], vec![4., 5., 6.]),
             "mode {mode}"
         );
+    }
+}
+
+/// An out tensor for one output of a host kernel is not lent to the kernel's
+/// allocations: the kernel made output 1 first, which took the out tensor of output 0
+/// (same dtype and shape), stayed a view of it, and was overwritten with output 0 —
+/// both outputs read [1, 2, 3].
+#[test]
+fn a_host_kernels_other_output_does_not_land_in_an_out_tensor() {
+    for mode in [SYNC, EAGER, DEFERRED] {
+        let ctx = Ctx::new(mode);
+        let schema = ndx_op_schema_t {
+            struct_size: std::mem::size_of::<ndx_op_schema_t>(),
+            n_inputs: 1,
+            n_outputs: 2,
+            n_args: 0,
+            arg_names: std::ptr::null(),
+            arg_types: std::ptr::null(),
+            output_dtypes: std::ptr::null(),
+            output_ndims: std::ptr::null(),
+            output_layouts: std::ptr::null(),
+            flags: 0,
+        };
+        ok(ndx_register_op(
+            ctx.0,
+            c"two".as_ptr(),
+            &schema,
+            Some(second_output_first),
+            std::ptr::null_mut(),
+            None,
+        ));
+        let x = T::copy(&[0f32], F32, &[1]);
+        let mut first = vec![0f32; 3];
+        let o0 = T::wrap(&mut first, F32, &[3], None);
+        let none = ndx_output_t {
+            tensor: std::ptr::null(),
+            batch: std::ptr::null(),
+        };
+        let f = invoke(
+            &ctx,
+            c"two",
+            &[x.input()],
+            std::ptr::null(),
+            &[o0.out(), none],
+            0,
+        )
+        .unwrap();
+        ok(ndx_future_wait(f, -1));
+        let (mut r0, mut r1) = (std::ptr::null_mut(), std::ptr::null_mut());
+        ok(ndx_future_tensor(f, 0, &mut r0));
+        ok(ndx_future_tensor(f, 1, &mut r1));
+        let (r0, r1) = (T(r0), T(r1));
+        assert_eq!(values_f32(r0.0), [1., 2., 3.], "mode {mode}");
+        assert_eq!(values_f32(r1.0), [4., 5., 6.], "mode {mode}");
+        ndx_future_release(f);
+        drop((r0, r1, o0));
+        assert_eq!(first, [1., 2., 3.], "mode {mode}");
     }
 }
 

@@ -1035,6 +1035,11 @@ impl Node {
         // its outputs placed in their out tensors, or with `later`, the outputs and
         // their out tensors to place once every sample has run (nothing lent).
         type Pairs = Vec<(Arc<Tensor>, Option<Arc<Tensor>>)>;
+        // A host kernel's allocations are tensors the embedder makes (a copy each):
+        // lent out tensors would be taken by whichever comes first of the dtype and
+        // shape — another output, which then stayed a view of that out tensor and was
+        // overwritten by its own output, or a tensor the kernel keeps.
+        let host = matches!(self.op.kernel, Kernel::Host(_));
         let mut run = |tensors: Vec<Arc<Tensor>>, sample: Option<usize>, later: bool| {
             let dests = self.destinations(sample)?;
             let lent = dests
@@ -1043,6 +1048,7 @@ impl Node {
                 .filter(|d| {
                     // A misaligned one is computed aside and copied in, byte by byte.
                     !later
+                        && !host
                         && d.is_compact()
                         && d.is_aligned()
                         && !tensors.iter().any(|t| t.overlaps(d))

@@ -248,8 +248,7 @@ static ndx_error_t* k_second_first(void* user, const ndx_tensor_t* const* inputs
   return ndx_tensor_from_host(first, NDX_DTYPE_FLOAT32, 1, &n, NULL, NULL, &outputs[0]);
 }
 
-/* Output 1 is made in the out tensor of output 0 (the first allocation of its dtype
- * and shape takes it), and must be copied out before output 0 is copied in. */
+/* Each output lands in its own out tensor, whatever order the kernel made them in. */
 static void test_host_outputs_made_out_of_order(void) {
   for (int m = 0; m < 3; m++) {
     ndx_context_t* ctx = context_in(MODES[m]);
@@ -276,6 +275,44 @@ static void test_host_outputs_made_out_of_order(void) {
     ndx_future_release(f);
     ndx_tensor_release(o0);
     ndx_tensor_release(o1);
+    ndx_tensor_release(x);
+    ndx_context_release(ctx);
+  }
+}
+
+/* An out tensor for one output of a host kernel is not lent to the kernel's allocations:
+ * output 1, made first, took the out tensor of output 0 (same dtype and shape), stayed a
+ * view of it and was overwritten with output 0 - both outputs read {1, 2, 3}. */
+static void test_host_other_output_not_in_an_out_tensor(void) {
+  for (int m = 0; m < 3; m++) {
+    ndx_context_t* ctx = context_in(MODES[m]);
+    ndx_op_schema_t s;
+    memset(&s, 0, sizeof s);
+    s.struct_size = sizeof s;
+    s.n_inputs = 1;
+    s.n_outputs = 2;
+    CHECK_OK(ndx_register_op(ctx, "two", &s, k_second_first, NULL, NULL));
+    const float xv[1] = {0};
+    const int64_t n1 = 1, n3 = 3;
+    ndx_tensor_t* x = ndx_test_tensor(xv, NDX_DTYPE_FLOAT32, 1, &n1);
+    ndx_input_t in[1] = {ndx_test_in(x)};
+    float first[3] = {0};
+    ndx_tensor_t* o0 = wrap(first, 1, &n3, NULL);
+    ndx_output_t outs[2] = {out_of(o0), {NULL, NULL}};
+    ndx_invoke_options_t o = with_outputs(outs, 2);
+    ndx_future_t* f = NULL;
+    CHECK_OK(ndx_invoke(ctx, "two", in, 1, NULL, &o, &f));
+    CHECK_OK(ndx_future_wait(f, -1));
+    ndx_tensor_t* r1 = NULL;
+    CHECK_OK(ndx_future_tensor(f, 1, &r1));
+    float v1[3] = {0};
+    CHECK_OK(ndx_tensor_copy_to(r1, v1, sizeof v1));
+    CHECK(v1[0] == 4 && v1[1] == 5 && v1[2] == 6, "output 1 keeps its values: %g %g %g", v1[0],
+          v1[1], v1[2]);
+    CHECK(first[0] == 1 && first[1] == 2 && first[2] == 3, "output 0 in its out tensor");
+    ndx_tensor_release(r1);
+    ndx_future_release(f);
+    ndx_tensor_release(o0);
     ndx_tensor_release(x);
     ndx_context_release(ctx);
   }
@@ -429,6 +466,7 @@ int main(void) {
   test_refusals();
   test_host_operator();
   test_host_outputs_made_out_of_order();
+  test_host_other_output_not_in_an_out_tensor();
   test_batch_out_over_another_samples_input();
   test_batch_to_tensor();
   test_old_options_struct();
