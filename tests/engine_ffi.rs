@@ -1283,3 +1283,66 @@ fn an_invocation_inside_a_host_kernel_keeps_its_own_contexts_checks() {
         }
     }
 }
+
+/// A host kernel returning a float32 scalar on its first call and an int32 one after.
+unsafe extern "C" fn float_then_int(
+    user: *mut c_void,
+    _: *const *const ndx_tensor_t,
+    _: usize,
+    _: *const ndx_args_t,
+    outputs: *mut *mut ndx_tensor_t,
+    _: usize,
+) -> *mut ndx_error_t {
+    // SAFETY: `user` is the test's call counter, alive for the invocation.
+    let calls = unsafe { &*user.cast::<std::sync::atomic::AtomicUsize>() };
+    if calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+        // SAFETY: one output slot (the schema's).
+        unsafe { *outputs = scalar() };
+    } else {
+        // SAFETY: as above.
+        unsafe { *outputs = i32_tensor(&[7]) };
+    }
+    std::ptr::null_mut()
+}
+
+/// The per-sample runs of a host operator on a batch whose outputs differ in dtype fail
+/// with an error that names the runs' output (it read like a complaint about the input
+/// batch: "samples[1]: dtype is int32, expected float32 like samples[0]").
+#[test]
+fn per_sample_outputs_that_make_no_batch_are_named_as_outputs() {
+    for mode in 1..=4 {
+        let ctx = common::Ctx::new(mode);
+        let calls = std::sync::atomic::AtomicUsize::new(0);
+        ok(ndx_register_op(
+            ctx.0,
+            c"mixed".as_ptr(),
+            &one_in_one_out(0, std::ptr::null(), std::ptr::null()),
+            Some(float_then_int),
+            std::ptr::from_ref(&calls).cast_mut().cast(),
+            None,
+        ));
+        let (b, _counts) = common::f32_batch(&[(&[1.0], &[1]), (&[2.0], &[1])]);
+        let input = ndx_input_t {
+            tensor: std::ptr::null(),
+            batch: b,
+        };
+        let mut f = std::ptr::null_mut();
+        ok(ndx_invoke(
+            ctx.0,
+            c"mixed".as_ptr(),
+            &input,
+            1,
+            std::ptr::null(),
+            std::ptr::null(),
+            &mut f,
+        ));
+        common::expect_err(
+            ndx_future_wait(f, -1),
+            ndx_error_kind_t::NDX_ERROR_VALUE,
+            "output 0 of the per-sample runs makes no batch: samples[1]: dtype is int32, \
+             expected float32 like samples[0]",
+        );
+        ndx_future_release(f);
+        ndx_batch_release(b);
+    }
+}

@@ -1152,7 +1152,21 @@ impl Node {
                 }
                 per_output
                     .into_iter()
-                    .map(|samples| Batch::new(samples).map(|b| Data::Batch(Arc::new(b))))
+                    .enumerate()
+                    .map(|(k, samples)| {
+                        Batch::new(samples)
+                            .map(|b| Data::Batch(Arc::new(b)))
+                            .map_err(|e| {
+                                // Names the runs' output, not an input batch.
+                                Error::new(
+                                    e.kind(),
+                                    format!(
+                                        "output {k} of the per-sample runs makes no batch: {}",
+                                        e.message()
+                                    ),
+                                )
+                            })
+                    })
                     .collect()
             })(),
         };

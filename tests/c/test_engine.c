@@ -2657,6 +2657,57 @@ static NDX_TEST_NOINLINE void test_host_outputs_break_the_contract(void) {
   }
 }
 
+/* A host kernel returning a float32 [1] on its first call and an int32 [1] after. */
+static ndx_error_t* k_float_then_int(void* user, const ndx_tensor_t* const* inputs,
+                                     size_t n_inputs, const ndx_args_t* args,
+                                     ndx_tensor_t** outputs, size_t n_outputs) {
+  (void)inputs; (void)n_inputs; (void)args; (void)n_outputs;
+  const int64_t one = 1;
+  if (__atomic_fetch_add((int*)user, 1, __ATOMIC_SEQ_CST) == 0) {
+    const float f = 1;
+    return ndx_tensor_from_host(&f, NDX_DTYPE_FLOAT32, 1, &one, NULL, NULL, &outputs[0]);
+  }
+  const int32_t k = 7;
+  return ndx_tensor_from_host(&k, NDX_DTYPE_INT32, 1, &one, NULL, NULL, &outputs[0]);
+}
+
+/* Per-sample runs of a host operator whose outputs differ in dtype fail with an error
+ * naming the runs' output (it read like a complaint about the input batch). */
+static NDX_TEST_NOINLINE void test_per_sample_outputs_make_no_batch(void) {
+  for (int m = 0; m < 4; m++) {
+    NDX_TEST_CONTEXT(mode_name(kModes[m]));
+    ndx_context_t* ctx = make_ctx(kModes[m], NDX_CAPTURE_OFF, NULL);
+    int calls = 0;
+    ndx_op_schema_t s;
+    memset(&s, 0, sizeof s);
+    s.struct_size = sizeof s;
+    s.n_inputs = 1;
+    s.n_outputs = 1;
+    CHECK_OK(ndx_register_op(ctx, "mixed", &s, k_float_then_int, &calls, NULL));
+    int counters[2] = {0, 0};
+    const int64_t one = 1;
+    const float values[2] = {1, 2};
+    DLManagedTensorVersioned* samples[2];
+    for (int k = 0; k < 2; k++) {
+      samples[k] = ndx_test_versioned(&counters[k], ndx_test_dl_dtype(kDLFloat, 32, 1), 1, &one,
+                                      NULL, &values[k], sizeof values[k]);
+    }
+    ndx_batch_t* b = NULL;
+    CHECK_OK(ndx_batch_from_dlpack_versioned(samples, 2, NULL, &b));
+    ndx_input_t in = {NULL, b};
+    ndx_future_t* f = NULL;
+    if (CHECK_OK(ndx_invoke(ctx, "mixed", &in, 1, NULL, NULL, &f))) {
+      expect_error(ndx_future_wait(f, -1), NDX_ERROR_VALUE,
+                   "output 0 of the per-sample runs makes no batch: samples[1]: dtype is int32, "
+                   "expected float32 like samples[0]");
+    }
+    ndx_future_release(f);
+    ndx_batch_release(b);
+    ndx_context_release(ctx);
+    NDX_TEST_CONTEXT(NULL);
+  }
+}
+
 #define RUN(call)                       \
   do {                                  \
     ndx_test_watchdog_phase(#call);     \
@@ -2704,6 +2755,7 @@ int main(void) {
   RUN(test_wide_group_format());
   RUN(test_callback_loop_runs_flat());
   RUN(test_host_outputs_break_the_contract());
+  RUN(test_per_sample_outputs_make_no_batch());
   ndx_test_watchdog_stop();
   return NDX_TEST_SUMMARY("test_engine");
 }
