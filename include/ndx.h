@@ -1398,7 +1398,8 @@ ndx_error_t *ndx_context_evaluate(const ndx_context_t *ctx);
 
 /**
  * Runs the callbacks and host operators queued for this context (process-events
- * mode) on the calling thread and stores how many ran in `*n_run` (may be NULL).
+ * mode) on the calling thread and stores how many ran in `*n_run` (may be NULL; 0
+ * when this call fails).
  * A callback it runs may release the last reference to `ctx`: the rest of the queue
  * still runs, and the context is released when this call returns, on this thread.
  */

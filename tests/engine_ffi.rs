@@ -1073,7 +1073,8 @@ fn host_kernel_outputs_short_of_references_or_pending_fail_clearly() {
 
 /// A NULL out-param is refused with an error naming it as the header does:
 /// `ndx_future_cancel`'s is `cancelled` (its error said 'out'), and the invocation is
-/// left as it was.
+/// left as it was; an optional one (`ndx_context_process_events`'s `n_run`) is
+/// cleared when the call fails.
 #[test]
 fn a_null_out_param_is_named_as_the_header_names_it() {
     let ctx = common::Ctx::new(ndx_eval_mode_t::NDX_EVAL_DEFERRED as i32);
@@ -1106,6 +1107,14 @@ fn a_null_out_param_is_named_as_the_header_names_it() {
     assert_eq!(common::values_f32(t), [1.0]);
     ndx_future_release(f);
     ndx_tensor_release(t);
+    // An optional out-param is cleared when the call fails: it kept the caller's value.
+    let mut n_run = 99usize;
+    common::expect_err(
+        ndx_context_process_events(std::ptr::null(), &mut n_run),
+        ndx_error_kind_t::NDX_ERROR_VALUE,
+        "argument 'ctx' is NULL",
+    );
+    assert_eq!(n_run, 0, "n_run cleared on error");
 }
 
 /// `n_inputs` is an exact count: SIZE_MAX - 1, which marks ndx's whole-batch operators,

@@ -653,7 +653,8 @@ pub extern "C" fn ndx_context_evaluate(ctx: *const ndx_context_t) -> *mut ndx_er
 }
 
 /// Runs the callbacks and host operators queued for this context (process-events
-/// mode) on the calling thread and stores how many ran in `*n_run` (may be NULL).
+/// mode) on the calling thread and stores how many ran in `*n_run` (may be NULL; 0
+/// when this call fails).
 /// A callback it runs may release the last reference to `ctx`: the rest of the queue
 /// still runs, and the context is released when this call returns, on this thread.
 #[unsafe(no_mangle)]
@@ -661,6 +662,8 @@ pub extern "C" fn ndx_context_process_events(
     ctx: *const ndx_context_t,
     n_run: *mut usize,
 ) -> *mut ndx_error_t {
+    // Zero on error too: an out-param is never left with the caller's stale value.
+    super::clear_out(n_run, 0);
     boundary("ndx_context_process_events", || {
         // A reference of its own: a callback run here may release the caller's last one.
         let n = clone_arc(ctx, "ctx")?.run_events();

@@ -1194,6 +1194,10 @@ static NDX_TEST_NOINLINE void test_cancel_deferred(void) {
   expect_error(ndx_future_cancel(NULL, &cancelled), NDX_ERROR_VALUE, "future");
   /* The out-param's error names it (it said 'out'). */
   expect_error(ndx_future_cancel(f2, NULL), NDX_ERROR_VALUE, "argument 'cancelled' is NULL");
+  /* An optional out-param is cleared when the call fails (it kept the caller's value). */
+  size_t n_run = 99;
+  expect_error(ndx_context_process_events(NULL, &n_run), NDX_ERROR_VALUE, "ctx");
+  CHECK(n_run == 0, "n_run cleared on error: %zu", n_run);
 done:
   check_evaluate_clean(ctx);
   ndx_tensor_release(t1);
