@@ -1355,3 +1355,127 @@ fn per_sample_outputs_that_make_no_batch_are_named_as_outputs() {
         ndx_batch_release(b);
     }
 }
+
+/// A host kernel that returns its input (retained) as output 0.
+unsafe extern "C" fn pass_input(
+    _: *mut c_void,
+    inputs: *const *const ndx_tensor_t,
+    _: usize,
+    _: *const ndx_args_t,
+    outputs: *mut *mut ndx_tensor_t,
+    _: usize,
+) -> *mut ndx_error_t {
+    // SAFETY: one input, one output slot (the schema's).
+    let input = unsafe { *inputs };
+    let e = ndx_tensor_retain(input);
+    if e.is_null() {
+        // SAFETY: as above.
+        unsafe { *outputs = input.cast_mut() };
+    }
+    e
+}
+
+/// What a callback found reading a pending output: the errors of a data read and of a
+/// dtype query, as (kind, message).
+type Reads = std::sync::Mutex<Vec<(i32, String)>>;
+
+struct PendingRead {
+    output: *const ndx_tensor_t,
+    reads: Reads,
+}
+
+unsafe extern "C" fn read_pending_output(user: *mut c_void, _: *const ndx_future_t) {
+    // SAFETY: the test's PendingRead, alive until the callback has run.
+    let p = unsafe { &*user.cast::<PendingRead>() };
+    let mut buf = [0f32; 1];
+    let copied = ndx_tensor_copy_to(p.output, buf.as_mut_ptr().cast(), 4);
+    let mut dtype = 0;
+    let asked = ndx_tensor_dtype(p.output, &mut dtype);
+    let mut reads = p.reads.lock().unwrap();
+    reads.extend(common::take_error(copied));
+    reads.extend(common::take_error(asked));
+}
+
+/// A read refused inside a callback says what it was: reading data, or metadata that
+/// only running a host operator tells — not "waiting on invocation", which the
+/// callback never called.
+#[test]
+fn reads_refused_inside_a_callback_say_what_would_have_waited() {
+    let ctx = common::Ctx::new(ndx_eval_mode_t::NDX_EVAL_DEFERRED as i32);
+    ok(ndx_register_op(
+        ctx.0,
+        c"host_copy".as_ptr(),
+        &one_in_one_out(0, std::ptr::null(), std::ptr::null()),
+        Some(pass_input),
+        std::ptr::null_mut(),
+        None,
+    ));
+    let t = scalar();
+    let input = ndx_input_t {
+        tensor: t,
+        batch: std::ptr::null(),
+    };
+    let invoke = |op: &CStr, mode: ndx_eval_mode_t| {
+        let opts = ndx_invoke_options_t {
+            mode: mode as i32,
+            ..Default::default()
+        };
+        let mut f = std::ptr::null_mut();
+        ok(ndx_invoke(
+            ctx.0,
+            op.as_ptr(),
+            &input,
+            1,
+            std::ptr::null(),
+            &opts,
+            &mut f,
+        ));
+        f
+    };
+    // Recorded, never asked for while the callback runs.
+    let (neg, host) = (
+        invoke(c"neg", ndx_eval_mode_t::NDX_EVAL_DEFERRED),
+        invoke(c"host_copy", ndx_eval_mode_t::NDX_EVAL_DEFERRED),
+    );
+    let done = invoke(c"neg", ndx_eval_mode_t::NDX_EVAL_SYNC_CPU);
+    for (f, expected) in [
+        (
+            neg,
+            "reading the data of an output of invocation #1 ('neg'), which has not completed, \
+             waits for it; waiting from inside an ndx callback",
+        ),
+        (
+            host,
+            "the dtype and shape of an output of invocation #2 ('host_copy'), a host operator \
+             that infers none, are known once it has run; waiting for it from inside an ndx \
+             callback",
+        ),
+    ] {
+        let mut output = std::ptr::null_mut();
+        ok(ndx_future_tensor(f, 0, &mut output));
+        let read = PendingRead {
+            output,
+            reads: Reads::default(),
+        };
+        // Complete already: the callback runs here and now.
+        ok(ndx_future_on_ready(
+            done,
+            Some(read_pending_output),
+            std::ptr::from_ref(&read).cast_mut().cast(),
+            None,
+        ));
+        let reads = read.reads.into_inner().unwrap();
+        let runtime = ndx_error_kind_t::NDX_ERROR_RUNTIME as i32;
+        assert!(
+            reads
+                .iter()
+                .any(|(k, m)| *k == runtime && m.contains(expected)),
+            "{reads:?} has no {expected:?}"
+        );
+        ndx_tensor_release(output);
+        ndx_future_release(f);
+    }
+    ndx_future_release(done);
+    ndx_tensor_release(t);
+    ok(ndx_context_evaluate(ctx.0));
+}

@@ -587,10 +587,21 @@ impl Node {
             return Err(self.lost_error());
         }
         if must_not_block() {
-            return Err(no_blocking_error(&format!(
-                "waiting on invocation #{} ('{}')",
-                self.seq, self.op.name
-            )));
+            // Says what waited: a read of data or metadata is not a call to wait.
+            let what = match why.reason {
+                Flush::DataRead | Flush::Export => format!(
+                    "reading the data of an output of invocation #{} ('{}'), which has not \
+                     completed, waits for it; waiting",
+                    self.seq, self.op.name
+                ),
+                Flush::Metadata => format!(
+                    "the dtype and shape of an output of invocation #{} ('{}'), a host \
+                     operator that infers none, are known once it has run; waiting for it",
+                    self.seq, self.op.name
+                ),
+                _ => format!("waiting on invocation #{} ('{}')", self.seq, self.op.name),
+            };
+            return Err(no_blocking_error(&what));
         }
         self.submit_as(why);
         let deadline = timeout.map(|t| Instant::now() + t);

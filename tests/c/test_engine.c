@@ -2712,6 +2712,76 @@ static NDX_TEST_NOINLINE void test_per_sample_outputs_make_no_batch(void) {
   }
 }
 
+/* What a callback found reading a pending output: a data read's and a dtype query's errors. */
+typedef struct {
+  const ndx_tensor_t* output;
+  char copy_msg[512];
+  int copy_kind;
+  char dtype_msg[512];
+  int dtype_kind;
+} pending_read_t;
+
+static void cb_read_pending(void* user, const ndx_future_t* f) {
+  pending_read_t* p = (pending_read_t*)user;
+  (void)f;
+  int32_t buf[6];
+  int32_t dtype = 0;
+  ndx_error_t* e = ndx_tensor_copy_to(p->output, buf, sizeof buf);
+  p->copy_kind = e ? ndx_error_kind(e) : 0;
+  snprintf(p->copy_msg, sizeof p->copy_msg, "%s", e ? ndx_error_message(e) : "");
+  ndx_error_free(e);
+  e = ndx_tensor_dtype(p->output, &dtype);
+  p->dtype_kind = e ? ndx_error_kind(e) : 0;
+  snprintf(p->dtype_msg, sizeof p->dtype_msg, "%s", e ? ndx_error_message(e) : "");
+  ndx_error_free(e);
+}
+
+/* A read refused inside a callback says what it was (reading data, or metadata only
+ * running a host operator tells), not "waiting on invocation", which it never called. */
+static NDX_TEST_NOINLINE void test_refused_reads_in_a_callback(void) {
+  host_state hs;
+  memset(&hs, 0, sizeof hs);
+  ndx_context_t* ctx = make_ctx(NDX_EVAL_DEFERRED, NDX_CAPTURE_OFF, NULL);
+  register_op(ctx, "host_copy", k_copy, &hs);
+  ndx_tensor_t* a = t_i32(kA);
+  ndx_input_t in = ndx_test_in(a);
+  ndx_future_t *neg = NULL, *host = NULL, *done = NULL;
+  CHECK_OK(ndx_invoke(ctx, "neg", &in, 1, NULL, NULL, &neg));        /* #1, recorded */
+  CHECK_OK(ndx_invoke(ctx, "host_copy", &in, 1, NULL, NULL, &host)); /* #2, recorded */
+  ndx_invoke_options_t sync = mode_opts(NDX_EVAL_SYNC_CPU);
+  CHECK_OK(ndx_invoke(ctx, "neg", &in, 1, NULL, &sync, &done));
+  if (neg && host && done) {
+    pending_read_t r;
+    memset(&r, 0, sizeof r);
+    r.output = ndx_test_output(neg, 0);
+    CHECK_OK(ndx_future_on_ready(done, cb_read_pending, &r, NULL)); /* runs here and now */
+    CHECK(r.copy_kind == NDX_ERROR_RUNTIME &&
+              ndx_test_contains(r.copy_msg,
+                                "reading the data of an output of invocation #1 ('neg'), which "
+                                "has not completed, waits for it; waiting from inside an ndx "
+                                "callback"),
+          "data read: kind %d: %s", r.copy_kind, r.copy_msg);
+    CHECK(r.dtype_kind == 0, "an inferred dtype is answered: %s", r.dtype_msg);
+    ndx_tensor_release(r.output);
+    memset(&r, 0, sizeof r);
+    r.output = ndx_test_output(host, 0);
+    CHECK_OK(ndx_future_on_ready(done, cb_read_pending, &r, NULL));
+    CHECK(r.dtype_kind == NDX_ERROR_RUNTIME &&
+              ndx_test_contains(r.dtype_msg,
+                                "the dtype and shape of an output of invocation #2 ('host_copy'), "
+                                "a host operator that infers none, are known once it has run; "
+                                "waiting for it from inside an ndx callback"),
+          "dtype query: kind %d: %s", r.dtype_kind, r.dtype_msg);
+    ndx_tensor_release(r.output);
+  }
+  CHECK_OK(ndx_context_evaluate(ctx));
+  ndx_future_release(neg);
+  ndx_future_release(host);
+  ndx_future_release(done);
+  ndx_tensor_release(a);
+  ndx_context_release(ctx);
+}
+
 #define RUN(call)                       \
   do {                                  \
     ndx_test_watchdog_phase(#call);     \
@@ -2760,6 +2830,7 @@ int main(void) {
   RUN(test_callback_loop_runs_flat());
   RUN(test_host_outputs_break_the_contract());
   RUN(test_per_sample_outputs_make_no_batch());
+  RUN(test_refused_reads_in_a_callback());
   ndx_test_watchdog_stop();
   return NDX_TEST_SUMMARY("test_engine");
 }
