@@ -931,7 +931,8 @@ typedef struct {
 } ndx_op_schema_t;
 
 /**
- * A host operator's kernel: reads `inputs` (borrowed for the call), fills every
+ * A host operator's kernel: reads `inputs` (borrowed for the call; NULL when
+ * `n_inputs` is 0), fills every
  * `outputs[i]` with a new tensor reference (e.g. from `ndx_tensor_from_host`, or
  * `ndx_tensor_retain` of an input it returns), and returns NULL, or an error (e.g.
  * from `ndx_error_new`, perhaps with its own cause) that surfaces like any failure,

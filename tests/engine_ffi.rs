@@ -1479,3 +1479,62 @@ fn reads_refused_inside_a_callback_say_what_would_have_waited() {
     ndx_tensor_release(t);
     ok(ndx_context_evaluate(ctx.0));
 }
+
+/// A host kernel of no inputs: fails unless `inputs` is NULL, else makes a scalar.
+unsafe extern "C" fn no_inputs(
+    _: *mut c_void,
+    inputs: *const *const ndx_tensor_t,
+    n_inputs: usize,
+    _: *const ndx_args_t,
+    outputs: *mut *mut ndx_tensor_t,
+    _: usize,
+) -> *mut ndx_error_t {
+    if n_inputs != 0 || !inputs.is_null() {
+        let m = format!("inputs is {inputs:p} for {n_inputs} inputs\0");
+        return ndx_error_new(
+            ndx_error_kind_t::NDX_ERROR_VALUE as i32,
+            m.as_ptr().cast(),
+            std::ptr::null_mut(),
+        );
+    }
+    // SAFETY: one output slot (the schema's).
+    unsafe { *outputs = scalar() };
+    std::ptr::null_mut()
+}
+
+/// A host operator of no inputs gets `inputs` NULL (it got a dangling non-NULL
+/// pointer), in every mode.
+#[test]
+fn a_host_kernel_of_no_inputs_gets_null_inputs() {
+    for mode in 1..=4 {
+        let ctx = common::Ctx::new(mode);
+        let schema = ndx_op_schema_t {
+            n_inputs: 0,
+            ..one_in_one_out(0, std::ptr::null(), std::ptr::null())
+        };
+        ok(ndx_register_op(
+            ctx.0,
+            c"source".as_ptr(),
+            &schema,
+            Some(no_inputs),
+            std::ptr::null_mut(),
+            None,
+        ));
+        let mut f = std::ptr::null_mut();
+        ok(ndx_invoke(
+            ctx.0,
+            c"source".as_ptr(),
+            std::ptr::null(),
+            0,
+            std::ptr::null(),
+            std::ptr::null(),
+            &mut f,
+        ));
+        ok(ndx_future_wait(f, -1));
+        let mut t = std::ptr::null_mut();
+        ok(ndx_future_tensor(f, 0, &mut t));
+        assert_eq!(common::values_f32(t), [1.0], "mode {mode}");
+        ndx_tensor_release(t);
+        ndx_future_release(f);
+    }
+}

@@ -265,7 +265,8 @@ pub type ndx_user_free_t = Option<unsafe extern "C" fn(user: *mut c_void)>;
 pub type ndx_future_callback_t =
     Option<unsafe extern "C" fn(user: *mut c_void, future: *const ndx_future_t)>;
 
-/// A host operator's kernel: reads `inputs` (borrowed for the call), fills every
+/// A host operator's kernel: reads `inputs` (borrowed for the call; NULL when
+/// `n_inputs` is 0), fills every
 /// `outputs[i]` with a new tensor reference (e.g. from `ndx_tensor_from_host`, or
 /// `ndx_tensor_retain` of an input it returns), and returns NULL, or an error (e.g.
 /// from `ndx_error_new`, perhaps with its own cause) that surfaces like any failure,
@@ -1429,7 +1430,12 @@ impl HostKernel for CKernel {
         let err = unsafe {
             (self.f)(
                 data.user,
-                handles.as_ptr().cast(),
+                // NULL for no inputs, not a dangling non-NULL pointer.
+                if handles.is_empty() {
+                    std::ptr::null()
+                } else {
+                    handles.as_ptr().cast()
+                },
                 handles.len(),
                 args_ptr,
                 outputs.as_mut_ptr(),

@@ -2782,6 +2782,44 @@ static NDX_TEST_NOINLINE void test_refused_reads_in_a_callback(void) {
   ndx_context_release(ctx);
 }
 
+/* A host kernel of no inputs: fails unless `inputs` is NULL, else makes an int32 [1]. */
+static ndx_error_t* k_no_inputs(void* user, const ndx_tensor_t* const* inputs, size_t n_inputs,
+                                const ndx_args_t* args, ndx_tensor_t** outputs, size_t n_outputs) {
+  (void)user; (void)args; (void)n_outputs;
+  if (n_inputs != 0 || inputs != NULL) {
+    return ndx_error_new(NDX_ERROR_VALUE, "inputs is not NULL for no inputs", NULL);
+  }
+  const int32_t v = 5;
+  const int64_t one = 1;
+  return ndx_tensor_from_host(&v, NDX_DTYPE_INT32, 1, &one, NULL, NULL, &outputs[0]);
+}
+
+/* A host operator of no inputs gets `inputs` NULL (it got a dangling non-NULL pointer). */
+static NDX_TEST_NOINLINE void test_host_op_of_no_inputs(void) {
+  for (int m = 0; m < 4; m++) {
+    NDX_TEST_CONTEXT(mode_name(kModes[m]));
+    ndx_context_t* ctx = make_ctx(kModes[m], NDX_CAPTURE_OFF, NULL);
+    ndx_op_schema_t s;
+    memset(&s, 0, sizeof s);
+    s.struct_size = sizeof s;
+    s.n_inputs = 0;
+    s.n_outputs = 1;
+    CHECK_OK(ndx_register_op(ctx, "source", &s, k_no_inputs, NULL, NULL));
+    ndx_future_t* f = NULL;
+    if (CHECK_OK(ndx_invoke(ctx, "source", NULL, 0, NULL, NULL, &f))) {
+      CHECK_OK(ndx_future_wait(f, -1));
+      ndx_tensor_t* t = ndx_test_output(f, 0);
+      int32_t v = 0;
+      CHECK_OK(ndx_tensor_copy_to(t, &v, sizeof v));
+      CHECK(v == 5, "the output: %d", (int)v);
+      ndx_tensor_release(t);
+    }
+    ndx_future_release(f);
+    ndx_context_release(ctx);
+    NDX_TEST_CONTEXT(NULL);
+  }
+}
+
 #define RUN(call)                       \
   do {                                  \
     ndx_test_watchdog_phase(#call);     \
@@ -2831,6 +2869,7 @@ int main(void) {
   RUN(test_host_outputs_break_the_contract());
   RUN(test_per_sample_outputs_make_no_batch());
   RUN(test_refused_reads_in_a_callback());
+  RUN(test_host_op_of_no_inputs());
   ndx_test_watchdog_stop();
   return NDX_TEST_SUMMARY("test_engine");
 }
