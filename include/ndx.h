@@ -1534,7 +1534,9 @@ int32_t ndx_future_poll(const ndx_future_t *future);
  * limit). Returns NULL when it completed successfully, a new copy of its error when
  * it failed, and NDX_ERROR_TIMEOUT when time ran out (the future stays valid).
  * DEFERRED work is submitted first. Waiting from inside a callback or host operator
- * returns NDX_ERROR_RUNTIME instead of deadlocking. Thread-safe.
+ * on a future that has not completed returns NDX_ERROR_RUNTIME instead of
+ * deadlocking (on a complete one, such as the callback's own, it returns as above).
+ * Thread-safe.
  */
 ndx_error_t *ndx_future_wait(const ndx_future_t *future, int64_t timeout_ns);
 
@@ -1573,7 +1575,8 @@ ndx_error_t *ndx_future_batch(const ndx_future_t *future, size_t index, ndx_batc
  * operator or a worker before it could run: see `ndx_context_release`). Then `user_free(user)` if not NULL: it is called
  * exactly once in every case, also when this call fails (before it returns; NULL
  * future or callback). The callback may call ndx (poll, read errors and outputs,
- * invoke) but must not wait: waits there return NDX_ERROR_RUNTIME. Registering on a
+ * invoke, wait on a complete future such as its own) but must not wait for work:
+ * waits there on a future not complete return NDX_ERROR_RUNTIME. Registering on a
  * DEFERRED future hands its graph to the workers, like a poll: a callback waits for
  * nothing else. Thread-safe.
  */

@@ -1538,3 +1538,86 @@ fn a_host_kernel_of_no_inputs_gets_null_inputs() {
         ndx_future_release(f);
     }
 }
+
+struct Waits {
+    pending: *const ndx_future_t,
+    seen: std::sync::Mutex<Vec<Option<(i32, String)>>>,
+}
+
+unsafe extern "C" fn wait_in_callback(user: *mut c_void, own: *const ndx_future_t) {
+    // SAFETY: the test's Waits, alive until the callback has run.
+    let w = unsafe { &*user.cast::<Waits>() };
+    let mut seen = w.seen.lock().unwrap();
+    seen.push(common::take_error(ndx_future_wait(own, -1)));
+    seen.push(common::take_error(ndx_future_wait(w.pending, -1)));
+}
+
+/// As the header says: inside a callback a wait on a complete future (its own)
+/// returns its outcome — NULL when READY, a copy of its error when FAILED — and a wait
+/// on one not complete returns NDX_ERROR_RUNTIME.
+#[test]
+fn a_callback_may_wait_on_a_complete_future_but_not_for_work() {
+    let ctx = common::Ctx::new(ndx_eval_mode_t::NDX_EVAL_DEFERRED as i32);
+    let (x, zero) = (i32_tensor(&[4]), i32_tensor(&[0]));
+    let invoke = |op: &CStr, b: *const ndx_tensor_t, mode: ndx_eval_mode_t| {
+        let ins = [x, b].map(|tensor| ndx_input_t {
+            tensor,
+            batch: std::ptr::null(),
+        });
+        let opts = ndx_invoke_options_t {
+            mode: mode as i32,
+            ..Default::default()
+        };
+        let mut f = std::ptr::null_mut();
+        ok(ndx_invoke(
+            ctx.0,
+            op.as_ptr(),
+            ins.as_ptr(),
+            2,
+            std::ptr::null(),
+            &opts,
+            &mut f,
+        ));
+        f
+    };
+    let pending = invoke(c"add", x, ndx_eval_mode_t::NDX_EVAL_DEFERRED);
+    let ready = invoke(c"add", x, ndx_eval_mode_t::NDX_EVAL_SYNC_CPU);
+    let failed = invoke(c"div", zero, ndx_eval_mode_t::NDX_EVAL_SYNC_CPU);
+    for (own, want) in [
+        (ready, None),
+        (
+            failed,
+            Some((
+                ndx_error_kind_t::NDX_ERROR_VALUE as i32,
+                "integer division by zero",
+            )),
+        ),
+    ] {
+        let w = Waits {
+            pending,
+            seen: Default::default(),
+        };
+        ok(ndx_future_on_ready(
+            own,
+            Some(wait_in_callback),
+            std::ptr::from_ref(&w).cast_mut().cast(),
+            None,
+        ));
+        let seen = w.seen.into_inner().unwrap();
+        assert_eq!(seen.len(), 2, "{seen:?}");
+        match (&seen[0], want) {
+            (None, None) => {}
+            (Some((k, m)), Some((kind, fragment))) if *k == kind && m.contains(fragment) => {}
+            (got, _) => panic!("own wait: {got:?}, expected {want:?}"),
+        }
+        let (k, m) = seen[1].clone().expect("a wait for work is refused");
+        assert_eq!(k, ndx_error_kind_t::NDX_ERROR_RUNTIME as i32, "{m}");
+        assert!(m.contains("from inside an ndx callback"), "{m}");
+    }
+    for f in [pending, ready, failed] {
+        ndx_future_release(f);
+    }
+    ndx_tensor_release(x);
+    ndx_tensor_release(zero);
+    ok(ndx_context_evaluate(ctx.0));
+}

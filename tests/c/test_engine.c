@@ -2820,6 +2820,61 @@ static NDX_TEST_NOINLINE void test_host_op_of_no_inputs(void) {
   }
 }
 
+/* What a callback's waits returned: on its own (complete) future, and on a pending one. */
+typedef struct {
+  const ndx_future_t* pending;
+  int own_kind; /* 0: NULL */
+  char own_msg[256];
+  int pending_kind;
+} waits_t;
+
+static void cb_waits(void* user, const ndx_future_t* f) {
+  waits_t* w = (waits_t*)user;
+  ndx_error_t* e = ndx_future_wait(f, -1);
+  w->own_kind = e ? ndx_error_kind(e) : 0;
+  snprintf(w->own_msg, sizeof w->own_msg, "%s", e ? ndx_error_message(e) : "");
+  ndx_error_free(e);
+  e = ndx_future_wait(w->pending, -1);
+  w->pending_kind = e ? ndx_error_kind(e) : 0;
+  ndx_error_free(e);
+}
+
+/* As the header says: inside a callback a wait on a complete future (its own) returns its
+ * outcome, and a wait on one not complete returns NDX_ERROR_RUNTIME. */
+static NDX_TEST_NOINLINE void test_callback_waits_on_complete_futures(void) {
+  ndx_context_t* ctx = make_ctx(NDX_EVAL_DEFERRED, NDX_CAPTURE_OFF, NULL);
+  ndx_tensor_t* a = t_i32(kA);
+  ndx_tensor_t* zero = t_i32(kBZero);
+  ndx_input_t add_in[2] = {ndx_test_in(a), ndx_test_in(a)};
+  ndx_input_t div_in[2] = {ndx_test_in(a), ndx_test_in(zero)};
+  ndx_invoke_options_t sync = mode_opts(NDX_EVAL_SYNC_CPU);
+  ndx_future_t *pending = NULL, *ready = NULL, *failed = NULL;
+  CHECK_OK(ndx_invoke(ctx, "add", add_in, 2, NULL, NULL, &pending));
+  CHECK_OK(ndx_invoke(ctx, "add", add_in, 2, NULL, &sync, &ready));
+  CHECK_OK(ndx_invoke(ctx, "div", div_in, 2, NULL, &sync, &failed));
+  if (pending && ready && failed) {
+    waits_t w;
+    memset(&w, 0, sizeof w);
+    w.pending = pending;
+    CHECK_OK(ndx_future_on_ready(ready, cb_waits, &w, NULL)); /* runs here and now */
+    CHECK(w.own_kind == 0, "own READY future: %s", w.own_msg);
+    CHECK(w.pending_kind == NDX_ERROR_RUNTIME, "pending future: kind %d", w.pending_kind);
+    memset(&w, 0, sizeof w);
+    w.pending = pending;
+    CHECK_OK(ndx_future_on_ready(failed, cb_waits, &w, NULL));
+    CHECK(w.own_kind == NDX_ERROR_VALUE && ndx_test_contains(w.own_msg, "division by zero"),
+          "own FAILED future: kind %d: %s", w.own_kind, w.own_msg);
+    CHECK(w.pending_kind == NDX_ERROR_RUNTIME, "pending future: kind %d", w.pending_kind);
+  }
+  CHECK_OK(ndx_context_evaluate(ctx));
+  ndx_future_release(pending);
+  ndx_future_release(ready);
+  ndx_future_release(failed);
+  ndx_tensor_release(a);
+  ndx_tensor_release(zero);
+  ndx_context_release(ctx);
+}
+
 #define RUN(call)                       \
   do {                                  \
     ndx_test_watchdog_phase(#call);     \
@@ -2870,6 +2925,7 @@ int main(void) {
   RUN(test_per_sample_outputs_make_no_batch());
   RUN(test_refused_reads_in_a_callback());
   RUN(test_host_op_of_no_inputs());
+  RUN(test_callback_waits_on_complete_futures());
   ndx_test_watchdog_stop();
   return NDX_TEST_SUMMARY("test_engine");
 }
