@@ -516,6 +516,40 @@ fn deferred_runs_on_evaluate_and_reports_unobserved_failures_once() {
 }
 
 #[test]
+fn evaluate_does_not_report_what_the_caller_cancelled() {
+    // Whoever cancelled an invocation knows its outcome: evaluate reported it as an
+    // unobserved failure. What failed because of it is still reported.
+    let ctx = context(EvalMode::Deferred, CapturePolicy::Off);
+    let lone = call(&ctx, "add", vec![i32s(&[1], &[1]), i32s(&[2], &[1])]);
+    assert!(lone.cancel("test"));
+    drop(lone);
+    assert!(
+        ctx.evaluate().is_ok(),
+        "a cancelled invocation is not reported"
+    );
+
+    let first = call(&ctx, "add", vec![i32s(&[1], &[1]), i32s(&[2], &[1])]);
+    let next = call(&ctx, "mul", vec![out(&first), i32s(&[2], &[1])]);
+    let next_seq = next.seq();
+    assert!(first.cancel("test"));
+    drop((first, next));
+    let e = ctx.evaluate().unwrap_err();
+    assert_eq!(e.message(), "1 invocation failed without being observed");
+    assert_eq!(e.related().len(), 1);
+    let dependent = &e.related()[0];
+    assert_eq!(dependent.sequence(), Some(next_seq));
+    assert_eq!(dependent.kind(), ErrorKind::Cancelled);
+    let cause = dependent
+        .cause()
+        .expect("the cancelled invocation as cause");
+    assert!(
+        cause
+            .message()
+            .contains("was cancelled before it ran: test")
+    );
+}
+
+#[test]
 fn evaluate_reports_unobserved_failures_in_enqueue_order() {
     // Independent failures complete in any order on the workers; evaluate lists them
     // as they were enqueued, like the check group.
@@ -1146,11 +1180,9 @@ fn a_failure_only_looked_up_internally_is_still_reported_by_evaluate() {
             r.sequence() == Some(a.seq()) || r.cause().and_then(Error::sequence) == Some(a.seq())
         });
         assert!(reports_a, "{consumer}: {}", e.traceback());
-        let expected = match consumer {
-            "cancelled" => 2, // A, and the cancellation nobody looked at
-            _ => 1,           // A alone, or the consumer with A as its cause
-        };
-        assert_eq!(e.related().len(), expected, "{consumer}: {}", e.traceback());
+        // A alone, or the consumer with A as its cause (a cancellation is not
+        // reported: whoever cancelled it knows).
+        assert_eq!(e.related().len(), 1, "{consumer}: {}", e.traceback());
         assert!(ctx.evaluate().is_ok(), "{consumer}: reported exactly once");
     }
 }

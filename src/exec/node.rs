@@ -1639,6 +1639,9 @@ impl Node {
     }
 
     /// Cancels the node if it has not started: it fails with `NDX_ERROR_CANCELLED`.
+    /// That failure counts as observed, since whoever cancelled it knows the outcome:
+    /// `evaluate` does not report it (invocations that fail with it as their cause
+    /// are reported, as their work did not happen either).
     pub fn cancel(self: &Arc<Self>, why: &str) -> bool {
         {
             let mut s = self.state.lock();
@@ -1657,6 +1660,7 @@ impl Node {
         .with_op(&self.op.name, self.seq)
         .with_site(self.site.clone());
         self.inputs.lock().clear();
+        self.mark_observed();
         self.complete(Err(e));
         true
     }

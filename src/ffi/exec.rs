@@ -1288,7 +1288,9 @@ pub extern "C" fn ndx_future_on_ready(
 
 /// Cancels the invocation if it has not started: it fails with NDX_ERROR_CANCELLED
 /// (and invocations that use its outputs fail with it as their cause).
-/// `*cancelled` says whether it was cancelled (false when running or done).
+/// `*cancelled` says whether it was cancelled (false when running or done). A
+/// cancelled invocation counts as observed: `ndx_context_evaluate` does not report
+/// it, but does report the unobserved invocations that failed with it as cause.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_future_cancel(
     future: *const ndx_future_t,

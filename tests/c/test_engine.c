@@ -1209,6 +1209,50 @@ done:
   NDX_TEST_CONTEXT(NULL);
 }
 
+/* Whoever cancels an invocation knows its outcome: ndx_context_evaluate reported it as an
+ * unobserved failure. What failed because of it is still reported, with it as cause. */
+static NDX_TEST_NOINLINE void test_cancel_is_observed(void) {
+  NDX_TEST_CONTEXT("cancel observed");
+  ndx_context_t* ctx = make_ctx(NDX_EVAL_DEFERRED, NDX_CAPTURE_OFF, NULL);
+  ndx_tensor_t* a = t_i32(kA);
+  ndx_tensor_t* b = t_i32(kBOk);
+  ndx_input_t in1[2] = {ndx_test_in(a), ndx_test_in(b)};
+  ndx_future_t *f1 = NULL, *f2 = NULL;
+  bool cancelled = false;
+  if (CHECK_OK(ndx_invoke(ctx, "add", in1, 2, NULL, NULL, &f1))) {
+    CHECK_OK(ndx_future_cancel(f1, &cancelled));
+    CHECK(cancelled, "cancelled");
+    ndx_future_release(f1);
+  }
+  check_evaluate_clean(ctx);
+
+  f1 = NULL;
+  ndx_tensor_t* t1 = NULL;
+  if (CHECK_OK(ndx_invoke(ctx, "add", in1, 2, NULL, NULL, &f1))) {
+    t1 = ndx_test_output(f1, 0);
+    ndx_input_t in2[2] = {ndx_test_in(t1), ndx_test_in(b)};
+    CHECK_OK(ndx_invoke(ctx, "mul", in2, 2, NULL, NULL, &f2));
+    CHECK_OK(ndx_future_cancel(f1, &cancelled));
+    ndx_future_release(f1);
+    ndx_future_release(f2);
+    ndx_tensor_release(t1);
+    ndx_error_t* e = ndx_context_evaluate(ctx);
+    CHECK(e && ndx_error_kind(e) == NDX_ERROR_RUNTIME, "evaluate reports the dependent");
+    CHECK_CONTAINS(ndx_error_message(e), "1 invocation failed without being observed");
+    if (CHECK(ndx_error_related_count(e) == 1, "only the dependent: %zu",
+              ndx_error_related_count(e))) {
+      const ndx_error_t* dep = ndx_error_related(e, 0);
+      CHECK_LINK(dep, NDX_ERROR_CANCELLED, "input 0 of 'mul' (#3) failed", "mul", 3);
+      CHECK_LINK(ndx_error_cause(dep), NDX_ERROR_CANCELLED, "cancelled before it ran", "add", 2);
+    }
+    ndx_error_free(e);
+  }
+  ndx_tensor_release(a);
+  ndx_tensor_release(b);
+  ndx_context_release(ctx);
+  NDX_TEST_CONTEXT(NULL);
+}
+
 /* Opens a gate from another thread after a delay. */
 typedef struct {
   gate_t* gate;
@@ -2899,6 +2943,7 @@ int main(void) {
   RUN(test_cross_context_graph());
   RUN(test_internal_lookup_is_no_observation());
   RUN(test_cancel_deferred());
+  RUN(test_cancel_is_observed());
   RUN(test_release_cancels_deferred());
   RUN(test_release_waits_running());
   RUN(test_release_joins_while_a_worker_holds_the_context());
