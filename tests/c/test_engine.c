@@ -20,7 +20,7 @@
  *
  * CMake compiles this at -O0 and -O2 (both -g) and runs the -O0 build under valgrind.
  * Case functions are NDX_TEST_NOINLINE so that their frames and names survive -O2. A
- * watchdog (120 s) turns a hang into a failure naming the test that hung. */
+ * watchdog (120 s a test) turns a hang into a failure naming the test that hung. */
 #define _POSIX_C_SOURCE 200809L
 
 #include <errno.h>
