@@ -715,7 +715,10 @@ typedef struct {
   /**
    * When true, callbacks and host operators run only inside
    * `ndx_context_process_events` or a wait on this context's futures, on that
-   * thread — for runtimes with a global lock (Python's GIL, Lua).
+   * thread — for runtimes with a global lock (Python's GIL, Lua). The context
+   * holds what is queued (with its `user` data) until it runs or the context is
+   * released, so a queued callback whose `user` holds a reference to the context
+   * keeps it alive until someone runs the queue.
    */
   bool process_events_callbacks;
   /**

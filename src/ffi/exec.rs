@@ -124,7 +124,10 @@ pub struct ndx_context_options_t {
     pub backend: *const c_char,
     /// When true, callbacks and host operators run only inside
     /// `ndx_context_process_events` or a wait on this context's futures, on that
-    /// thread — for runtimes with a global lock (Python's GIL, Lua).
+    /// thread — for runtimes with a global lock (Python's GIL, Lua). The context
+    /// holds what is queued (with its `user` data) until it runs or the context is
+    /// released, so a queued callback whose `user` holds a reference to the context
+    /// keeps it alive until someone runs the queue.
     pub process_events_callbacks: bool,
     /// An `ndx_check_policy_t` (0: NDX_CHECKS_OFF). Fields from here on were added
     /// in 0.1; a caller whose `struct_size` ends before them gets their defaults.
