@@ -789,6 +789,86 @@ mod tests {
         let h = cast(&t::<f32>(&[0.1], &[1]), DType::F16).unwrap();
         assert_eq!(vals::<f16>(&h), [f16::from_f32(0.1)]);
     }
+
+    #[test]
+    fn doubles_to_integers_truncate_saturate_and_take_nan_to_zero() {
+        let x = [
+            f64::NAN,
+            -f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            -0.0,
+            -0.9,
+            2.9,
+            -2.9,
+            2_147_483_647.9,
+            2_147_483_648.0,
+            -2_147_483_648.9,
+            -2_147_483_649.0,
+            255.9,
+            256.0,
+            -1.0,
+            1e300,
+            9.3e18,
+            -9.3e18,
+            1.8e19,
+            1.9e19,
+        ];
+        let f = t::<f64>(&x, &[x.len() as i64]);
+        let (max, min) = (i32::MAX, i32::MIN);
+        assert_eq!(
+            vals::<i32>(&cast(&f, DType::I32).unwrap()),
+            [
+                0, 0, max, min, 0, 0, 2, -2, max, max, min, min, 255, 256, -1, max, max, min, max,
+                max
+            ]
+        );
+        assert_eq!(
+            vals::<u8>(&cast(&f, DType::U8).unwrap()),
+            [
+                0, 0, 255, 0, 0, 0, 2, 0, 255, 255, 0, 0, 255, 255, 0, 255, 255, 0, 255, 255
+            ]
+        );
+        let (max, min) = (i64::MAX, i64::MIN);
+        assert_eq!(
+            vals::<i64>(&cast(&f, DType::I64).unwrap()),
+            [
+                0,
+                0,
+                max,
+                min,
+                0,
+                0,
+                2,
+                -2,
+                2_147_483_647,
+                2_147_483_648,
+                -2_147_483_648,
+                -2_147_483_649,
+                255,
+                256,
+                -1,
+                max,
+                max,
+                min,
+                max,
+                max
+            ]
+        );
+        let u = vals::<u64>(&cast(&f, DType::U64).unwrap());
+        assert_eq!(u[..4], [0, 0, u64::MAX, 0]);
+        assert_eq!(
+            u[14..],
+            [
+                0,
+                u64::MAX,
+                9_300_000_000_000_000_000,
+                0,
+                18_000_000_000_000_000_000,
+                u64::MAX
+            ]
+        );
+    }
 }
 
 #[cfg(test)]
