@@ -61,7 +61,8 @@ const TILE_COLS: usize = 64;
 /// Copies the rows in `tile` — each `(at, out)`: `n` elements from `src[at]` on, `step`
 /// apart, to `dst[out..out + n]` — column block by column block, and empties `tile`.
 ///
-/// Each column block goes through a small local block: read column by column (the
+/// When a row's elements lie in separate cache lines (a transposed view), each column
+/// block goes through a small local block: read column by column (the
 /// tile's rows usually start next to each other, so one column is one or two cache
 /// lines of `src`), then written out row by row. Reading the tile row by row instead
 /// touches [`TILE_COLS`] lines of `src` per row, which a power-of-two row pitch maps to
@@ -77,8 +78,10 @@ fn copy_tile<T: Copy>(
     let Some(&(first, _)) = tile.first() else {
         return;
     };
-    if n < TILE_COLS {
-        // Short rows: filling the local block would cost more than it saves.
+    if n < TILE_COLS || step.unsigned_abs() * size_of::<T>() <= 64 {
+        // Short rows, where filling the local block would cost more than it saves, and
+        // rows whose elements share cache lines (a stepped slice), which read best
+        // row by row.
         for &(at, out) in tile.iter() {
             for (k, d) in dst[out..out + n].iter_mut().enumerate() {
                 *d = src[(at + k as isize * step) as usize];
@@ -1162,6 +1165,7 @@ mod tests {
             &[
                 (vec![cols, rows], vec![1, cols], 0),
                 (vec![7, 100, rows], vec![100, 1, cols], 0),
+                (vec![300, 350], vec![2 * cols, 2], 0), // stepped rows of 350
                 (vec![cols, rows], vec![-1, -cols], rows * cols - 1),
             ],
         );
