@@ -723,7 +723,9 @@ typedef struct {
   bool process_events_callbacks;
   /**
    * An `ndx_check_policy_t` (0: NDX_CHECKS_OFF). Fields from here on were added
-   * in 0.1; a caller whose `struct_size` ends before them gets their defaults.
+   * in 0.1; a caller whose `struct_size` ends before them gets their defaults (a
+   * `struct_size` of the older struct's `sizeof`, whose padding this field
+   * overlays, included: those bytes are not read).
    */
   int32_t check_policy;
   /**

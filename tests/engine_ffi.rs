@@ -620,6 +620,75 @@ fn struct_size_and_schema_errors_name_the_right_thing() {
 }
 
 /// A schema whose argument names repeat is invalid: both indices are named.
+/// A caller built against the header before the check fields passes that struct's
+/// `sizeof`: on 64-bit targets it ends in padding bytes where `check_policy` is now,
+/// which the caller never set. Whatever they hold, the context gets the default
+/// checks (OFF), neither a refusal of the garbage nor a policy read from it.
+#[test]
+fn the_older_structs_padding_is_not_read_as_check_policy() {
+    use std::mem::{align_of, offset_of};
+    let old_end = offset_of!(ndx_context_options_t, check_policy);
+    let old_size = old_end.next_multiple_of(align_of::<usize>());
+    for garbage in [
+        -1,
+        0x0101_0101,
+        ndx_check_policy_t::NDX_CHECKS_FAIL_FAST as i32,
+    ] {
+        let opts = ndx_context_options_t {
+            struct_size: old_size,
+            eval_mode: ndx_eval_mode_t::NDX_EVAL_SYNC_CPU as i32,
+            check_policy: garbage,
+            ..Default::default()
+        };
+        let mut ctx = std::ptr::null_mut();
+        ok(ndx_context_new(&opts, &mut ctx));
+        // A false predicate: OFF raises nothing and the check passes.
+        let v = [0u8];
+        let mut t = std::ptr::null_mut();
+        ok(ndx_tensor_from_host(
+            v.as_ptr().cast(),
+            ndx_dtype_t::NDX_DTYPE_BOOL as i32,
+            0,
+            std::ptr::null(),
+            std::ptr::null(),
+            std::ptr::null(),
+            &mut t,
+        ));
+        let ins = [ndx_input_t {
+            tensor: t,
+            batch: std::ptr::null(),
+        }];
+        let mut f = std::ptr::null_mut();
+        ok(ndx_invoke(
+            ctx,
+            c"check".as_ptr(),
+            ins.as_ptr(),
+            1,
+            std::ptr::null(),
+            std::ptr::null(),
+            &mut f,
+        ));
+        ok(ndx_future_error(f));
+        assert!(ndx_context_take_check_errors(ctx).is_null(), "{garbage}");
+        ok(ndx_context_evaluate(ctx));
+        ndx_future_release(f);
+        ndx_tensor_release(t);
+        ndx_context_release(ctx);
+    }
+    // The full struct's check_policy is read and checked.
+    let opts = ndx_context_options_t {
+        check_policy: -1,
+        ..Default::default()
+    };
+    let mut ctx = std::ptr::null_mut();
+    common::expect_err(
+        ndx_context_new(&opts, &mut ctx),
+        ndx_error_kind_t::NDX_ERROR_VALUE,
+        "opts->check_policy is -1, not an ndx_check_policy_t value",
+    );
+    assert!(ctx.is_null());
+}
+
 #[test]
 fn a_schema_with_a_repeated_argument_name_is_refused() {
     let ctx = context(ndx_capture_policy_t::NDX_CAPTURE_OFF);

@@ -130,7 +130,9 @@ pub struct ndx_context_options_t {
     /// keeps it alive until someone runs the queue.
     pub process_events_callbacks: bool,
     /// An `ndx_check_policy_t` (0: NDX_CHECKS_OFF). Fields from here on were added
-    /// in 0.1; a caller whose `struct_size` ends before them gets their defaults.
+    /// in 0.1; a caller whose `struct_size` ends before them gets their defaults (a
+    /// `struct_size` of the older struct's `sizeof`, whose padding this field
+    /// overlays, included: those bytes are not read).
     pub check_policy: i32,
     /// Enabled check categories, a mask of `ndx_check_category_t` (0: NDX_CHECK_ALL).
     pub check_categories: u32,
@@ -432,11 +434,16 @@ pub extern "C" fn ndx_context_new(
         let mut settings = Settings::default();
         let mut threads = 0;
         if !opts.is_null() {
-            // Callers built against the header before the check fields pass less.
-            let o = read_options(
-                opts,
-                std::mem::offset_of!(ndx_context_options_t, check_policy),
-            )?;
+            // Callers built against the header before the check fields pass less: the
+            // size of that struct, whose last field was `process_events_callbacks`. It
+            // is rounded up to the struct's alignment, so on 64-bit targets it ends in
+            // padding bytes where `check_policy` is now: bytes the caller never set.
+            const OLD_END: usize = std::mem::offset_of!(ndx_context_options_t, check_policy);
+            const OLD_SIZE: usize = OLD_END.next_multiple_of(std::mem::align_of::<usize>());
+            let mut o = read_options(opts, OLD_END)?;
+            if o.struct_size <= OLD_SIZE {
+                o.check_policy = 0;
+            }
             if o.repro_max_bytes != 0 {
                 settings.repro_max_bytes = u64::try_from(o.repro_max_bytes).unwrap_or(0);
             }
