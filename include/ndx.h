@@ -705,7 +705,8 @@ typedef struct {
   uint32_t capture_depth;
   /**
    * Worker threads of the process-wide pool, used only by the first context that
-   * starts it (0: `NDX_NUM_THREADS`, else the number of cores).
+   * starts it (0: `NDX_NUM_THREADS`, else the number of cores), at most 4096 (more
+   * is NDX_ERROR_VALUE, also when the pool has started).
    */
   uint32_t num_threads;
   /**

@@ -689,6 +689,35 @@ fn the_older_structs_padding_is_not_read_as_check_policy() {
     assert!(ctx.is_null());
 }
 
+/// A worker count past any machine (a `-1` from C, say) is refused naming the field,
+/// instead of starting tens of thousands of threads, for minutes, before returning.
+#[test]
+fn an_absurd_num_threads_is_refused() {
+    // The pool exists already: this test cannot start it with the absurd count.
+    let first = context(ndx_capture_policy_t::NDX_CAPTURE_OFF);
+    for n in [u32::MAX, 4097] {
+        let opts = ndx_context_options_t {
+            num_threads: n,
+            ..Default::default()
+        };
+        let mut ctx = std::ptr::null_mut();
+        common::expect_err(
+            ndx_context_new(&opts, &mut ctx),
+            ndx_error_kind_t::NDX_ERROR_VALUE,
+            &format!("opts->num_threads is {n}, expected at most 4096 (0: the default)"),
+        );
+        assert!(ctx.is_null());
+    }
+    let opts = ndx_context_options_t {
+        num_threads: 4096,
+        ..Default::default()
+    };
+    let mut ctx = std::ptr::null_mut();
+    ok(ndx_context_new(&opts, &mut ctx));
+    ndx_context_release(ctx);
+    ndx_context_release(first);
+}
+
 #[test]
 fn a_schema_with_a_repeated_argument_name_is_refused() {
     let ctx = context(ndx_capture_policy_t::NDX_CAPTURE_OFF);

@@ -32,11 +32,17 @@ pub fn on_worker() -> bool {
     ON_WORKER.with(Cell::get)
 }
 
+/// The most worker threads a pool is started with: `ndx_context_options_t.num_threads`
+/// above it is refused, an `NDX_NUM_THREADS` above it ignored like any other value
+/// that is not a thread count. (A mistaken `-1` would otherwise start tens of
+/// thousands of threads, for minutes, before the call returned.)
+pub const MAX_THREADS: usize = 4096;
+
 fn default_threads() -> usize {
     std::env::var("NDX_NUM_THREADS")
         .ok()
         .and_then(|v| v.trim().parse::<usize>().ok())
-        .filter(|&n| n > 0)
+        .filter(|&n| n > 0 && n <= MAX_THREADS)
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()))
 }
 
@@ -70,7 +76,7 @@ fn build(requested: usize) -> rayon::ThreadPool {
     // From now on a fork must be seen: the child has none of these threads.
     super::fork::watch();
     let threads = if requested > 0 {
-        requested
+        requested.min(MAX_THREADS)
     } else {
         default_threads()
     };

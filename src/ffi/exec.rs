@@ -118,7 +118,8 @@ pub struct ndx_context_options_t {
     /// native return addresses recorded, and host frames asked of the frame provider.
     pub capture_depth: u32,
     /// Worker threads of the process-wide pool, used only by the first context that
-    /// starts it (0: `NDX_NUM_THREADS`, else the number of cores).
+    /// starts it (0: `NDX_NUM_THREADS`, else the number of cores), at most 4096 (more
+    /// is NDX_ERROR_VALUE, also when the pool has started).
     pub num_threads: u32,
     /// Backend name (NULL: "default"); see `ndx_context_set_backend`.
     pub backend: *const c_char,
@@ -481,6 +482,12 @@ pub extern "C" fn ndx_context_new(
             }
             settings.events_mode = o.process_events_callbacks;
             threads = o.num_threads as usize;
+            if threads > crate::exec::pool::MAX_THREADS {
+                return Err(Error::value(format!(
+                    "opts->num_threads is {threads}, expected at most {} (0: the default)",
+                    crate::exec::pool::MAX_THREADS
+                )));
+            }
         }
         Ok(into_handle(Arc::new(new_context(settings, threads))))
     })

@@ -348,6 +348,14 @@ static void test_bad_arguments(void) {
       ndx_context_release(old);
     }
   }
+  /* A worker count past any machine (-1 cast, say) is refused, not started. */
+  memset(&o, 0, sizeof o);
+  o.struct_size = sizeof o;
+  o.num_threads = UINT32_MAX;
+  old = NULL;
+  expect_error(ndx_context_new(&o, &old), NDX_ERROR_VALUE,
+               "opts->num_threads is 4294967295, expected at most 4096 (0: the default)");
+  CHECK(old == NULL, "no context on failure");
   ndx_context_release(ctx);
 }
 
