@@ -718,6 +718,46 @@ fn an_absurd_num_threads_is_refused() {
     ndx_context_release(first);
 }
 
+/// `check_shape` refuses a pattern entry below -1 at `ndx_invoke`, naming the
+/// argument, the entry's index and its value.
+#[test]
+fn a_bad_check_shape_pattern_entry_is_named_with_its_index() {
+    let ctx = context(ndx_capture_policy_t::NDX_CAPTURE_OFF);
+    let t = i32_tensor(&[1, 2, 3]);
+    let ins = [ndx_input_t {
+        tensor: t,
+        batch: std::ptr::null(),
+    }];
+    let mut args = std::ptr::null_mut();
+    ok(ndx_args_new(&mut args));
+    let pattern = [3i64, -1, -7];
+    ok(ndx_args_set_int_array(
+        args,
+        c"pattern".as_ptr(),
+        pattern.as_ptr(),
+        pattern.len(),
+    ));
+    let mut f = std::ptr::null_mut();
+    common::expect_err(
+        ndx_invoke(
+            ctx,
+            c"check_shape".as_ptr(),
+            ins.as_ptr(),
+            1,
+            args,
+            std::ptr::null(),
+            &mut f,
+        ),
+        ndx_error_kind_t::NDX_ERROR_VALUE,
+        "operator 'check_shape': argument 'pattern' entry 2: pattern entries are sizes or -1 \
+         (any), got -7",
+    );
+    assert!(f.is_null());
+    ndx_args_free(args);
+    ndx_tensor_release(t);
+    ndx_context_release(ctx);
+}
+
 #[test]
 fn a_schema_with_a_repeated_argument_name_is_refused() {
     let ctx = context(ndx_capture_policy_t::NDX_CAPTURE_OFF);

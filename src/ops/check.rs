@@ -114,9 +114,9 @@ fn shape_pattern(args: &Args) -> Result<Vec<i64>> {
     let p = args
         .ints("pattern")?
         .ok_or_else(|| Error::value("check_shape needs argument 'pattern'"))?;
-    if let Some(bad) = p.iter().find(|&&d| d < -1) {
+    if let Some((i, bad)) = p.iter().enumerate().find(|(_, d)| **d < -1) {
         return Err(Error::value(format!(
-            "pattern entries are sizes or -1 (any), got {bad}"
+            "argument 'pattern' entry {i}: pattern entries are sizes or -1 (any), got {bad}"
         )));
     }
     Ok(p)

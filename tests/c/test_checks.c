@@ -302,6 +302,17 @@ static void test_bad_arguments(void) {
                "needs lo <= hi, got lo=3 and hi=1");
   expect_error(ndx_invoke(ctx, "check", in, 1, NULL, NULL, &f), NDX_ERROR_TYPE,
                "needs a bool predicate, got float32");
+  /* A check_shape pattern entry below -1 is named with its index. */
+  {
+    const int64_t pattern[3] = {1, -1, -2};
+    ndx_args_t* pa = NULL;
+    CHECK_OK(ndx_args_new(&pa));
+    CHECK_OK(ndx_args_set_int_array(pa, "pattern", pattern, 3));
+    expect_error(ndx_invoke(ctx, "check_shape", in, 1, pa, NULL, &f), NDX_ERROR_VALUE,
+                 "operator 'check_shape': argument 'pattern' entry 2: pattern entries are sizes "
+                 "or -1 (any), got -2");
+    ndx_args_free(pa);
+  }
   CHECK(f == NULL, "no future on failure");
   ndx_args_free(a);
   ndx_tensor_release(x);
