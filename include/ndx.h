@@ -639,7 +639,8 @@ typedef struct {
   /**
    * Sequence number of the latest flagged invocation upstream of this one (its
    * inputs were computed from flagged data, so this flag may be a consequence of
-   * that one), or 0 when this flag is a root cause.
+   * that one), or 0 when this flag is a root cause. Sequence numbers are per
+   * context: only upstream invocations of this flag's context count.
    */
   uint64_t consequence_of;
 } ndx_check_info_t;

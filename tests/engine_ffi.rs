@@ -758,6 +758,86 @@ fn a_bad_check_shape_pattern_entry_is_named_with_its_index() {
     ndx_context_release(ctx);
 }
 
+/// Sequence numbers are per context: a flag raised on data another context flagged
+/// names no `consequence_of` (it would name an unrelated invocation of its own
+/// context, here the flag itself), while one from the same context still does.
+#[test]
+fn consequence_of_names_only_invocations_of_the_flags_context() {
+    let new_ctx = || {
+        let opts = ndx_context_options_t {
+            eval_mode: ndx_eval_mode_t::NDX_EVAL_SYNC_CPU as i32,
+            check_policy: ndx_check_policy_t::NDX_CHECKS_COLLECT as i32,
+            ..Default::default()
+        };
+        let mut ctx = std::ptr::null_mut();
+        ok(ndx_context_new(&opts, &mut ctx));
+        ctx
+    };
+    let check_finite = |ctx, t| {
+        let ins = [ndx_input_t {
+            tensor: t,
+            batch: std::ptr::null(),
+        }];
+        let mut f = std::ptr::null_mut();
+        ok(ndx_invoke(
+            ctx,
+            c"check_finite".as_ptr(),
+            ins.as_ptr(),
+            1,
+            std::ptr::null(),
+            std::ptr::null(),
+            &mut f,
+        ));
+        let mut out = std::ptr::null_mut();
+        ok(ndx_future_tensor(f, 0, &mut out));
+        ndx_future_release(f);
+        out
+    };
+    // (sequence, consequence_of) of the one flag a context collected.
+    let flag = |ctx| {
+        let g = ndx_context_take_check_errors(ctx);
+        assert!(!g.is_null());
+        assert_eq!(ndx_error_related_count(g), 1);
+        let r = ndx_error_related(g, 0);
+        let mut info = ndx_check_info_t {
+            struct_size: std::mem::size_of::<ndx_check_info_t>(),
+            category: 0,
+            first_index: 0,
+            count: 0,
+            occurrences: 0,
+            sample: 0,
+            consequence_of: 0,
+        };
+        assert!(ndx_error_check_info(r, &mut info));
+        let seq = ndx_error_sequence(r);
+        ndx_error_free(g);
+        (seq, info.consequence_of)
+    };
+    let (a, b) = (new_ctx(), new_ctx());
+    let v = [1.0f32, f32::INFINITY];
+    let mut x = std::ptr::null_mut();
+    ok(ndx_tensor_from_host(
+        v.as_ptr().cast(),
+        ndx_dtype_t::NDX_DTYPE_FLOAT32 as i32,
+        1,
+        [2i64].as_ptr(),
+        std::ptr::null(),
+        std::ptr::null(),
+        &mut x,
+    ));
+    let y = check_finite(a, x); // a's #1 flags
+    let z = check_finite(b, y); // b's #1 flags the same data
+    assert_eq!(flag(a), (1, 0));
+    assert_eq!(flag(b), (1, 0), "not 'a consequence of #1', itself");
+    let w = check_finite(b, z); // b's #2: downstream of b's #1
+    assert_eq!(flag(b), (2, 1));
+    for t in [x, y, z, w] {
+        ndx_tensor_release(t);
+    }
+    ndx_context_release(a);
+    ndx_context_release(b);
+}
+
 #[test]
 fn a_schema_with_a_repeated_argument_name_is_refused() {
     let ctx = context(ndx_capture_policy_t::NDX_CAPTURE_OFF);

@@ -325,8 +325,8 @@ pub struct Node {
     events: bool,
     checks: checks::Settings,
     repro_max_bytes: u64,
-    /// The latest invocation at or upstream of this one that raised a check flag (0:
-    /// none), set when it completes.
+    /// The latest invocation of this node's context at or upstream of this one that
+    /// raised a check flag (0: none), set when it completes.
     taint: AtomicU64,
     /// The explain graph this invocation was flushed in, plus one (0: none).
     graph: AtomicU64,
@@ -1357,6 +1357,9 @@ impl Node {
         let upstream = inputs
             .iter()
             .filter_map(|i| i.producer())
+            // Sequence numbers are per context: another context's would name an
+            // unrelated invocation of this one (or this very one).
+            .filter(|p| Weak::ptr_eq(&p.ctx, &self.ctx))
             .map(|p| p.taint.load(Ordering::Acquire))
             .max()
             .unwrap_or(0);

@@ -58,7 +58,8 @@ pub struct ndx_check_info_t {
     pub sample: i64,
     /// Sequence number of the latest flagged invocation upstream of this one (its
     /// inputs were computed from flagged data, so this flag may be a consequence of
-    /// that one), or 0 when this flag is a root cause.
+    /// that one), or 0 when this flag is a root cause. Sequence numbers are per
+    /// context: only upstream invocations of this flag's context count.
     pub consequence_of: u64,
 }
 

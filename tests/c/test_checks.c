@@ -432,6 +432,51 @@ static void test_checks_of_an_invocation_inside_a_host_kernel(void) {
   }
 }
 
+/* Sequence numbers are per context: a flag on data another context flagged names no
+ * consequence_of (it would name an unrelated invocation of its own context, here the
+ * flag itself); one downstream of a flag of the same context still does. */
+static ndx_tensor_t* finite_checked(ndx_context_t* ctx, const ndx_tensor_t* t) {
+  ndx_input_t in[1] = {ndx_test_in(t)};
+  ndx_future_t* f = NULL;
+  CHECK_OK(ndx_invoke(ctx, "check_finite", in, 1, NULL, NULL, &f));
+  ndx_tensor_t* out = ndx_test_output(f, 0);
+  ndx_future_release(f);
+  return out;
+}
+
+static void expect_one_flag(ndx_context_t* ctx, uint64_t seq, uint64_t consequence_of) {
+  ndx_error_t* g = ndx_context_take_check_errors(ctx);
+  if (CHECK(g != NULL && ndx_error_related_count(g) == 1, "one flag")) {
+    const ndx_error_t* r = ndx_error_related(g, 0);
+    ndx_check_info_t i = info_of(r);
+    CHECK(ndx_error_sequence(r) == seq, "flag of #%llu, got #%llu", (unsigned long long)seq,
+          (unsigned long long)ndx_error_sequence(r));
+    CHECK(i.consequence_of == consequence_of, "consequence_of %llu, got %llu",
+          (unsigned long long)consequence_of, (unsigned long long)i.consequence_of);
+  }
+  ndx_error_free(g);
+}
+
+static void test_consequence_of_stays_in_its_context(void) {
+  NDX_TEST_CONTEXT("consequence_of across contexts");
+  ndx_context_t* a = context(NDX_EVAL_SYNC_CPU, NDX_CHECKS_COLLECT, NDX_CHECK_ALL);
+  ndx_context_t* b = context(NDX_EVAL_SYNC_CPU, NDX_CHECKS_COLLECT, NDX_CHECK_ALL);
+  const float v[2] = {1.0f, 1.0f / 0.0f};
+  ndx_tensor_t* x = f32s(v, 2);
+  ndx_tensor_t* y = finite_checked(a, x); /* a's #1 */
+  ndx_tensor_t* z = finite_checked(b, y); /* b's #1, on data a flagged */
+  expect_one_flag(a, 1, 0);
+  expect_one_flag(b, 1, 0);
+  ndx_tensor_t* w = finite_checked(b, z); /* b's #2, downstream of b's #1 */
+  expect_one_flag(b, 2, 1);
+  ndx_tensor_release(w);
+  ndx_tensor_release(z);
+  ndx_tensor_release(y);
+  ndx_tensor_release(x);
+  ndx_context_release(a);
+  ndx_context_release(b);
+}
+
 int main(void) {
   test_collect_in_enqueue_order(NDX_EVAL_EAGER);
   test_collect_in_enqueue_order(NDX_EVAL_DEFERRED);
@@ -441,5 +486,6 @@ int main(void) {
   test_folding_in_a_loop();
   test_bad_arguments();
   test_checks_of_an_invocation_inside_a_host_kernel();
+  test_consequence_of_stays_in_its_context();
   return NDX_TEST_SUMMARY("test_checks");
 }
