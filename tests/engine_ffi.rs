@@ -838,6 +838,63 @@ fn consequence_of_names_only_invocations_of_the_flags_context() {
     ndx_context_release(b);
 }
 
+/// One batch invocation failing a check in two samples is one flag (one occurrence)
+/// whose count sums both; its message, the first sample's, says so too instead of
+/// reporting that sample's count alone.
+#[test]
+fn a_flag_folded_over_samples_says_its_total() {
+    let opts = ndx_context_options_t {
+        eval_mode: ndx_eval_mode_t::NDX_EVAL_SYNC_CPU as i32,
+        check_policy: ndx_check_policy_t::NDX_CHECKS_COLLECT as i32,
+        ..Default::default()
+    };
+    let mut ctx = std::ptr::null_mut();
+    ok(ndx_context_new(&opts, &mut ctx));
+    let (b, _counts) = common::f32_batch(&[
+        (&[f32::NAN, 1.0], &[2]),
+        (&[3.0], &[1]),
+        (&[f32::INFINITY, f32::INFINITY, 2.0], &[3]),
+    ]);
+    let ins = [ndx_input_t {
+        tensor: std::ptr::null(),
+        batch: b,
+    }];
+    let mut f = std::ptr::null_mut();
+    ok(ndx_invoke(
+        ctx,
+        c"check_finite".as_ptr(),
+        ins.as_ptr(),
+        1,
+        std::ptr::null(),
+        std::ptr::null(),
+        &mut f,
+    ));
+    let g = ndx_context_take_check_errors(ctx);
+    assert!(!g.is_null());
+    assert_eq!(ndx_error_related_count(g), 1);
+    let r = ndx_error_related(g, 0);
+    let mut info = ndx_check_info_t {
+        struct_size: std::mem::size_of::<ndx_check_info_t>(),
+        category: 0,
+        first_index: 0,
+        count: 0,
+        occurrences: 0,
+        sample: 0,
+        consequence_of: 0,
+    };
+    assert!(ndx_error_check_info(r, &mut info));
+    assert_eq!((info.count, info.occurrences, info.sample), (3, 1, 0));
+    assert_eq!(
+        common::cstr(ndx_error_message(r)),
+        "USER check failed: 1 of 2 elements not finite in sample 0 (first at flat index 0); \
+         raised 2 times by this invocation (per sample or output): 3 failing elements in all"
+    );
+    ndx_error_free(g);
+    ndx_future_release(f);
+    ndx_batch_release(b);
+    ndx_context_release(ctx);
+}
+
 #[test]
 fn a_schema_with_a_repeated_argument_name_is_refused() {
     let ctx = context(ndx_capture_policy_t::NDX_CAPTURE_OFF);

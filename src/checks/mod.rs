@@ -298,6 +298,10 @@ pub struct Flag {
     pub raised: Raised,
     /// How many invocations raised it at this site (1 unless folded).
     pub occurrences: u64,
+    /// How many raised flags were folded into this one (1 unless folded): more than
+    /// `occurrences` when an invocation raised several, one per failing sample of a
+    /// batch or per output.
+    pub folded: u64,
     /// The latest invocation folded into this flag (flags of several samples of one
     /// invocation are one occurrence).
     pub last_seq: u64,
@@ -337,6 +341,14 @@ impl Flag {
             msg.push_str(&format!(
                 "; raised {} times at this site (first by #{}): {} failing elements in all",
                 self.occurrences, self.seq, r.count
+            ));
+        } else if self.folded > 1 {
+            // One invocation, several flags (samples, outputs): the text above is the
+            // first one's; say that there is more.
+            msg.push_str(&format!(
+                "; raised {} times by this invocation (per sample or output): {} failing \
+                 elements in all",
+                self.folded, r.count
             ));
         }
         if self.consequence_of != 0 {
@@ -402,13 +414,19 @@ impl Collector {
                 kept.last_seq = flag.seq;
             }
             kept.raised.count += flag.raised.count;
+            kept.folded += 1;
             if flag.seq < kept.seq {
-                let (occurrences, count, last) =
-                    (kept.occurrences, kept.raised.count, kept.last_seq);
+                let (occurrences, count, last, folded) = (
+                    kept.occurrences,
+                    kept.raised.count,
+                    kept.last_seq,
+                    kept.folded,
+                );
                 *kept = flag;
                 kept.occurrences = occurrences;
                 kept.raised.count = count;
                 kept.last_seq = last;
+                kept.folded = folded;
             }
             return;
         }
@@ -469,6 +487,7 @@ mod tests {
                 axis: false,
             },
             occurrences: 1,
+            folded: 1,
             last_seq: seq,
             consequence_of: 0,
         }

@@ -1374,6 +1374,7 @@ impl Node {
             site: self.site.clone(),
             raised,
             occurrences: 1,
+            folded: 1,
             last_seq: self.seq,
             consequence_of: upstream,
         });

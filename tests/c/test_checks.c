@@ -477,6 +477,44 @@ static void test_consequence_of_stays_in_its_context(void) {
   ndx_context_release(b);
 }
 
+/* One batch invocation failing a check in two samples is one flag (one occurrence)
+ * whose count sums both; its message (the first sample's) says so too. */
+static void test_flag_folded_over_samples(void) {
+  NDX_TEST_CONTEXT("batch folding");
+  ndx_context_t* ctx = context(NDX_EVAL_SYNC_CPU, NDX_CHECKS_COLLECT, NDX_CHECK_ALL);
+  const float s0[2] = {0.0f / 0.0f, 1.0f}, s1[1] = {3.0f};
+  const float s2[3] = {1.0f / 0.0f, 1.0f / 0.0f, 2.0f};
+  const int64_t n0 = 2, n1 = 1, n2 = 3;
+  int deleted = 0;
+  DLManagedTensorVersioned* m[3] = {
+      ndx_test_versioned(&deleted, NDX_TEST_DL_F32, 1, &n0, NULL, s0, sizeof s0),
+      ndx_test_versioned(&deleted, NDX_TEST_DL_F32, 1, &n1, NULL, s1, sizeof s1),
+      ndx_test_versioned(&deleted, NDX_TEST_DL_F32, 1, &n2, NULL, s2, sizeof s2)};
+  ndx_batch_t* b = NULL;
+  CHECK_OK(ndx_batch_from_dlpack_versioned(m, 3, NULL, &b));
+  ndx_input_t in[1];
+  in[0].tensor = NULL;
+  in[0].batch = b;
+  ndx_future_t* f = NULL;
+  CHECK_OK(ndx_invoke(ctx, "check_finite", in, 1, NULL, NULL, &f));
+  ndx_error_t* g = ndx_context_take_check_errors(ctx);
+  if (CHECK(g != NULL && ndx_error_related_count(g) == 1, "one flag")) {
+    const ndx_error_t* r = ndx_error_related(g, 0);
+    ndx_check_info_t i = info_of(r);
+    CHECK(i.count == 3 && i.occurrences == 1 && i.sample == 0, "count %llu occurrences %llu",
+          (unsigned long long)i.count, (unsigned long long)i.occurrences);
+    CHECK_STR_EQ(ndx_error_message(r),
+                 "USER check failed: 1 of 2 elements not finite in sample 0 (first at flat "
+                 "index 0); raised 2 times by this invocation (per sample or output): 3 failing "
+                 "elements in all");
+  }
+  ndx_error_free(g);
+  ndx_future_release(f);
+  ndx_batch_release(b);
+  ndx_context_release(ctx);
+  CHECK(deleted == 3, "every sample's deleter ran once, got %d", deleted);
+}
+
 int main(void) {
   test_collect_in_enqueue_order(NDX_EVAL_EAGER);
   test_collect_in_enqueue_order(NDX_EVAL_DEFERRED);
@@ -487,5 +525,6 @@ int main(void) {
   test_bad_arguments();
   test_checks_of_an_invocation_inside_a_host_kernel();
   test_consequence_of_stays_in_its_context();
+  test_flag_folded_over_samples();
   return NDX_TEST_SUMMARY("test_checks");
 }
