@@ -1704,7 +1704,10 @@ size_t ndx_error_repro(const ndx_error_t *err,
  * host tensors) and invokes the operator with the recorded arguments in the recorded
  * eval mode, on the context's backend; `*out` is the new invocation's future, which
  * fails as the original did when the failure reproduces. A document without input
- * bytes, or malformed, is NDX_ERROR_VALUE naming what is wrong. Thread-safe.
+ * bytes, or malformed, is NDX_ERROR_VALUE naming what is wrong; its inputs are held to
+ * the limits of an imported tensor (at most NDX_MAX_NDIM dimensions, a layout of one
+ * ASCII letter per dimension) and must carry exactly the bytes their dtype and shape
+ * need, checked before anything is allocated. Thread-safe.
  */
 ndx_error_t *ndx_repro_run(const ndx_context_t *ctx, const char *json, ndx_future_t **out);
 

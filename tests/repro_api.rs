@@ -175,3 +175,147 @@ fn a_bad_input_shape_names_the_document_field() {
         "{e}"
     );
 }
+
+/// `ndx_repro_run` on `doc` (a SYNC_CPU context): the call-time error's kind and
+/// message, or None when it ran.
+fn replay_error(doc: &str) -> Option<(i32, String)> {
+    use ndx::ffi::*;
+    let mut ctx = std::ptr::null_mut();
+    assert!(ndx_context_new(std::ptr::null(), &mut ctx).is_null());
+    let json = std::ffi::CString::new(doc).unwrap();
+    let mut f = std::ptr::null_mut();
+    let e = ndx_repro_run(ctx, json.as_ptr(), &mut f);
+    let result = (!e.is_null()).then(|| {
+        assert!(f.is_null(), "no future on failure");
+        // SAFETY: a live error's message is a valid C string.
+        let msg = unsafe { std::ffi::CStr::from_ptr(ndx_error_message(e)) };
+        (ndx_error_kind(e), msg.to_string_lossy().into_owned())
+    });
+    ndx_error_free(e);
+    ndx_future_release(f);
+    ndx_context_release(ctx);
+    result
+}
+
+fn one_input_doc(op: &str, input: &str) -> String {
+    format!(
+        "{{\"ndx_repro\": 1, \"op\": \"{op}\", \"args\": [], \"mode\": \"sync_cpu\", \
+         \"inputs\": [{input}]}}"
+    )
+}
+
+/// A document from a bug report is hostile: its inputs get the limits of a tensor
+/// imported from C (NDX_MAX_NDIM dimensions, a layout of one ASCII letter per
+/// dimension), each refused naming the document's field rather than an "output".
+#[test]
+fn replayed_inputs_get_the_limits_of_an_imported_tensor() {
+    let value = ndx::ffi::ndx_error_kind_t::NDX_ERROR_VALUE as i32;
+    let ones = |n: usize| format!("[{}]", vec!["1"; n].join(", "));
+    // 70 dimensions: `sum` reduces them to a scalar, so no output would catch them.
+    let doc = one_input_doc(
+        "sum",
+        &format!(
+            "{{\"dtype\": \"int8\", \"shape\": {}, \"bytes\": \"07\"}}",
+            ones(70)
+        ),
+    );
+    assert_eq!(
+        replay_error(&doc),
+        Some((
+            value,
+            "repro document: inputs[0].shape has 70 dimensions, expected at most 64 \
+             (NDX_MAX_NDIM)"
+                .into()
+        ))
+    );
+    // The most an imported tensor may have still replays.
+    let doc = one_input_doc(
+        "sum",
+        &format!(
+            "{{\"dtype\": \"int8\", \"shape\": {}, \"bytes\": \"07\"}}",
+            ones(64)
+        ),
+    );
+    assert_eq!(replay_error(&doc), None);
+    let layout = |l: &str| {
+        one_input_doc(
+            "neg",
+            &format!(
+                "{{\"dtype\": \"int8\", \"shape\": [1, 1], \"layout\": {l}, \"bytes\": \"07\"}}"
+            ),
+        )
+    };
+    for (l, why) in [
+        (
+            "\"HWC\"",
+            "layout \"HWC\" has 3 letters but the tensor has ndim 2",
+        ),
+        ("\"HH\"", "layout \"HH\" names dimension 'H' twice"),
+        ("\"H W\"", "layout \"H W\" must consist of ASCII letters"),
+    ] {
+        let (kind, msg) = replay_error(&layout(l)).expect("refused");
+        assert_eq!(kind, value, "{msg}");
+        assert!(
+            msg.starts_with(&format!("repro document: inputs[0]: {why}")),
+            "{msg}"
+        );
+    }
+    assert_eq!(
+        replay_error(&layout("5")),
+        Some((
+            value,
+            "repro document: inputs[0].layout is not a string".into()
+        ))
+    );
+    assert_eq!(replay_error(&layout("\"HW\"")), None);
+    assert_eq!(replay_error(&layout("null")), None);
+}
+
+/// The declared size is checked against the bytes a document carries before anything
+/// is allocated: a petabyte declared with one byte of data is a ValueError naming the
+/// field, not an attempt to allocate it (a MemoryError about "the output").
+#[test]
+fn a_huge_declared_size_with_little_data_allocates_nothing() {
+    let value = ndx::ffi::ndx_error_kind_t::NDX_ERROR_VALUE as i32;
+    let doc = |shape: &str, bytes: &str| {
+        one_input_doc(
+            "neg",
+            &format!("{{\"dtype\": \"int16\", \"shape\": {shape}, \"bytes\": {bytes}}}"),
+        )
+    };
+    assert_eq!(
+        replay_error(&doc("[1125899906842624]", "\"0100\"")),
+        Some((
+            value,
+            "repro document: inputs[0].bytes has 4 hexadecimal digits, expected \
+             4503599627370496: two per byte of its 2251799813685248-byte data (dtype int16, \
+             shape [1125899906842624])"
+                .into()
+        ))
+    );
+    let (kind, msg) = replay_error(&doc("[2]", "\"0100\"")).expect("too short");
+    assert_eq!(kind, value);
+    assert!(
+        msg.contains("has 4 hexadecimal digits, expected 8"),
+        "{msg}"
+    );
+    let (kind, msg) = replay_error(&doc("[1]", "\"01zz\"")).expect("not hex");
+    assert_eq!(
+        (kind, msg.as_str()),
+        (value, "repro document: inputs[0].bytes is not hexadecimal")
+    );
+    // Bytes of the wrong type are not mistaken for bytes a cap left out.
+    assert_eq!(
+        replay_error(&doc("[1]", "5")),
+        Some((
+            value,
+            "repro document: inputs[0].bytes is not a string of hexadecimal digits".into()
+        ))
+    );
+    let (_, msg) = replay_error(&doc("[1]", "null")).expect("capped");
+    assert!(
+        msg.contains("inputs[0] has no bytes: the context that wrote it capped"),
+        "{msg}"
+    );
+    assert_eq!(replay_error(&doc("[1]", "\"0100\"")), None);
+}

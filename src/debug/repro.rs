@@ -6,7 +6,6 @@
 //! they may change later) but its site is symbolised only when someone reads it, like
 //! every other site: a failure whose document nobody reads never pays for symbols.
 
-use std::ffi::CString;
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
@@ -14,7 +13,7 @@ use serde_json::{Value, json};
 
 use crate::error::{Error, Result, Site};
 use crate::exec::{ArgValue, Args, EvalMode};
-use crate::tensor::{DType, Tensor};
+use crate::tensor::{DType, MAX_NDIM, Tensor, validate_layout};
 
 /// Default cap on the input bytes a repro document carries (1 MiB).
 pub const DEFAULT_MAX_BYTES: u64 = 1 << 20;
@@ -347,14 +346,21 @@ fn input_of(t: &Value, i: usize) -> Result<Arc<Tensor>> {
     let dtype =
         DType::from_name(name).ok_or_else(|| bad(format!("{at}: unknown dtype '{name}'")))?;
     let shape = ints_of(field(t, "shape", &at)?, &format!("{at}.shape"))?;
-    // Checked here so that errors name the document's field, not an "output".
+    // Checked here so that errors name the document's field, not an "output": the
+    // same limits as a tensor imported from C (ndim, sizes, layout).
+    if shape.len() > MAX_NDIM as usize {
+        return Err(bad(format!(
+            "{at}.shape has {} dimensions, expected at most {MAX_NDIM} (NDX_MAX_NDIM)",
+            shape.len()
+        )));
+    }
     if let Some((k, d)) = shape.iter().enumerate().find(|(_, d)| **d < 0) {
         return Err(bad(format!(
             "{at}.shape[{k}] is {d}, expected a non-negative size (shape {})",
             crate::tensor::dims(&shape)
         )));
     }
-    crate::tensor::validate_geometry(
+    let geometry = crate::tensor::validate_geometry(
         &format!("repro document: {at}"),
         1,
         &shape,
@@ -362,15 +368,43 @@ fn input_of(t: &Value, i: usize) -> Result<Arc<Tensor>> {
         dtype.itemsize(),
         0,
     )?;
-    let layout = t.get("layout").and_then(Value::as_str).unwrap_or("");
-    let hexed = field(t, "bytes", &at)?.as_str().ok_or_else(|| {
-        bad(format!(
-            "{at} has no bytes: the context that wrote it capped them (repro_max_bytes); \
-             raise the cap and reproduce the failure again"
-        ))
-    })?;
+    let layout = match t.get("layout") {
+        None | Some(Value::Null) => "",
+        Some(Value::String(s)) => s.as_str(),
+        Some(_) => return Err(bad(format!("{at}.layout is not a string"))),
+    };
+    let layout = validate_layout(layout, shape.len(), &format!("repro document: {at}"))?;
+    let hexed = match field(t, "bytes", &at)? {
+        Value::String(s) => s,
+        Value::Null => {
+            return Err(bad(format!(
+                "{at} has no bytes: the context that wrote it capped them (repro_max_bytes); \
+                 raise the cap and reproduce the failure again"
+            )));
+        }
+        _ => {
+            return Err(bad(format!(
+                "{at}.bytes is not a string of hexadecimal digits"
+            )));
+        }
+    };
+    // The declared size is checked against the bytes given before anything is
+    // allocated: a hostile document may declare terabytes and carry two digits.
+    if !hexed.bytes().all(|c| c.is_ascii_hexdigit()) {
+        return Err(bad(format!("{at}.bytes is not hexadecimal")));
+    }
+    let need = geometry.numel * dtype.itemsize();
+    if hexed.len() != need.saturating_mul(2) {
+        return Err(bad(format!(
+            "{at}.bytes has {} hexadecimal digits, expected {}: two per byte of its \
+             {need}-byte data (dtype {}, shape {})",
+            hexed.len(),
+            need.saturating_mul(2),
+            dtype.name(),
+            crate::tensor::dims(&shape),
+        )));
+    }
     let bytes = unhex(hexed).ok_or_else(|| bad(format!("{at}.bytes is not hexadecimal")))?;
-    let layout = CString::new(layout).map_err(|_| bad(format!("{at}.layout holds a NUL")))?;
     let tensor = Tensor::new_host(dtype, &shape, layout, |out| {
         if out.len() != bytes.len() {
             return Err(bad(format!(

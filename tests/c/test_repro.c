@@ -162,9 +162,63 @@ static void test_injected_runtime_error_has_a_document(void) {
   ndx_context_release(ctx);
 }
 
+/* A document attached to a bug report is hostile: its inputs get an imported tensor's
+ * limits, and a huge declared size with little data is refused before anything is
+ * allocated, each naming the document's field. */
+static void test_hostile_inputs(void) {
+  ndx_context_t* ctx = NULL;
+  CHECK_OK(ndx_context_new(NULL, &ctx));
+  ndx_future_t* r = NULL;
+  char doc[1024];
+  /* 70 dimensions of size 1: `sum` reduces them away, so no output refuses them. */
+  char shape[256] = "[1";
+  for (int i = 1; i < 70; i++) strcat(shape, ",1");
+  strcat(shape, "]");
+  snprintf(doc, sizeof doc,
+           "{\"ndx_repro\": 1, \"op\": \"sum\", \"args\": [], \"mode\": \"sync_cpu\", "
+           "\"inputs\": [{\"dtype\": \"int8\", \"shape\": %s, \"bytes\": \"07\"}]}",
+           shape);
+  expect_error(ndx_repro_run(ctx, doc, &r), NDX_ERROR_VALUE,
+               "repro document: inputs[0].shape has 70 dimensions, expected at most 64");
+  CHECK(r == NULL, "no future");
+  static const char* const layouts[][2] = {
+      {"\"HWC\"", "inputs[0]: layout \"HWC\" has 3 letters but the tensor has ndim 2"},
+      {"\"HH\"", "inputs[0]: layout \"HH\" names dimension 'H' twice"},
+      {"\"H W\"", "inputs[0]: layout \"H W\" must consist of ASCII letters"},
+      {"5", "inputs[0].layout is not a string"},
+  };
+  for (size_t i = 0; i < sizeof layouts / sizeof layouts[0]; i++) {
+    snprintf(doc, sizeof doc,
+             "{\"ndx_repro\": 1, \"op\": \"neg\", \"args\": [], \"mode\": \"sync_cpu\", "
+             "\"inputs\": [{\"dtype\": \"int8\", \"shape\": [1, 1], \"layout\": %s, "
+             "\"bytes\": \"07\"}]}",
+             layouts[i][0]);
+    expect_error(ndx_repro_run(ctx, doc, &r), NDX_ERROR_VALUE, layouts[i][1]);
+    CHECK(r == NULL, "no future");
+  }
+  static const char* const sizes[][3] = {
+      /* A petabyte declared, one int16 carried: a ValueError, not a MemoryError. */
+      {"[1125899906842624]", "\"0100\"",
+       "repro document: inputs[0].bytes has 4 hexadecimal digits, expected 4503599627370496"},
+      {"[2]", "\"0100\"", "inputs[0].bytes has 4 hexadecimal digits, expected 8"},
+      {"[1]", "\"01zz\"", "inputs[0].bytes is not hexadecimal"},
+      {"[1]", "5", "inputs[0].bytes is not a string of hexadecimal digits"},
+  };
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    snprintf(doc, sizeof doc,
+             "{\"ndx_repro\": 1, \"op\": \"neg\", \"args\": [], \"mode\": \"sync_cpu\", "
+             "\"inputs\": [{\"dtype\": \"int16\", \"shape\": %s, \"bytes\": %s}]}",
+             sizes[i][0], sizes[i][1]);
+    expect_error(ndx_repro_run(ctx, doc, &r), NDX_ERROR_VALUE, sizes[i][2]);
+    CHECK(r == NULL, "no future");
+  }
+  ndx_context_release(ctx);
+}
+
 int main(void) {
   test_replay_of_a_kernel_failure();
   test_cap_and_bad_documents();
   test_injected_runtime_error_has_a_document();
+  test_hostile_inputs();
   return NDX_TEST_SUMMARY("test_repro");
 }
