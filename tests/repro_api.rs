@@ -319,3 +319,38 @@ fn a_huge_declared_size_with_little_data_allocates_nothing() {
     );
     assert_eq!(replay_error(&doc("[1]", "\"0100\"")), None);
 }
+
+/// An argument set twice is refused naming both entries (a reader of the file would
+/// see one value and the replay use another), and a document listing 100,000
+/// arguments is read in one pass: each name was searched for among the earlier ones,
+/// so that document took a minute (quadratic) before the operator refused its first.
+#[test]
+fn arguments_are_distinct_and_many_are_read_in_one_pass() {
+    let value = ndx::ffi::ndx_error_kind_t::NDX_ERROR_VALUE as i32;
+    let doc = |args: &str| {
+        format!(
+            "{{\"ndx_repro\": 1, \"op\": \"sum\", \"args\": [{args}], \"mode\": \"sync_cpu\", \
+             \"inputs\": [{{\"dtype\": \"int8\", \"shape\": [2], \"bytes\": \"0102\"}}]}}"
+        )
+    };
+    let axes = |v: i64| format!("{{\"name\": \"axes\", \"type\": \"ints\", \"value\": [{v}]}}");
+    let keep = "{\"name\": \"keepdims\", \"type\": \"bool\", \"value\": true}";
+    assert_eq!(
+        replay_error(&doc(&format!("{}, {keep}, {}", axes(0), axes(5)))),
+        Some((
+            value,
+            "repro document: args[2] sets 'axes' again (args[0] set it first)".into()
+        ))
+    );
+    assert_eq!(replay_error(&doc(&format!("{}, {keep}", axes(0)))), None);
+    let many: Vec<String> = (0..100_000)
+        .map(|i| format!("{{\"name\": \"a{i}\", \"type\": \"int\", \"value\": {i}}}"))
+        .collect();
+    assert_eq!(
+        replay_error(&doc(&many.join(", "))),
+        Some((
+            value,
+            "operator 'sum' has no argument 'a0' (it takes: axes, keepdims)".into()
+        ))
+    );
+}

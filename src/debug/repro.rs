@@ -6,6 +6,7 @@
 //! they may change later) but its site is symbolised only when someone reads it, like
 //! every other site: a failure whose document nobody reads never pays for symbols.
 
+use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
@@ -431,15 +432,23 @@ pub fn parse(text: &str) -> Result<Replay> {
         )));
     }
     let op = str_field(&doc, "op", "the document")?.to_string();
-    let args = field(&doc, "args", "the document")?
+    let listed = field(&doc, "args", "the document")?
         .as_array()
-        .ok_or_else(|| bad("args is not an array"))?
-        .iter()
-        .enumerate()
-        .map(|(i, a)| arg_of(a, i))
-        .collect::<Result<Vec<_>>>()?
-        .into_iter()
-        .fold(Args::new(), |acc, (n, v)| acc.with(&n, v));
+        .ok_or_else(|| bad("args is not an array"))?;
+    // Names are told apart with a set: a search per argument, as `Args::set` makes,
+    // is quadratic in a hostile document's thousands of arguments.
+    let mut seen = HashMap::with_capacity(listed.len());
+    let mut entries = Vec::with_capacity(listed.len());
+    for (i, a) in listed.iter().enumerate() {
+        let (name, value) = arg_of(a, i)?;
+        if let Some(first) = seen.insert(name.clone(), i) {
+            return Err(bad(format!(
+                "args[{i}] sets '{name}' again (args[{first}] set it first)"
+            )));
+        }
+        entries.push((name, value));
+    }
+    let args = Args::from_distinct(entries);
     let inputs = field(&doc, "inputs", "the document")?
         .as_array()
         .ok_or_else(|| bad("inputs is not an array"))?

@@ -113,6 +113,12 @@ impl Args {
         }
     }
 
+    /// Arguments from entries whose names are distinct, in their order: no search per
+    /// entry, as [`Args::set`] makes (a parsed document may list many).
+    pub(crate) fn from_distinct(entries: Vec<(String, ArgValue)>) -> Args {
+        Args { entries }
+    }
+
     /// Builder form of [`Args::set`].
     pub fn with(mut self, name: &str, value: ArgValue) -> Args {
         self.set(name, value);

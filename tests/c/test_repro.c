@@ -215,10 +215,44 @@ static void test_hostile_inputs(void) {
   ndx_context_release(ctx);
 }
 
+/* An argument set twice is refused naming both entries; a document listing 100,000
+ * arguments is read in one pass (it was quadratic: about a minute). */
+static void test_arguments_are_distinct(void) {
+  ndx_context_t* ctx = NULL;
+  CHECK_OK(ndx_context_new(NULL, &ctx));
+  ndx_future_t* r = NULL;
+  const char* head =
+      "{\"ndx_repro\": 1, \"op\": \"sum\", \"mode\": \"sync_cpu\", \"inputs\": [{\"dtype\": "
+      "\"int8\", \"shape\": [2], \"bytes\": \"0102\"}], \"args\": [";
+  char doc[512];
+  snprintf(doc, sizeof doc,
+           "%s{\"name\": \"axes\", \"type\": \"ints\", \"value\": [0]}, {\"name\": \"keepdims\", "
+           "\"type\": \"bool\", \"value\": true}, {\"name\": \"axes\", \"type\": \"ints\", "
+           "\"value\": [5]}]}",
+           head);
+  expect_error(ndx_repro_run(ctx, doc, &r), NDX_ERROR_VALUE,
+               "repro document: args[2] sets 'axes' again (args[0] set it first)");
+  CHECK(r == NULL, "no future");
+  enum { N = 100000 };
+  size_t cap = strlen(head) + (size_t)N * 64 + 8, len = strlen(head);
+  char* big = (char*)malloc(cap);
+  memcpy(big, head, len);
+  for (int i = 0; i < N; i++)
+    len += (size_t)snprintf(big + len, cap - len, "%s{\"name\": \"a%d\", \"type\": \"int\", \"value\": %d}",
+                            i ? ", " : "", i, i);
+  snprintf(big + len, cap - len, "]}");
+  expect_error(ndx_repro_run(ctx, big, &r), NDX_ERROR_VALUE,
+               "operator 'sum' has no argument 'a0' (it takes: axes, keepdims)");
+  CHECK(r == NULL, "no future");
+  free(big);
+  ndx_context_release(ctx);
+}
+
 int main(void) {
   test_replay_of_a_kernel_failure();
   test_cap_and_bad_documents();
   test_injected_runtime_error_has_a_document();
   test_hostile_inputs();
+  test_arguments_are_distinct();
   return NDX_TEST_SUMMARY("test_repro");
 }
