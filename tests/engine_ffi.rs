@@ -761,6 +761,27 @@ fn a_bad_check_shape_pattern_entry_is_named_with_its_index() {
 /// Sequence numbers are per context: a flag raised on data another context flagged
 /// names no `consequence_of` (it would name an unrelated invocation of its own
 /// context, here the flag itself), while one from the same context still does.
+/// The group of the one flag `ctx` collected (to free), that flag, and its numbers.
+fn the_one_flag(
+    ctx: *mut ndx_context_t,
+) -> (*mut ndx_error_t, *const ndx_error_t, ndx_check_info_t) {
+    let g = ndx_context_take_check_errors(ctx);
+    assert!(!g.is_null());
+    assert_eq!(ndx_error_related_count(g), 1);
+    let r = ndx_error_related(g, 0);
+    let mut info = ndx_check_info_t {
+        struct_size: std::mem::size_of::<ndx_check_info_t>(),
+        category: 0,
+        first_index: 0,
+        count: 0,
+        occurrences: 0,
+        sample: 0,
+        consequence_of: 0,
+    };
+    assert!(ndx_error_check_info(r, &mut info));
+    (g, r, info)
+}
+
 #[test]
 fn consequence_of_names_only_invocations_of_the_flags_context() {
     let new_ctx = || {
@@ -795,20 +816,7 @@ fn consequence_of_names_only_invocations_of_the_flags_context() {
     };
     // (sequence, consequence_of) of the one flag a context collected.
     let flag = |ctx| {
-        let g = ndx_context_take_check_errors(ctx);
-        assert!(!g.is_null());
-        assert_eq!(ndx_error_related_count(g), 1);
-        let r = ndx_error_related(g, 0);
-        let mut info = ndx_check_info_t {
-            struct_size: std::mem::size_of::<ndx_check_info_t>(),
-            category: 0,
-            first_index: 0,
-            count: 0,
-            occurrences: 0,
-            sample: 0,
-            consequence_of: 0,
-        };
-        assert!(ndx_error_check_info(r, &mut info));
+        let (g, r, info) = the_one_flag(ctx);
         let seq = ndx_error_sequence(r);
         ndx_error_free(g);
         (seq, info.consequence_of)
@@ -869,20 +877,7 @@ fn a_flag_folded_over_samples_says_its_total() {
         std::ptr::null(),
         &mut f,
     ));
-    let g = ndx_context_take_check_errors(ctx);
-    assert!(!g.is_null());
-    assert_eq!(ndx_error_related_count(g), 1);
-    let r = ndx_error_related(g, 0);
-    let mut info = ndx_check_info_t {
-        struct_size: std::mem::size_of::<ndx_check_info_t>(),
-        category: 0,
-        first_index: 0,
-        count: 0,
-        occurrences: 0,
-        sample: 0,
-        consequence_of: 0,
-    };
-    assert!(ndx_error_check_info(r, &mut info));
+    let (g, r, info) = the_one_flag(ctx);
     assert_eq!((info.count, info.occurrences, info.sample), (3, 1, 0));
     assert_eq!(
         common::cstr(ndx_error_message(r)),

@@ -656,30 +656,35 @@ unsafe extern "C" fn second_output_first(
     make(&[1., 2., 3.], 0)
 }
 
+/// Registers `second_output_first` as operator "two" (1 input, 2 outputs) on `ctx`.
+fn register_second_output_first(ctx: &Ctx) {
+    let schema = ndx_op_schema_t {
+        struct_size: std::mem::size_of::<ndx_op_schema_t>(),
+        n_inputs: 1,
+        n_outputs: 2,
+        n_args: 0,
+        arg_names: std::ptr::null(),
+        arg_types: std::ptr::null(),
+        output_dtypes: std::ptr::null(),
+        output_ndims: std::ptr::null(),
+        output_layouts: std::ptr::null(),
+        flags: 0,
+    };
+    ok(ndx_register_op(
+        ctx.0,
+        c"two".as_ptr(),
+        &schema,
+        Some(second_output_first),
+        std::ptr::null_mut(),
+        None,
+    ));
+}
+
 #[test]
 fn a_host_kernel_making_its_outputs_out_of_order_fills_each_out_tensor() {
     for mode in [SYNC, EAGER, DEFERRED] {
         let ctx = Ctx::new(mode);
-        let schema = ndx_op_schema_t {
-            struct_size: std::mem::size_of::<ndx_op_schema_t>(),
-            n_inputs: 1,
-            n_outputs: 2,
-            n_args: 0,
-            arg_names: std::ptr::null(),
-            arg_types: std::ptr::null(),
-            output_dtypes: std::ptr::null(),
-            output_ndims: std::ptr::null(),
-            output_layouts: std::ptr::null(),
-            flags: 0,
-        };
-        ok(ndx_register_op(
-            ctx.0,
-            c"two".as_ptr(),
-            &schema,
-            Some(second_output_first),
-            std::ptr::null_mut(),
-            None,
-        ));
+        register_second_output_first(&ctx);
         let x = T::copy(&[0f32], F32, &[1]);
         let (mut first, mut second) = (vec![0f32; 3], vec![0f32; 3]);
         let o0 = T::wrap(&mut first, F32, &[3], None);
@@ -718,26 +723,7 @@ fn a_host_kernel_making_its_outputs_out_of_order_fills_each_out_tensor() {
 fn a_host_kernels_other_output_does_not_land_in_an_out_tensor() {
     for mode in [SYNC, EAGER, DEFERRED] {
         let ctx = Ctx::new(mode);
-        let schema = ndx_op_schema_t {
-            struct_size: std::mem::size_of::<ndx_op_schema_t>(),
-            n_inputs: 1,
-            n_outputs: 2,
-            n_args: 0,
-            arg_names: std::ptr::null(),
-            arg_types: std::ptr::null(),
-            output_dtypes: std::ptr::null(),
-            output_ndims: std::ptr::null(),
-            output_layouts: std::ptr::null(),
-            flags: 0,
-        };
-        ok(ndx_register_op(
-            ctx.0,
-            c"two".as_ptr(),
-            &schema,
-            Some(second_output_first),
-            std::ptr::null_mut(),
-            None,
-        ));
+        register_second_output_first(&ctx);
         let x = T::copy(&[0f32], F32, &[1]);
         let mut first = vec![0f32; 3];
         let o0 = T::wrap(&mut first, F32, &[3], None);
