@@ -354,3 +354,37 @@ fn arguments_are_distinct_and_many_are_read_in_one_pass() {
         ))
     );
 }
+
+/// What a replay refuses says how to get it right: a host operator is registered
+/// first, and a float is a number or one of the spellings the writer uses.
+#[test]
+fn replay_errors_say_what_would_be_accepted() {
+    let value = ndx::ffi::ndx_error_kind_t::NDX_ERROR_VALUE as i32;
+    let input = "{\"dtype\": \"float32\", \"shape\": [1], \"bytes\": \"0000c07f\"}";
+    assert_eq!(
+        replay_error(&one_input_doc("my_host_op", input)),
+        Some((
+            value,
+            "the repro document's operator 'my_host_op' is unknown on this context: a host \
+             operator must be registered (ndx_register_op) before its failures replay"
+                .into()
+        ))
+    );
+    let doc = |value: &str| {
+        format!(
+            "{{\"ndx_repro\": 1, \"op\": \"clamp\", \"args\": [{{\"name\": \"lo\", \
+             \"type\": \"float\", \"value\": {value}}}], \"mode\": \"sync_cpu\", \
+             \"inputs\": [{input}]}}"
+        )
+    };
+    assert_eq!(
+        replay_error(&doc("\"NaN\"")),
+        Some((
+            value,
+            "repro document: args[0] ('lo') has a value that is not float (numbers, or \
+             \"nan\", \"inf\" and \"-inf\")"
+                .into()
+        ))
+    );
+    assert_eq!(replay_error(&doc("\"-inf\"")), None);
+}

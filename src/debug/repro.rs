@@ -318,7 +318,16 @@ fn arg_of(a: &Value, i: usize) -> Result<(String, ArgValue)> {
     let name = str_field(a, "name", &at)?.to_string();
     let ty = str_field(a, "type", &at)?;
     let v = field(a, "value", &at)?;
-    let wrong = || bad(format!("{at} ('{name}') has a value that is not {ty}"));
+    let wrong = || {
+        let spelled = if ty.starts_with("float") {
+            " (numbers, or \"nan\", \"inf\" and \"-inf\")"
+        } else {
+            ""
+        };
+        bad(format!(
+            "{at} ('{name}') has a value that is not {ty}{spelled}"
+        ))
+    };
     let value = match ty {
         "int" => ArgValue::Int(v.as_i64().ok_or_else(wrong)?),
         "float" => ArgValue::Float(float_of(v).ok_or_else(wrong)?),

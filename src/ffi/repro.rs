@@ -10,6 +10,7 @@ use super::{
     ndx_error_t, ndx_future_t,
 };
 use crate::debug::repro;
+use crate::error::Error;
 use crate::exec::{CallSite, Input, TensorRef};
 
 /// Writes the repro document of `err` into `buf` (snprintf-like: at most `cap` bytes,
@@ -52,6 +53,13 @@ pub extern "C" fn ndx_repro_run(
     boundary_out("ndx_repro_run", out, std::ptr::null_mut(), || {
         let ctx = clone_arc(ctx, "ctx")?;
         let replay = repro::parse(&host_str(json, "json")?)?;
+        if ctx.registry().get(&replay.op).is_none() {
+            return Err(Error::value(format!(
+                "the repro document's operator '{}' is unknown on this context: a host \
+                 operator must be registered (ndx_register_op) before its failures replay",
+                replay.op
+            )));
+        }
         let inputs = replay
             .inputs
             .into_iter()

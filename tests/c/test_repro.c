@@ -248,11 +248,36 @@ static void test_arguments_are_distinct(void) {
   ndx_context_release(ctx);
 }
 
+/* What a replay refuses says how to get it right: a host operator is registered first, a
+ * float is a number or "nan", "inf", "-inf". */
+static void test_replay_errors_say_what_is_accepted(void) {
+  ndx_context_t* ctx = NULL;
+  CHECK_OK(ndx_context_new(NULL, &ctx));
+  ndx_future_t* r = NULL;
+  const char* unknown =
+      "{\"ndx_repro\": 1, \"op\": \"my_host_op\", \"args\": [], \"mode\": \"sync_cpu\", "
+      "\"inputs\": [{\"dtype\": \"float32\", \"shape\": [1], \"bytes\": \"0000c07f\"}]}";
+  expect_error(ndx_repro_run(ctx, unknown, &r), NDX_ERROR_VALUE,
+               "operator 'my_host_op' is unknown on this context: a host operator must be "
+               "registered (ndx_register_op) before its failures replay");
+  CHECK(r == NULL, "no future");
+  const char* nan =
+      "{\"ndx_repro\": 1, \"op\": \"clamp\", \"args\": [{\"name\": \"lo\", \"type\": \"float\", "
+      "\"value\": \"NaN\"}], \"mode\": \"sync_cpu\", \"inputs\": [{\"dtype\": \"float32\", "
+      "\"shape\": [1], \"bytes\": \"0000c07f\"}]}";
+  expect_error(ndx_repro_run(ctx, nan, &r), NDX_ERROR_VALUE,
+               "args[0] ('lo') has a value that is not float (numbers, or \"nan\", \"inf\" and "
+               "\"-inf\")");
+  CHECK(r == NULL, "no future");
+  ndx_context_release(ctx);
+}
+
 int main(void) {
   test_replay_of_a_kernel_failure();
   test_cap_and_bad_documents();
   test_injected_runtime_error_has_a_document();
   test_hostile_inputs();
   test_arguments_are_distinct();
+  test_replay_errors_say_what_is_accepted();
   return NDX_TEST_SUMMARY("test_repro");
 }
