@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use std::ffi::{CStr, CString};
 use std::sync::{Arc, OnceLock};
 
-use parking_lot::Mutex;
+use crate::exec::fork::ForkLock;
 
 use super::to_cstring;
 
@@ -313,10 +313,10 @@ const SYMBOL_CACHE_CAPACITY: usize = 16 * 1024;
 /// modules loaded). A B-tree rather than a hash table: what it holds at exit is
 /// reachable from the static through pointers to the start of each block, so leak
 /// checkers (valgrind) report it as still reachable, not as possibly lost.
-static SYMBOLS: Mutex<BTreeMap<usize, Arc<[Frame]>>> = Mutex::new(BTreeMap::new());
+static SYMBOLS: ForkLock<BTreeMap<usize, Arc<[Frame]>>> = ForkLock::new(BTreeMap::new());
 
 /// The symbol cache's lock (taken around a fork: `ffi::fork`).
-pub(crate) fn symbols_lock() -> &'static Mutex<BTreeMap<usize, Arc<[Frame]>>> {
+pub(crate) fn symbols_lock() -> &'static ForkLock<BTreeMap<usize, Arc<[Frame]>>> {
     &SYMBOLS
 }
 

@@ -16,10 +16,47 @@
 //! when the pool or the CUDA driver is first set up: before then there is nothing a
 //! child could inherit.
 
-use std::sync::Once;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, Once, PoisonError};
 
 use crate::error::{Error, ErrorKind};
+
+/// A process-wide lock that is taken around a fork ([`crate::ffi::fork`]) and stays
+/// sound in the child: std's futex-based mutex, whose waiters the kernel keeps, so a
+/// child (which has none of them) releases it cleanly. A `parking_lot` mutex records
+/// its waiters in a process-wide table the child inherits: releasing it there could
+/// hand it to a parent's worker that was waiting at the fork, a thread the child does
+/// not have, and it stayed held (a forked child hung in its first allocation).
+/// Poisoning is ignored: the data it guards stays consistent across a panic.
+pub(crate) struct ForkLock<T>(Mutex<T>);
+
+impl<T> ForkLock<T> {
+    pub(crate) const fn new(value: T) -> ForkLock<T> {
+        ForkLock(Mutex::new(value))
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The lock if it is free within `timeout`.
+    #[cfg(test)]
+    pub(crate) fn try_lock_for(&self, timeout: std::time::Duration) -> Option<MutexGuard<'_, T>> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            match self.0.try_lock() {
+                Ok(g) => return Some(g),
+                Err(std::sync::TryLockError::Poisoned(p)) => return Some(p.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock)
+                    if std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                Err(std::sync::TryLockError::WouldBlock) => return None,
+            }
+        }
+    }
+}
 
 /// How many forks lie between the process that first registered the handlers and this
 /// one (0 in that process).

@@ -11,6 +11,7 @@ use dlpark::ffi::{DLManagedTensor, DLManagedTensorVersioned};
 
 use super::dtype::Device;
 use crate::error::{Error, ErrorKind, Result, human_bytes};
+use crate::exec::fork::ForkLock;
 
 /// Alignment of buffers ndx allocates (a cache line; enough for any SIMD load).
 pub const ALIGNMENT: usize = 64;
@@ -91,14 +92,14 @@ struct CachedPtr(*mut u8);
 unsafe impl Send for CachedPtr {}
 
 /// The host buffer cache's lock (taken around a fork too: `ffi::fork`).
-pub(crate) fn cache_lock() -> &'static parking_lot::Mutex<Cache> {
-    static CACHE: std::sync::OnceLock<parking_lot::Mutex<Cache>> = std::sync::OnceLock::new();
+pub(crate) fn cache_lock() -> &'static ForkLock<Cache> {
+    static CACHE: std::sync::OnceLock<ForkLock<Cache>> = std::sync::OnceLock::new();
     CACHE.get_or_init(|| {
         let limit = std::env::var("NDX_CACHE_BYTES")
             .ok()
             .and_then(|v| v.trim().parse::<usize>().ok())
             .unwrap_or(256 << 20);
-        parking_lot::Mutex::new(Cache {
+        ForkLock::new(Cache {
             by_len: Default::default(),
             order: Default::default(),
             bytes: 0,
