@@ -166,9 +166,14 @@ def test_forks_while_the_workers_allocate_leave_no_lock_held_in_the_child():
     # buffer cache); the child then allocates itself. A smoke test: the deterministic
     # check (a lock held across the fork) is ffi::fork's unit test.
     parent = ndx.Context(mode=ndx.NDX_EVAL_EAGER)
+    # One import, held here: were each invocation to import `a`, its last reference
+    # would go on a worker, whose NumPy deleter makes a Python thread state there; a
+    # fork at that moment can hang the child inside CPython itself (gh-112275: its
+    # runtime lock copied held; 3.11.7 here has the bug), whatever ndx does.
     a = np.ones((64, 1024), np.float32)
+    ta = ndx.tensor_from_numpy(a)
     for i in range(12):
-        busy = [parent.invoke("add", [a, a]) for _ in range(64)]
+        busy = [parent.invoke("add", [ta, ta]) for _ in range(64)]
 
         def child(i=i):
             c = ndx.Context(mode=ndx.NDX_EVAL_EAGER)
@@ -184,4 +189,5 @@ def test_forks_while_the_workers_allocate_leave_no_lock_held_in_the_child():
         for f in busy:
             f.wait()
             f.release()
+    ta.release()
     parent.release()
