@@ -654,20 +654,14 @@ fn the_older_structs_padding_is_not_read_as_check_policy() {
             std::ptr::null(),
             &mut t,
         ));
-        let ins = [ndx_input_t {
-            tensor: t,
-            batch: std::ptr::null(),
-        }];
-        let mut f = std::ptr::null_mut();
-        ok(ndx_invoke(
+        let f = invoke_one(
             ctx,
-            c"check".as_ptr(),
-            ins.as_ptr(),
-            1,
-            std::ptr::null(),
-            std::ptr::null(),
-            &mut f,
-        ));
+            c"check",
+            ndx_input_t {
+                tensor: t,
+                batch: std::ptr::null(),
+            },
+        );
         ok(ndx_future_error(f));
         assert!(ndx_context_take_check_errors(ctx).is_null(), "{garbage}");
         ok(ndx_context_evaluate(ctx));
@@ -761,6 +755,21 @@ fn a_bad_check_shape_pattern_entry_is_named_with_its_index() {
 /// Sequence numbers are per context: a flag raised on data another context flagged
 /// names no `consequence_of` (it would name an unrelated invocation of its own
 /// context, here the flag itself), while one from the same context still does.
+/// `ndx_invoke` of `op` on one input, without arguments or options: the future.
+fn invoke_one(ctx: *const ndx_context_t, op: &CStr, input: ndx_input_t) -> *mut ndx_future_t {
+    let mut f = std::ptr::null_mut();
+    ok(ndx_invoke(
+        ctx,
+        op.as_ptr(),
+        &input,
+        1,
+        std::ptr::null(),
+        std::ptr::null(),
+        &mut f,
+    ));
+    f
+}
+
 /// The group of the one flag `ctx` collected (to free), that flag, and its numbers.
 fn the_one_flag(
     ctx: *mut ndx_context_t,
@@ -795,20 +804,14 @@ fn consequence_of_names_only_invocations_of_the_flags_context() {
         ctx
     };
     let check_finite = |ctx, t| {
-        let ins = [ndx_input_t {
-            tensor: t,
-            batch: std::ptr::null(),
-        }];
-        let mut f = std::ptr::null_mut();
-        ok(ndx_invoke(
+        let f = invoke_one(
             ctx,
-            c"check_finite".as_ptr(),
-            ins.as_ptr(),
-            1,
-            std::ptr::null(),
-            std::ptr::null(),
-            &mut f,
-        ));
+            c"check_finite",
+            ndx_input_t {
+                tensor: t,
+                batch: std::ptr::null(),
+            },
+        );
         let mut out = std::ptr::null_mut();
         ok(ndx_future_tensor(f, 0, &mut out));
         ndx_future_release(f);
@@ -863,20 +866,14 @@ fn a_flag_folded_over_samples_says_its_total() {
         (&[3.0], &[1]),
         (&[f32::INFINITY, f32::INFINITY, 2.0], &[3]),
     ]);
-    let ins = [ndx_input_t {
-        tensor: std::ptr::null(),
-        batch: b,
-    }];
-    let mut f = std::ptr::null_mut();
-    ok(ndx_invoke(
+    let f = invoke_one(
         ctx,
-        c"check_finite".as_ptr(),
-        ins.as_ptr(),
-        1,
-        std::ptr::null(),
-        std::ptr::null(),
-        &mut f,
-    ));
+        c"check_finite",
+        ndx_input_t {
+            tensor: std::ptr::null(),
+            batch: b,
+        },
+    );
     let (g, r, info) = the_one_flag(ctx);
     assert_eq!((info.count, info.occurrences, info.sample), (3, 1, 0));
     assert_eq!(
@@ -1298,20 +1295,14 @@ fn host_kernel_outputs_short_of_references_or_pending_fail_clearly() {
         register(c"pending", 1, Some(return_pending_output));
         let t = scalar();
         let run = |op: &CStr| {
-            let input = ndx_input_t {
-                tensor: t,
-                batch: std::ptr::null(),
-            };
-            let mut f = std::ptr::null_mut();
-            ok(ndx_invoke(
+            let f = invoke_one(
                 ctx.0,
-                op.as_ptr(),
-                &input,
-                1,
-                std::ptr::null(),
-                std::ptr::null(),
-                &mut f,
-            ));
+                op,
+                ndx_input_t {
+                    tensor: t,
+                    batch: std::ptr::null(),
+                },
+            );
             let e = ndx_future_wait(f, -1);
             ndx_future_release(f);
             e
@@ -1349,20 +1340,14 @@ fn host_kernel_outputs_short_of_references_or_pending_fail_clearly() {
 fn a_null_out_param_is_named_as_the_header_names_it() {
     let ctx = common::Ctx::new(ndx_eval_mode_t::NDX_EVAL_DEFERRED as i32);
     let t = scalar();
-    let input = ndx_input_t {
-        tensor: t,
-        batch: std::ptr::null(),
-    };
-    let mut f = std::ptr::null_mut();
-    ok(ndx_invoke(
+    let f = invoke_one(
         ctx.0,
-        c"neg".as_ptr(),
-        &input,
-        1,
-        std::ptr::null(),
-        std::ptr::null(),
-        &mut f,
-    ));
+        c"neg",
+        ndx_input_t {
+            tensor: t,
+            batch: std::ptr::null(),
+        },
+    );
     common::expect_err(
         ndx_future_cancel(f, std::ptr::null_mut()),
         ndx_error_kind_t::NDX_ERROR_VALUE,
@@ -1523,20 +1508,14 @@ fn an_invocation_inside_a_host_kernel_keeps_its_own_contexts_checks() {
                 None,
             ));
             let t = i32_tensor(&[1, 2, 3]);
-            let input = ndx_input_t {
-                tensor: t,
-                batch: std::ptr::null(),
-            };
-            let mut f = std::ptr::null_mut();
-            ok(ndx_invoke(
+            let f = invoke_one(
                 outer,
-                c"divide_there".as_ptr(),
-                &input,
-                1,
-                std::ptr::null(),
-                std::ptr::null(),
-                &mut f,
-            ));
+                c"divide_there",
+                ndx_input_t {
+                    tensor: t,
+                    batch: std::ptr::null(),
+                },
+            );
             let e = ndx_future_wait(f, -1);
             if inner_collects {
                 ok(e);
@@ -1601,20 +1580,14 @@ fn per_sample_outputs_that_make_no_batch_are_named_as_outputs() {
             None,
         ));
         let (b, _counts) = common::f32_batch(&[(&[1.0], &[1]), (&[2.0], &[1])]);
-        let input = ndx_input_t {
-            tensor: std::ptr::null(),
-            batch: b,
-        };
-        let mut f = std::ptr::null_mut();
-        ok(ndx_invoke(
+        let f = invoke_one(
             ctx.0,
-            c"mixed".as_ptr(),
-            &input,
-            1,
-            std::ptr::null(),
-            std::ptr::null(),
-            &mut f,
-        ));
+            c"mixed",
+            ndx_input_t {
+                tensor: std::ptr::null(),
+                batch: b,
+            },
+        );
         common::expect_err(
             ndx_future_wait(f, -1),
             ndx_error_kind_t::NDX_ERROR_VALUE,
