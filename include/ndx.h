@@ -711,7 +711,9 @@ typedef struct {
    */
   uint32_t num_threads;
   /**
-   * Backend name (NULL: "default"); see `ndx_context_set_backend`.
+   * Backend name (NULL: "default"); see `ndx_context_set_backend`. A new context
+   * has only the built-in operators, so fault injection into a host operator is set
+   * with `ndx_context_set_backend` after `ndx_register_op`.
    */
   const char *backend;
   /**
@@ -1374,8 +1376,11 @@ ndx_error_t *ndx_context_set_capture_policy(const ndx_context_t *ctx,
  * injection for testing error handling:
  * "inject_compile_error:OP" (invocations of OP fail at `ndx_invoke`),
  * "inject_runtime_error:OP" (they fail during execution),
- * "inject_accuracy_error:OP" (their outputs are silently increased by 1).
- * Thread-safe.
+ * "inject_accuracy_error:OP" (their outputs are silently increased by 1). OP must be
+ * a built-in or a host operator already registered on `ctx`: any other name is
+ * NDX_ERROR_VALUE naming it (with the nearest operator name when one is close), so a
+ * misspelt OP cannot leave a test of error handling running without its fault. On
+ * failure the previous backend stays. Thread-safe.
  */
 ndx_error_t *ndx_context_set_backend(const ndx_context_t *ctx, const char *name);
 

@@ -1864,3 +1864,100 @@ fn a_callback_may_wait_on_a_complete_future_but_not_for_work() {
     ndx_tensor_release(zero);
     ok(ndx_context_evaluate(ctx.0));
 }
+
+/// A fault-injection backend naming an operator the context does not have is refused
+/// (a misspelt name used to inject nothing, so a test of error handling passed without
+/// ever seeing its fault), with the nearest name as a hint; the previous backend stays.
+/// A host operator can be named once it is registered. An unknown operator at
+/// `ndx_invoke` gets the same hint.
+#[test]
+fn a_backend_naming_an_unknown_operator_is_refused_with_a_hint() {
+    let value = ndx_error_kind_t::NDX_ERROR_VALUE;
+    let ctx = context(ndx_capture_policy_t::NDX_CAPTURE_OFF);
+    common::expect_err(
+        ndx_context_set_backend(ctx, c"inject_runtime_error:ad".as_ptr()),
+        value,
+        "backend 'inject_runtime_error:ad' names operator 'ad', which is neither a built-in \
+         nor a host operator registered on this context; did you mean 'add'?",
+    );
+    // Still the context's `inject_runtime_error:add`.
+    let (e, _) = failing_add(ctx, std::ptr::null());
+    assert!(
+        common::take_error(e)
+            .unwrap()
+            .1
+            .contains("injected runtime error in operator 'add'")
+    );
+    // A host operator: refused before it is registered, injected after.
+    let schema = one_in_one_out(0, std::ptr::null(), std::ptr::null());
+    common::expect_err(
+        ndx_context_set_backend(ctx, c"inject_compile_error:my_noop".as_ptr()),
+        value,
+        "register a host operator with ndx_register_op before a backend names it",
+    );
+    ok(register_noop(ctx, c"my_noop", &schema));
+    ok(ndx_context_set_backend(
+        ctx,
+        c"inject_compile_error:my_noop".as_ptr(),
+    ));
+    let t = scalar();
+    let input = ndx_input_t {
+        tensor: t,
+        batch: std::ptr::null(),
+    };
+    let mut f = std::ptr::null_mut();
+    common::expect_err(
+        ndx_invoke(
+            ctx,
+            c"my_noop".as_ptr(),
+            &input,
+            1,
+            std::ptr::null(),
+            std::ptr::null(),
+            &mut f,
+        ),
+        ndx_error_kind_t::NDX_ERROR_BACKEND,
+        "injected compile error in operator 'my_noop'",
+    );
+    // An unknown operator at invoke: the hint covers host operators too.
+    common::expect_err(
+        ndx_invoke(
+            ctx,
+            c"my_nop".as_ptr(),
+            &input,
+            1,
+            std::ptr::null(),
+            std::ptr::null(),
+            &mut f,
+        ),
+        value,
+        "unknown operator 'my_nop'; did you mean 'my_noop'?",
+    );
+    // Nothing near: no hint.
+    let (_, msg) = common::take_error(ndx_invoke(
+        ctx,
+        c"zzzzzzzz".as_ptr(),
+        &input,
+        1,
+        std::ptr::null(),
+        std::ptr::null(),
+        &mut f,
+    ))
+    .unwrap();
+    assert_eq!(msg, "unknown operator 'zzzzzzzz'");
+    ndx_tensor_release(t);
+    ndx_context_release(ctx);
+    // The context option: a new context has only the built-ins.
+    for (name, fragment) in [
+        (c"inject_accuracy_error:summ", "did you mean 'sum'?"),
+        (c"inject_accuracy_error:my_noop", "names operator 'my_noop'"),
+    ] {
+        let opts = ndx_context_options_t {
+            backend: name.as_ptr(),
+            ..Default::default()
+        };
+        let mut c = std::ptr::null_mut();
+        common::expect_err(ndx_context_new(&opts, &mut c), value, fragment);
+        assert!(c.is_null());
+    }
+}

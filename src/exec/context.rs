@@ -100,6 +100,36 @@ impl Backend {
         }
     }
 
+    /// The operator a fault-injection backend names.
+    pub fn op(&self) -> Option<&str> {
+        match self {
+            Backend::InjectCompile(op)
+            | Backend::InjectRuntime(op)
+            | Backend::InjectAccuracy(op) => Some(op),
+            _ => None,
+        }
+    }
+
+    /// Refuses a fault-injection backend whose operator `registry` does not have (a
+    /// misspelt name would otherwise inject nothing, and a test of error handling
+    /// would pass without ever seeing an error).
+    pub fn check_op(&self, registry: &Registry) -> Result<()> {
+        let Some(op) = self.op() else {
+            return Ok(());
+        };
+        if registry.get(op).is_some() {
+            return Ok(());
+        }
+        let hint = registry
+            .suggest(op)
+            .map(|s| format!("; did you mean '{s}'?"))
+            .unwrap_or_default();
+        Err(Error::value(format!(
+            "backend '{}' names operator '{op}', which is neither a built-in nor a host operator registered on this context{hint} (register a host operator with ndx_register_op before a backend names it)",
+            self.name()
+        )))
+    }
+
     /// Parses a backend name.
     pub fn parse(name: &str) -> Result<Backend> {
         let fault = |prefix: &str| {
@@ -460,7 +490,12 @@ impl ContextInner {
         let mode = mode.unwrap_or(settings.mode);
         let site = Arc::new(Self::capture(&settings, mode, call));
         let def = self.registry.get(op).ok_or_else(|| {
-            Error::value(format!("unknown operator '{op}'")).with_site(site.clone())
+            let hint = self
+                .registry
+                .suggest(op)
+                .map(|s| format!("; did you mean '{s}'?"))
+                .unwrap_or_default();
+            Error::value(format!("unknown operator '{op}'{hint}")).with_site(site.clone())
         })?;
         let fail = |e: Error| e.with_op_name(&def.name).with_site(site.clone());
         if let Some((i, up)) = inputs.iter().enumerate().find_map(|(i, input)| {

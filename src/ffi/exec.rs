@@ -121,7 +121,9 @@ pub struct ndx_context_options_t {
     /// starts it (0: `NDX_NUM_THREADS`, else the number of cores), at most 4096 (more
     /// is NDX_ERROR_VALUE, also when the pool has started).
     pub num_threads: u32,
-    /// Backend name (NULL: "default"); see `ndx_context_set_backend`.
+    /// Backend name (NULL: "default"); see `ndx_context_set_backend`. A new context
+    /// has only the built-in operators, so fault injection into a host operator is set
+    /// with `ndx_context_set_backend` after `ndx_register_op`.
     pub backend: *const c_char,
     /// When true, callbacks and host operators run only inside
     /// `ndx_context_process_events` or a wait on this context's futures, on that
@@ -478,7 +480,10 @@ pub extern "C" fn ndx_context_new(
                 settings.depth = capture_depth(o.capture_depth, "opts->capture_depth")?;
             }
             if !o.backend.is_null() {
-                settings.backend = Backend::parse(&host_str(o.backend, "opts->backend")?)?;
+                let backend = Backend::parse(&host_str(o.backend, "opts->backend")?)?;
+                // A new context has only the built-ins.
+                backend.check_op(&crate::ops::Registry::new())?;
+                settings.backend = backend;
             }
             settings.events_mode = o.process_events_callbacks;
             threads = o.num_threads as usize;
@@ -571,8 +576,11 @@ pub extern "C" fn ndx_context_set_capture_policy(
 /// injection for testing error handling:
 /// "inject_compile_error:OP" (invocations of OP fail at `ndx_invoke`),
 /// "inject_runtime_error:OP" (they fail during execution),
-/// "inject_accuracy_error:OP" (their outputs are silently increased by 1).
-/// Thread-safe.
+/// "inject_accuracy_error:OP" (their outputs are silently increased by 1). OP must be
+/// a built-in or a host operator already registered on `ctx`: any other name is
+/// NDX_ERROR_VALUE naming it (with the nearest operator name when one is close), so a
+/// misspelt OP cannot leave a test of error handling running without its fault. On
+/// failure the previous backend stays. Thread-safe.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_context_set_backend(
     ctx: *const ndx_context_t,
@@ -580,7 +588,9 @@ pub extern "C" fn ndx_context_set_backend(
 ) -> *mut ndx_error_t {
     boundary("ndx_context_set_backend", || {
         let backend = Backend::parse(&host_str(name, "name")?)?;
-        borrow(ctx, "ctx")?.update(|s| s.backend = backend);
+        let ctx = borrow(ctx, "ctx")?;
+        backend.check_op(ctx.registry())?;
+        ctx.update(|s| s.backend = backend);
         Ok(())
     })
 }

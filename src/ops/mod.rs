@@ -196,6 +196,17 @@ impl Registry {
         builtin(name)
     }
 
+    /// The closest operator name to `name`, host or built-in, when one is near enough
+    /// to be a misspelling of it: for "did you mean" hints.
+    pub fn suggest(&self, name: &str) -> Option<String> {
+        let host = self.ops.read();
+        let names = host
+            .keys()
+            .map(String::as_str)
+            .chain(builtins().iter().map(|op| op.name.as_str()));
+        closest(name, names).map(str::to_string)
+    }
+
     /// Releases every host operator's host data (context teardown, after its work).
     pub fn release_host_data(&self) {
         for op in self.ops.read().values() {
@@ -236,33 +247,65 @@ fn arg(name: &str, ty: ArgType, required: bool) -> ArgSpec {
 
 /// The built-in operator `name`.
 pub fn builtin(name: &str) -> Option<Arc<OpDef>> {
+    builtins().iter().find(|op| op.name == name).cloned()
+}
+
+/// The candidate in `names` nearest to `name` (edit distance) when it is near enough
+/// to be a misspelling: at most one edit for names of up to four characters, else at
+/// most a third of the name. Ties go to the first candidate.
+fn closest<'a>(name: &str, names: impl Iterator<Item = &'a str>) -> Option<&'a str> {
+    let limit = (name.chars().count() / 3).max(1);
+    names
+        .filter(|c| *c != name)
+        .map(|c| (edit_distance(name, c), c))
+        .filter(|(d, _)| *d <= limit)
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, c)| c)
+}
+
+/// Levenshtein distance over characters.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diag = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let next = (diag + usize::from(ca != *cb))
+                .min(row[j] + 1)
+                .min(row[j + 1] + 1);
+            diag = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
+}
+
+/// Every built-in operator.
+fn builtins() -> &'static [Arc<OpDef>] {
     static BUILTINS: OnceLock<Vec<Arc<OpDef>>> = OnceLock::new();
-    BUILTINS
-        .get_or_init(|| {
-            let mut ops = elementwise::ops();
-            ops.extend(reduce::ops());
-            ops.extend(shape::ops());
-            ops.extend(image::ops());
-            ops.extend(check::ops());
-            ops.extend(device::ops());
-            ops.extend([OpDef {
-                name: "cast".into(),
-                n_inputs: 1,
-                n_outputs: 1,
-                args: vec![arg("dtype", ArgType::DType, true)],
-                infer: Some(Arc::new(infer_cast)),
-                kernel: Kernel::Builtin(Arc::new(kernel_cast)),
-            }]);
-            ops.into_iter()
-                .map(|mut op| {
-                    op.infer = op.infer.map(addressable_outputs);
-                    Arc::new(op)
-                })
-                .collect()
-        })
-        .iter()
-        .find(|op| op.name == name)
-        .cloned()
+    BUILTINS.get_or_init(|| {
+        let mut ops = elementwise::ops();
+        ops.extend(reduce::ops());
+        ops.extend(shape::ops());
+        ops.extend(image::ops());
+        ops.extend(check::ops());
+        ops.extend(device::ops());
+        ops.extend([OpDef {
+            name: "cast".into(),
+            n_inputs: 1,
+            n_outputs: 1,
+            args: vec![arg("dtype", ArgType::DType, true)],
+            infer: Some(Arc::new(infer_cast)),
+            kernel: Kernel::Builtin(Arc::new(kernel_cast)),
+        }]);
+        ops.into_iter()
+            .map(|mut op| {
+                op.infer = op.infer.map(addressable_outputs);
+                Arc::new(op)
+            })
+            .collect()
+    })
 }
 
 /// Wraps an operator's metadata inference so that it refuses outputs that could not be

@@ -195,8 +195,39 @@ static void test_schema_versions(void) {
   ndx_context_release(ctx);
 }
 
+/* Fault injection names an operator the context has: a misspelt one is refused with
+ * the nearest name (it used to inject nothing, silently), a host operator only once it
+ * is registered. */
+static void test_injection_names_a_known_operator(void) {
+  ndx_context_options_t o;
+  memset(&o, 0, sizeof o);
+  o.struct_size = sizeof o;
+  o.backend = "inject_runtime_error:muul";
+  ndx_context_t* ctx = NULL;
+  expect_error(ndx_context_new(&o, &ctx), NDX_ERROR_VALUE, "did you mean 'mul'?");
+  CHECK(ctx == NULL, "a failed ndx_context_new leaves its out-param NULL");
+  CHECK_OK(ndx_context_new(NULL, &ctx));
+  expect_error(ndx_context_set_backend(ctx, "inject_runtime_error:copy_f32"), NDX_ERROR_VALUE,
+               "names operator 'copy_f32', which is neither a built-in nor a host operator");
+  register_with(ctx, "copy_f32", k_copy_f32, NULL, NULL, NULL, NULL, 0);
+  CHECK_OK(ndx_context_set_backend(ctx, "inject_runtime_error:copy_f32"));
+  const float v[4] = {1, 2, 3, 4};
+  const int64_t shape[1] = {4};
+  ndx_tensor_t* t = NULL;
+  CHECK_OK(ndx_tensor_from_host(v, NDX_DTYPE_FLOAT32, 1, shape, NULL, NULL, &t));
+  ndx_input_t in = {t, NULL};
+  ndx_future_t* f = NULL;
+  CHECK_OK(ndx_invoke(ctx, "copy_f32", &in, 1, NULL, NULL, &f));
+  expect_error(ndx_future_wait(f, -1), NDX_ERROR_RUNTIME,
+               "injected runtime error in operator 'copy_f32'");
+  ndx_future_release(f);
+  ndx_tensor_release(t);
+  ndx_context_release(ctx);
+}
+
 int main(void) {
   test_violations();
   test_schema_versions();
+  test_injection_names_a_known_operator();
   return NDX_TEST_SUMMARY("test_debug_backend");
 }

@@ -208,7 +208,7 @@ def neighbour(op):
     return max(sorted(BUILTINS - {op}), key=common)
 
 
-OTHER_NAMES = {"neighbour": neighbour, "suffixed": lambda op: op + "_"}
+OTHER_NAMES = {"neighbour": neighbour}
 
 # ------------------------------------------------------------------- calling ndx
 
@@ -400,6 +400,21 @@ def test_other_op_passes_untouched(context, op, mode, kind, other):
     ctx.evaluate()
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("op", OPS)
+def test_a_misspelt_operator_is_refused_with_the_name_meant(context, op, kind):
+    """An injection naming no operator of the context (here `op` with a trailing
+    underscore) is refused, with `op` as the hint: it used to be accepted and inject
+    nothing, so a test of error handling passed without its fault."""
+    ctx = context(mode=ndx.NDX_EVAL_SYNC_CPU)
+    with pytest.raises(ndx.NdxError) as info:
+        ctx.set_backend(backend(kind, op + "_"))
+    assert info.value.kind == ndx.NDX_ERROR_VALUE, info.value
+    assert f"names operator '{op}_'" in info.value.message, info.value.message
+    assert f"did you mean '{op}'?" in info.value.message, info.value.message
+    assert_same(outputs(invoke(ctx, op)), reference(op), f"{op} on 'default' after the refusal")
+
+
 # ------------------------------------------------------------------- consumers
 
 
@@ -517,11 +532,12 @@ def test_option_and_setter_agree(context, kind):
 
 
 @pytest.mark.parametrize("name", ["inject_compile_error:", "inject_runtime_error:", "inject_accuracy_error:",
-                                  "inject_runtime_error", "inject_bogus_error:add"])
+                                  "inject_runtime_error", "inject_bogus_error:add",
+                                  "inject_runtime_error:ad", "inject_compile_error:no_such_op"])
 def test_malformed_backend_names_are_rejected(context, name):
-    """A fault-injection backend needs an operator name; an unknown one is refused
-    (ValueError naming it) by the setter and by the context option alike, and the
-    setter leaves the previous backend in place."""
+    """A fault-injection backend needs the name of an operator the context has; an
+    unknown backend or operator is refused (ValueError naming it) by the setter and by
+    the context option alike, and the setter leaves the previous backend in place."""
     ctx = context(mode=ndx.NDX_EVAL_SYNC_CPU, backend=backend("accuracy", "add"))
     with pytest.raises(ndx.NdxError) as info:
         ctx.set_backend(name)
