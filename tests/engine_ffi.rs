@@ -1961,3 +1961,95 @@ fn a_backend_naming_an_unknown_operator_is_refused_with_a_hint() {
         assert!(c.is_null());
     }
 }
+
+/// A host kernel whose output is [1, NaN, inf] float32, whatever its input.
+unsafe extern "C" fn non_finite_kernel(
+    _: *mut c_void,
+    _: *const *const ndx_tensor_t,
+    _: usize,
+    _: *const ndx_args_t,
+    outputs: *mut *mut ndx_tensor_t,
+    _: usize,
+) -> *mut ndx_error_t {
+    let v = [1.0f32, f32::NAN, f32::INFINITY];
+    // SAFETY: ndx passes one writable output slot (the schema's one output).
+    ndx_tensor_from_host(
+        v.as_ptr().cast(),
+        ndx_dtype_t::NDX_DTYPE_FLOAT32 as i32,
+        1,
+        [3i64].as_ptr(),
+        std::ptr::null(),
+        std::ptr::null(),
+        unsafe { &mut *outputs },
+    )
+}
+
+/// NDX_CHECK_NAN covers host operators as it covers built-ins (their outputs used to
+/// go unscanned): NaN or infinities made from finite inputs raise one flag naming the
+/// operator; from non-finite inputs, or with the category off, nothing is raised.
+#[test]
+fn a_host_operator_making_nan_from_finite_inputs_raises_a_nan_flag() {
+    let cases: [(f32, u32, usize); 3] = [
+        (1.0, ndx_check_category_t::NDX_CHECK_ALL as u32, 1),
+        (f32::NAN, ndx_check_category_t::NDX_CHECK_ALL as u32, 0),
+        (1.0, ndx_check_category_t::NDX_CHECK_USER as u32, 0),
+    ];
+    for (x, categories, flags) in cases {
+        let opts = ndx_context_options_t {
+            eval_mode: ndx_eval_mode_t::NDX_EVAL_EAGER as i32,
+            check_policy: ndx_check_policy_t::NDX_CHECKS_COLLECT as i32,
+            check_categories: categories,
+            ..Default::default()
+        };
+        let mut ctx = std::ptr::null_mut();
+        ok(ndx_context_new(&opts, &mut ctx));
+        let schema = one_in_one_out(0, std::ptr::null(), std::ptr::null());
+        ok(ndx_register_op(
+            ctx,
+            c"make_nan".as_ptr(),
+            &schema,
+            Some(non_finite_kernel),
+            std::ptr::null_mut(),
+            None,
+        ));
+        let mut t = std::ptr::null_mut();
+        ok(ndx_tensor_from_host(
+            [x].as_ptr().cast(),
+            ndx_dtype_t::NDX_DTYPE_FLOAT32 as i32,
+            0,
+            std::ptr::null(),
+            std::ptr::null(),
+            std::ptr::null(),
+            &mut t,
+        ));
+        let f = invoke_one(
+            ctx,
+            c"make_nan",
+            ndx_input_t {
+                tensor: t,
+                batch: std::ptr::null(),
+            },
+        );
+        ok(ndx_future_wait(f, -1));
+        let g = ndx_context_take_check_errors(ctx);
+        let got = if g.is_null() {
+            0
+        } else {
+            ndx_error_related_count(g)
+        };
+        assert_eq!(got, flags, "input {x}, categories {categories}");
+        if flags == 1 {
+            let r = ndx_error_related(g, 0);
+            assert_eq!(cstr(ndx_error_op(r)), "make_nan");
+            let msg = cstr(ndx_error_message(r));
+            assert!(
+                msg.contains("output 0 has 2 NaN or infinite elements from finite inputs"),
+                "{msg}"
+            );
+        }
+        ndx_error_free(g);
+        ndx_future_release(f);
+        ndx_tensor_release(t);
+        ndx_context_release(ctx);
+    }
+}

@@ -1613,7 +1613,9 @@ impl CKernel {
 /// Registers host operator `name` on `ctx`: `kernel(user, ...)` computes it (see
 /// `ndx_kernel_fn_t`) on a worker thread, or inside process-events. Its outputs are
 /// tensors (batches when an input is a batch: the kernel runs once per sample), whose
-/// metadata is known only after it ran. `user_free(user)` runs once when the context
+/// metadata is known only after it ran. With the NDX_CHECK_NAN category on, its float
+/// outputs are scanned like a built-in's: NaN or an infinity from finite float inputs
+/// raises a flag at the invocation's site. `user_free(user)` runs once when the context
 /// is released (after its running work finished), or later when the last invocation
 /// of the operator is gone if the context was released from a callback or host
 /// operator; it is called exactly once, also when this call fails (before it returns).

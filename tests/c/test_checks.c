@@ -515,6 +515,57 @@ static void test_flag_folded_over_samples(void) {
   CHECK(deleted == 3, "every sample's deleter ran once, got %d", deleted);
 }
 
+/* Outputs [1, NaN, inf] whatever its input. */
+static ndx_error_t* k_make_nan(void* user, const ndx_tensor_t* const* inputs, size_t n_inputs,
+                               const ndx_args_t* args, ndx_tensor_t** outputs,
+                               size_t n_outputs) {
+  (void)user; (void)inputs; (void)n_inputs; (void)args; (void)n_outputs;
+  const float v[3] = {1.0f, 0.0f / 0.0f, 1.0f / 0.0f};
+  const int64_t n = 3;
+  return ndx_tensor_from_host(v, NDX_DTYPE_FLOAT32, 1, &n, NULL, NULL, &outputs[0]);
+}
+
+/* NDX_CHECK_NAN scans a host operator's float outputs as it does a built-in's: NaN made
+ * from finite inputs is one flag naming the operator, at its site; from NaN inputs it
+ * is not. */
+static void test_nan_from_a_host_operator(void) {
+  NDX_TEST_CONTEXT("NaN from a host operator");
+  ndx_context_t* ctx = context(NDX_EVAL_DEFERRED, NDX_CHECKS_COLLECT, NDX_CHECK_ALL);
+  ndx_op_schema_t s;
+  memset(&s, 0, sizeof s);
+  s.struct_size = sizeof s;
+  s.n_inputs = 1;
+  s.n_outputs = 1;
+  CHECK_OK(ndx_register_op(ctx, "make_nan", &s, k_make_nan, NULL, NULL));
+  const float finite[1] = {2.0f}, nan[1] = {0.0f / 0.0f};
+  ndx_tensor_t* a = f32s(finite, 1);
+  ndx_tensor_t* b = f32s(nan, 1);
+  ndx_input_t ia = ndx_test_in(a), ib = ndx_test_in(b);
+  ndx_future_t *fa = NULL, *fb = NULL;
+  int line = __LINE__; CHECK_OK(ndx_invoke(ctx, "make_nan", &ia, 1, NULL, NULL, &fa));
+  CHECK_OK(ndx_invoke(ctx, "make_nan", &ib, 1, NULL, NULL, &fb));
+  ndx_error_t* g = ndx_context_evaluate(ctx);
+  CHECK(g != NULL && ndx_error_kind(g) == NDX_ERROR_CHECK, "a check group");
+  if (CHECK(g != NULL && ndx_error_related_count(g) == 1, "one flag")) {
+    const ndx_error_t* r = ndx_error_related(g, 0);
+    CHECK_STR_EQ(ndx_error_op(r), "make_nan");
+    CHECK(info_of(r).category == NDX_CHECK_NAN, "category NAN");
+    CHECK(ndx_error_sequence(r) == 1, "the first invocation's flag");
+    CHECK_CONTAINS(ndx_error_message(r), "output 0 has 2 NaN or infinite elements");
+    ndx_frame_t fr;
+    memset(&fr, 0, sizeof fr);
+    fr.struct_size = sizeof fr;
+    CHECK_OK(ndx_error_frame(r, 0, &fr));
+    CHECK(fr.line == (uint32_t)line, "flag at line %d, got %u", line, fr.line);
+  }
+  ndx_error_free(g);
+  ndx_future_release(fa);
+  ndx_future_release(fb);
+  ndx_tensor_release(a);
+  ndx_tensor_release(b);
+  ndx_context_release(ctx);
+}
+
 int main(void) {
   test_collect_in_enqueue_order(NDX_EVAL_EAGER);
   test_collect_in_enqueue_order(NDX_EVAL_DEFERRED);
@@ -526,5 +577,6 @@ int main(void) {
   test_checks_of_an_invocation_inside_a_host_kernel();
   test_consequence_of_stays_in_its_context();
   test_flag_folded_over_samples();
+  test_nan_from_a_host_operator();
   return NDX_TEST_SUMMARY("test_checks");
 }
