@@ -2052,4 +2052,93 @@ fn a_host_operator_making_nan_from_finite_inputs_raises_a_nan_flag() {
         ndx_tensor_release(t);
         ndx_context_release(ctx);
     }
+
+/// `clamp` of `values` (int64) with `lo` and `hi` (None: not given), SYNC: the
+/// result's values or the call-time error.
+fn clamp_i64(values: &[i64], lo: Option<f64>, hi: Option<f64>) -> Result<Vec<i64>, (i32, String)> {
+    let ctx = common::Ctx::new(ndx_eval_mode_t::NDX_EVAL_SYNC_CPU as i32);
+    let shape = [values.len() as i64];
+    let mut t = std::ptr::null_mut();
+    ok(ndx_tensor_from_host(
+        values.as_ptr().cast(),
+        ndx_dtype_t::NDX_DTYPE_INT64 as i32,
+        1,
+        shape.as_ptr(),
+        std::ptr::null(),
+        std::ptr::null(),
+        &mut t,
+    ));
+    let mut args = std::ptr::null_mut();
+    ok(ndx_args_new(&mut args));
+    for (name, v) in [(c"lo", lo), (c"hi", hi)] {
+        if let Some(v) = v {
+            ok(ndx_args_set_float(args, name.as_ptr(), v));
+        }
+    }
+    let input = [ndx_input_t {
+        tensor: t,
+        batch: std::ptr::null(),
+    }];
+    let got = common::invoke_with(&ctx, c"clamp", &input, args, &Default::default());
+    ndx_args_free(args);
+    ndx_tensor_release(t);
+    let f = got.map_err(|e| common::take_error(e).expect("an error"))?;
+    ok(ndx_future_wait(f, -1));
+    let mut out = std::ptr::null_mut();
+    ok(ndx_future_tensor(f, 0, &mut out));
+    let mut v = vec![0i64; values.len()];
+    ok(ndx_tensor_copy_to(out, v.as_mut_ptr().cast(), v.len() * 8));
+    ndx_tensor_release(out);
+    ndx_future_release(f);
+    Ok(v)
+}
+
+/// A NaN bound compares false with everything: `clamp` of integers turned it into 0
+/// (the cast of NaN), so `lo = NaN` silently raised every negative value to 0 and
+/// `hi = NaN` lowered every positive one to 0; floats were left unbounded. It is
+/// NDX_ERROR_VALUE at `ndx_invoke`, naming the argument, like reversed bounds.
+#[test]
+fn a_nan_clamp_bound_is_refused_at_invoke() {
+    let v = [-5i64, -1, 0, 1, 5, 100];
+    let value = ndx_error_kind_t::NDX_ERROR_VALUE as i32;
+    for (lo, hi, name) in [
+        (Some(f64::NAN), None, "lo"),
+        (None, Some(f64::NAN), "hi"),
+        (Some(-1.0), Some(-f64::NAN), "hi"),
+    ] {
+        let (kind, msg) = clamp_i64(&v, lo, hi).expect_err("refused");
+        assert_eq!(kind, value, "{msg}");
+        assert_eq!(
+            msg,
+            format!(
+                "operator 'clamp': argument '{name}' is NaN, not a bound (leave it out for no bound)"
+            )
+        );
+    }
+    // Infinite bounds are bounds: -inf and +inf bound nothing.
+    assert_eq!(
+        clamp_i64(&v, Some(f64::NEG_INFINITY), Some(f64::INFINITY)),
+        Ok(v.to_vec())
+    );
+    assert_eq!(
+        clamp_i64(&v, Some(-1.5), Some(4.5)),
+        Ok(vec![-1, -1, 0, 1, 4, 4])
+    );
+}
+
+/// For integers `lo` rounds up and `hi` down; bounds with no integer between them
+/// (0.5 and 0.7) clamped every value to the rounded `hi` (all 0). They are
+/// NDX_ERROR_VALUE at `ndx_invoke`, giving both rounded bounds.
+#[test]
+fn integer_clamp_bounds_with_no_integer_between_them_are_refused() {
+    let v = [-5i64, -1, 0, 1, 5, 100];
+    let (kind, msg) = clamp_i64(&v, Some(0.5), Some(0.7)).expect_err("refused");
+    assert_eq!(kind, ndx_error_kind_t::NDX_ERROR_VALUE as i32, "{msg}");
+    assert_eq!(
+        msg,
+        "operator 'clamp': clamp bounds lo = 0.5 and hi = 0.7 hold no integer: for int64 inputs lo rounds up to 1 and hi down to 0"
+    );
+    // One integer between them is enough.
+    assert_eq!(clamp_i64(&v, Some(0.5), Some(1.0)), Ok(vec![1; 6]));
+    assert_eq!(clamp_i64(&v, Some(0.5), Some(1.7)), Ok(vec![1; 6]));
 }

@@ -24,6 +24,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <time.h>
 
@@ -2925,6 +2926,56 @@ static NDX_TEST_NOINLINE void test_callback_waits_on_complete_futures(void) {
     call;                               \
   } while (0)
 
+/* clamp of int64 {-5, -1, 0, 1, 5, 100} with float bounds `lo` and `hi` (given when
+ * `has_lo`/`has_hi`): expects the call-time error `fragment`, or (NULL) the values
+ * `want`. */
+static void check_clamp(int has_lo, double lo, int has_hi, double hi, const char* fragment,
+                        const int64_t* want) {
+  static const int64_t v[6] = {-5, -1, 0, 1, 5, 100};
+  static const int64_t shape[1] = {6};
+  ndx_context_t* ctx = make_ctx(NDX_EVAL_SYNC_CPU, NDX_CAPTURE_OFF, NULL);
+  ndx_tensor_t* t = ndx_test_tensor(v, NDX_DTYPE_INT64, 1, shape);
+  ndx_args_t* args = NULL;
+  CHECK_OK(ndx_args_new(&args));
+  if (has_lo) CHECK_OK(ndx_args_set_float(args, "lo", lo));
+  if (has_hi) CHECK_OK(ndx_args_set_float(args, "hi", hi));
+  ndx_input_t in = ndx_test_in(t);
+  ndx_future_t* f = (ndx_future_t*)NDX_TEST_BOGUS_PTR;
+  ndx_error_t* e = ndx_invoke(ctx, "clamp", &in, 1, args, NULL, &f);
+  if (fragment != NULL) {
+    expect_error(e, NDX_ERROR_VALUE, fragment);
+    CHECK(f == NULL, "no future after a refused invocation");
+  } else if (CHECK_OK(e)) {
+    CHECK_OK(ndx_future_wait(f, -1));
+    ndx_tensor_t* out = ndx_test_output(f, 0);
+    if (out != NULL) check_i64(out, want, 6);
+    ndx_tensor_release(out);
+    ndx_future_release(f);
+  }
+  ndx_args_free(args);
+  ndx_tensor_release(t);
+  ndx_context_release(ctx);
+}
+
+/* A NaN clamp bound compares false with everything: for integers it became 0 (the cast
+ * of NaN), so lo = NaN raised every negative value to 0 and hi = NaN lowered every
+ * positive one to 0. Integer bounds with no integer between them (0.5 and 0.7: lo rounds
+ * up to 1, hi down to 0) clamped everything to 0. Both are NDX_ERROR_VALUE at invoke. */
+static NDX_TEST_NOINLINE void test_clamp_bounds(void) {
+  check_clamp(1, NAN, 0, 0, "operator 'clamp': argument 'lo' is NaN, not a bound", NULL);
+  check_clamp(0, 0, 1, NAN, "operator 'clamp': argument 'hi' is NaN, not a bound", NULL);
+  check_clamp(1, 0.5, 1, 0.7,
+              "operator 'clamp': clamp bounds lo = 0.5 and hi = 0.7 hold no integer: for int64 "
+              "inputs lo rounds up to 1 and hi down to 0",
+              NULL);
+  static const int64_t all[6] = {-5, -1, 0, 1, 5, 100};
+  static const int64_t inner[6] = {-1, -1, 0, 1, 4, 4};
+  static const int64_t ones[6] = {1, 1, 1, 1, 1, 1};
+  check_clamp(1, -INFINITY, 1, INFINITY, NULL, all);
+  check_clamp(1, -1.5, 1, 4.5, NULL, inner);
+  check_clamp(1, 0.5, 1, 1.7, NULL, ones);
+}
+
 int main(void) {
   main_thread = pthread_self();
   ndx_test_watchdog_start(120, "test_engine");
@@ -2971,6 +3022,7 @@ int main(void) {
   RUN(test_refused_reads_in_a_callback());
   RUN(test_host_op_of_no_inputs());
   RUN(test_callback_waits_on_complete_futures());
+  RUN(test_clamp_bounds());
   ndx_test_watchdog_stop();
   return NDX_TEST_SUMMARY("test_engine");
 }
