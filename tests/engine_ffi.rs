@@ -2142,3 +2142,115 @@ fn integer_clamp_bounds_with_no_integer_between_them_are_refused() {
     assert_eq!(clamp_i64(&v, Some(0.5), Some(1.0)), Ok(vec![1; 6]));
     assert_eq!(clamp_i64(&v, Some(0.5), Some(1.7)), Ok(vec![1; 6]));
 }
+
+/// What `reentrant_provider` saw: its context, how often it ran, and the frames of
+/// the invocation it made itself.
+struct Reentry {
+    ctx: *mut ndx_context_t,
+    calls: usize,
+    nested: Option<Vec<(String, String, u32, ndx_frame_origin_t)>>,
+}
+
+/// A provider that invokes on its own context (as host code it calls might), at most 8
+/// times deep so that the test ends without the fix too.
+unsafe extern "C" fn reentrant_provider(
+    user: *mut c_void,
+    out: *mut ndx_host_frame_t,
+    cap: usize,
+) -> usize {
+    // SAFETY: the test's state, alive during the invocation.
+    let r = unsafe { &mut *user.cast::<Reentry>() };
+    r.calls += 1;
+    if r.calls < 8 {
+        let t = scalar();
+        let ins = [
+            ndx_input_t {
+                tensor: t,
+                batch: std::ptr::null(),
+            },
+            ndx_input_t {
+                tensor: t,
+                batch: std::ptr::null(),
+            },
+        ];
+        let mut f = std::ptr::null_mut();
+        ok(ndx_invoke(
+            r.ctx,
+            c"add".as_ptr(),
+            ins.as_ptr(),
+            2,
+            std::ptr::null(),
+            std::ptr::null(),
+            &mut f,
+        ));
+        let e = ndx_future_wait(f, -1);
+        if r.nested.is_none() {
+            r.nested = Some(frames(e));
+        }
+        ndx_error_free(e);
+        ndx_future_release(f);
+        ndx_tensor_release(t);
+    }
+    if cap > 0 {
+        // SAFETY: `cap` writable frames.
+        unsafe {
+            *out = ndx_host_frame_t {
+                function: c"py_fn".as_ptr(),
+                file: c"x.py".as_ptr(),
+                line: 3,
+            }
+        };
+    }
+    cap.min(1)
+}
+
+/// A frame provider that invokes on its context (directly or through host code) was
+/// called again by that invocation, and again by the next: without end, until the
+/// stack overflowed and the process aborted. An invocation made inside a provider now
+/// records no host frames (its native caller frame instead): the provider runs once.
+#[test]
+fn an_invocation_inside_the_frame_provider_does_not_call_it_again() {
+    for policy in [
+        ndx_capture_policy_t::NDX_CAPTURE_HOST,
+        ndx_capture_policy_t::NDX_CAPTURE_ALL,
+    ] {
+        let ctx = context(policy);
+        let mut r = Reentry {
+            ctx,
+            calls: 0,
+            nested: None,
+        };
+        ok(ndx_context_set_frame_provider(
+            ctx,
+            Some(reentrant_provider),
+            (&raw mut r).cast(),
+            None,
+        ));
+        let (e, _) = failing_add(ctx, std::ptr::null());
+        assert_eq!(r.calls, 1, "the provider ran once ({policy:?})");
+        let outer = frames(e);
+        assert_eq!(
+            outer[0],
+            (
+                "py_fn".into(),
+                "x.py".into(),
+                3,
+                ndx_frame_origin_t::NDX_FRAME_HOST
+            )
+        );
+        let nested = r
+            .nested
+            .take()
+            .expect("the nested invocation failed as injected");
+        assert!(
+            nested
+                .iter()
+                .all(|f| f.3 == ndx_frame_origin_t::NDX_FRAME_NATIVE),
+            "{nested:?}"
+        );
+        assert!(nested[0].0.ends_with("reentrant_provider"), "{nested:?}");
+        ndx_error_free(e);
+        ndx_context_release(ctx);
+        // The guard is left: the next invocation on this thread calls a provider again.
+    }
+}

@@ -161,6 +161,28 @@ impl Backend {
 /// Supplies up to `capacity` of the host language's frames at enqueue, innermost first.
 pub type FrameProvider = Arc<dyn Fn(usize) -> Vec<Frame> + Send + Sync>;
 
+thread_local! {
+    /// Set while a frame provider runs on this thread.
+    static IN_PROVIDER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// `provider`'s frames, unless this thread is already inside a provider: an
+/// invocation a provider makes (directly, or through host code it calls) records no
+/// host frames instead of calling a provider again, which recursed without end.
+fn provided_frames(provider: &FrameProvider, capacity: usize) -> Vec<Frame> {
+    if IN_PROVIDER.with(|f| f.replace(true)) {
+        return Vec::new();
+    }
+    struct Leave;
+    impl Drop for Leave {
+        fn drop(&mut self) {
+            IN_PROVIDER.with(|f| f.set(false));
+        }
+    }
+    let _leave = Leave;
+    provider(capacity)
+}
+
 /// Context settings (all changeable after creation).
 #[derive(Clone)]
 pub struct Settings {
@@ -435,7 +457,9 @@ impl ContextInner {
     #[inline(always)]
     fn capture(settings: &Settings, mode: EvalMode, call: CallSite) -> Site {
         let host = match (settings.capture, &settings.provider) {
-            (CapturePolicy::Host | CapturePolicy::All, Some(p)) => p(settings.depth.max(1)),
+            (CapturePolicy::Host | CapturePolicy::All, Some(p)) => {
+                provided_frames(p, settings.depth.max(1))
+            }
             _ => Vec::new(),
         };
         let deep = matches!(settings.capture, CapturePolicy::Native | CapturePolicy::All)

@@ -251,10 +251,22 @@ pub struct ndx_host_frame_t {
 }
 
 /// A frame provider: writes up to `capacity` frames of the host language's current
-/// stack into `frames`, innermost first, and returns how many it wrote. Called on
-/// the invoking thread during `ndx_invoke`; `capacity` is the context's capture depth
-/// at that moment. A return above `capacity` (an error code, say) is taken as a
-/// failure: the invocation records no host frames.
+/// stack into `frames`, innermost first, and returns how many it wrote. Called during
+/// `ndx_invoke` (and `ndx_repro_run`) when the capture policy is HOST or ALL, in every
+/// eval mode, before the operator is looked up (so also for an invocation refused at
+/// call time), on the thread making that call: an ndx worker when a host operator or
+/// callback invokes, and on several threads at once when they invoke concurrently.
+/// `capacity` is the context's capture depth at that moment (at least 1). A return
+/// above `capacity` (an error code, say) is taken as a failure: the invocation records
+/// no host frames; NULL strings are unknown names, and strings that are not UTF-8 are
+/// copied with the invalid bytes replaced.
+///
+/// It may call ndx, on its own context too. An invocation it makes (directly or through
+/// code it calls) does not call a provider again: it records no host frames (the native
+/// caller frame instead). It may replace or remove itself (see
+/// `ndx_context_set_frame_provider` for when `user_free` then runs) and release the last
+/// reference to its context: the invocation in progress still returns its future, SYNC
+/// work runs, and DEFERRED or EAGER work is cancelled like any not started at a release.
 pub type ndx_frame_provider_t = Option<
     unsafe extern "C" fn(
         user: *mut c_void,
@@ -597,12 +609,18 @@ pub extern "C" fn ndx_context_set_backend(
 
 /// Registers the host language's frame provider (NULL `provider` removes it). It is
 /// called on the invoking thread during `ndx_invoke` when the capture policy is HOST
-/// or ALL. `user_free(user)` (if not NULL) is called exactly once: when the provider
-/// is replaced or removed, or the context is released (on the thread of the last
-/// `ndx_context_release`, when that release waits for the context's work; else when
-/// the context is freed); at once when `provider` is NULL;
-/// and also when this call fails (before it returns). Run for a replaced or removed
-/// provider, `user_free` may call ndx, on this context too. Thread-safe.
+/// or ALL (see `ndx_frame_provider_t`: which thread, re-entry). Invocations already
+/// made keep the frames they recorded; pending work never calls the provider.
+/// `user_free(user)` (if not NULL) is called exactly once, after the last call of
+/// `provider`: when the provider is replaced or removed, or the context is released (on
+/// the thread of the last `ndx_context_release`, when that release waits for the
+/// context's work; else when the context is freed) — or, when an `ndx_invoke` that
+/// began before is still running then (on another thread, or on this one from inside
+/// the provider or a SYNC invocation's host operator), when the last such call
+/// returns, on its thread; at once when `provider` is NULL; and also when this call
+/// fails (before it returns).
+/// Run for a replaced or removed provider, `user_free` may call ndx, on this context
+/// too. Thread-safe.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_context_set_frame_provider(
     ctx: *const ndx_context_t,

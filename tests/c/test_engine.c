@@ -2926,6 +2926,79 @@ static NDX_TEST_NOINLINE void test_callback_waits_on_complete_futures(void) {
     call;                               \
   } while (0)
 
+/* A provider that invokes on its own context (as host code it calls might), at most 8
+ * deep so that the test ends without the fix too. */
+typedef struct {
+  ndx_context_t* ctx;
+  int calls;
+  size_t nested_frames, nested_host;
+  int nested_seen;
+} reentry_t;
+
+static NDX_TEST_NOINLINE size_t reentrant_provider(void* user, ndx_host_frame_t* frames,
+                                                   size_t capacity) {
+  reentry_t* r = (reentry_t*)user;
+  r->calls++;
+  if (r->calls < 8) {
+    ndx_tensor_t* a = t_i32(kA);
+    ndx_input_t in[2] = {ndx_test_in(a), ndx_test_in(a)};
+    ndx_future_t* f = NULL;
+    int line = __LINE__ + 1;
+    if (CHECK_OK(ndx_invoke(r->ctx, "add", in, 2, NULL, NULL, &f))) {
+      ndx_error_t* e = ndx_future_wait(f, -1);
+      if (!r->nested_seen && CHECK(e != NULL, "the nested invocation fails as injected")) {
+        r->nested_seen = 1;
+        r->nested_frames = ndx_error_frame_count(e);
+        for (size_t i = 0; i < r->nested_frames; i++) {
+          ndx_frame_t fr;
+          if (ndx_test_get_frame(e, i, &fr) && fr.origin == NDX_FRAME_HOST) r->nested_host++;
+        }
+        CHECK_FRAME(e, 0, THIS_FILE, line, "reentrant_provider", NDX_FRAME_NATIVE);
+      }
+      ndx_error_free(e);
+      ndx_future_release(f);
+    }
+    ndx_tensor_release(a);
+  }
+  if (capacity > 0) {
+    frames[0].function = "py_fn";
+    frames[0].file = "x.py";
+    frames[0].line = 3;
+  }
+  return capacity > 0 ? 1 : 0;
+}
+
+/* A frame provider that invoked on its context was called again by that invocation,
+ * and again by the next, until the stack overflowed and the process died. An
+ * invocation made inside a provider records no host frames: the provider runs once. */
+static NDX_TEST_NOINLINE void test_provider_reentry(void) {
+  const int32_t policies[2] = {NDX_CAPTURE_HOST, NDX_CAPTURE_ALL};
+  for (int p = 0; p < 2; p++) {
+    NDX_TEST_CONTEXT(p == 0 ? "provider re-entry, HOST" : "provider re-entry, ALL");
+    ndx_context_t* ctx = make_ctx(NDX_EVAL_EAGER, policies[p], "inject_runtime_error:add");
+    reentry_t r;
+    memset(&r, 0, sizeof r);
+    r.ctx = ctx;
+    CHECK_OK(ndx_context_set_frame_provider(ctx, reentrant_provider, &r, NULL));
+    ndx_tensor_t* a = t_i32(kA);
+    ndx_input_t in[2] = {ndx_test_in(a), ndx_test_in(a)};
+    ndx_future_t* f = NULL;
+    CHECK_OK(ndx_invoke(ctx, "add", in, 2, NULL, NULL, &f));
+    CHECK(r.calls == 1, "the provider ran %d times", r.calls);
+    CHECK(r.nested_seen && r.nested_host == 0, "the nested invocation has %zu host frames",
+          r.nested_host);
+    ndx_error_t* e = ndx_future_wait(f, -1);
+    if (CHECK(e != NULL, "the injected failure")) {
+      CHECK_FRAME(e, 0, "x.py", 3, "py_fn", NDX_FRAME_HOST);
+    }
+    ndx_error_free(e);
+    ndx_future_release(f);
+    ndx_tensor_release(a);
+    ndx_context_release(ctx);
+  }
+  NDX_TEST_CONTEXT(NULL);
+}
+
 /* clamp of int64 {-5, -1, 0, 1, 5, 100} with float bounds `lo` and `hi` (given when
  * `has_lo`/`has_hi`): expects the call-time error `fragment`, or (NULL) the values
  * `want`. */
@@ -3023,6 +3096,7 @@ int main(void) {
   RUN(test_host_op_of_no_inputs());
   RUN(test_callback_waits_on_complete_futures());
   RUN(test_clamp_bounds());
+  RUN(test_provider_reentry());
   ndx_test_watchdog_stop();
   return NDX_TEST_SUMMARY("test_engine");
 }
