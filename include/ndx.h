@@ -561,7 +561,14 @@ typedef int32_t ndx_flush_reason_t;
 
 /**
  * Named arguments for `ndx_invoke`: an owned builder (`ndx_args_new`,
- * `ndx_args_free`). Not thread-safe while being changed; `ndx_invoke` copies it.
+ * `ndx_args_free`). Not thread-safe while being changed; `ndx_invoke` copies it, so
+ * it may be changed or freed as soon as `ndx_invoke` returns, also while the
+ * invocation's work is pending (DEFERRED, EAGER). Names are UTF-8 (other bytes are
+ * NDX_ERROR_VALUE); a name holds one value of one type: setting it again, with any
+ * type, replaces the value (and ends what getters borrowed from the old one). Names
+ * and types are checked by `ndx_invoke` against the operator's schema: an unknown name
+ * is NDX_ERROR_VALUE listing the names the operator takes; a wrong type is
+ * NDX_ERROR_TYPE naming the argument, its type and the expected one.
  */
 typedef struct ndx_args_t ndx_args_t;
 
@@ -923,7 +930,7 @@ typedef struct {
    */
   size_t n_args;
   /**
-   * `n_args` argument names (copied).
+   * `n_args` argument names (copied; distinct, UTF-8).
    */
   const char *const *arg_names;
   /**
@@ -1447,27 +1454,34 @@ ndx_error_t *ndx_args_new(ndx_args_t **out);
 void ndx_args_free(ndx_args_t *args);
 
 /**
- * Sets integer argument `name` (replacing a previous value).
+ * Sets integer argument `name` (copied; replacing a previous value of any type).
+ * NDX_ERROR_VALUE for a NULL `args` or `name`, or a `name` that is not UTF-8.
  */
 ndx_error_t *ndx_args_set_int(ndx_args_t *args, const char *name, int64_t value);
 
 /**
- * Sets float argument `name`.
+ * Sets float argument `name`, like `ndx_args_set_int`. NaN and infinities are kept
+ * as given: the operator decides (`clamp` refuses a NaN bound at `ndx_invoke`).
  */
 ndx_error_t *ndx_args_set_float(ndx_args_t *args, const char *name, double value);
 
 /**
- * Sets boolean argument `name`.
+ * Sets boolean argument `name`, like `ndx_args_set_int`.
  */
 ndx_error_t *ndx_args_set_bool(ndx_args_t *args, const char *name, bool value);
 
 /**
- * Sets string argument `name` (copied).
+ * Sets string argument `name` to `value` (copied; invalid UTF-8 in `value` is
+ * replaced by U+FFFD, which `ndx_args_get_string` then returns), like
+ * `ndx_args_set_int`. NDX_ERROR_VALUE for a NULL `value`.
  */
 ndx_error_t *ndx_args_set_string(ndx_args_t *args, const char *name, const char *value);
 
 /**
- * Sets integer-array argument `name` from `n` values (copied).
+ * Sets integer-array argument `name` from `n` values (copied), like
+ * `ndx_args_set_int`. `values` may be NULL when `n` is 0. NDX_ERROR_VALUE for a NULL
+ * `values` with `n > 0`, an `n` whose byte size passes the address space, or a
+ * `values` not aligned for `int64_t`.
  */
 ndx_error_t *ndx_args_set_int_array(ndx_args_t *args,
                                     const char *name,
@@ -1475,7 +1489,8 @@ ndx_error_t *ndx_args_set_int_array(ndx_args_t *args,
                                     size_t n);
 
 /**
- * Sets float-array argument `name` from `n` values (copied).
+ * Sets float-array argument `name` from `n` values (copied), like
+ * `ndx_args_set_int_array`.
  */
 ndx_error_t *ndx_args_set_float_array(ndx_args_t *args,
                                       const char *name,
@@ -1483,12 +1498,16 @@ ndx_error_t *ndx_args_set_float_array(ndx_args_t *args,
                                       size_t n);
 
 /**
- * Sets dtype argument `name` (an `ndx_dtype_t`).
+ * Sets dtype argument `name` (an `ndx_dtype_t`; another value is NDX_ERROR_VALUE),
+ * like `ndx_args_set_int`.
  */
 ndx_error_t *ndx_args_set_dtype(ndx_args_t *args, const char *name, int32_t dtype);
 
 /**
- * Reads integer argument `name` (NDX_ERROR_VALUE when absent, TYPE when not an int).
+ * Reads integer argument `name` (NDX_ERROR_VALUE when absent, TYPE when not an int,
+ * naming both types). Every getter clears its out-params first, and fails with
+ * NDX_ERROR_VALUE for a NULL `args`, `name` or out-param and a `name` that is not
+ * UTF-8.
  */
 ndx_error_t *ndx_args_get_int(const ndx_args_t *args, const char *name, int64_t *out);
 
@@ -1503,7 +1522,8 @@ ndx_error_t *ndx_args_get_float(const ndx_args_t *args, const char *name, double
 ndx_error_t *ndx_args_get_bool(const ndx_args_t *args, const char *name, bool *out);
 
 /**
- * Reads string argument `name`; the string is borrowed from `args`.
+ * Reads string argument `name`; the string is borrowed from `args`: valid until `args`
+ * is freed or `name` is set again.
  */
 ndx_error_t *ndx_args_get_string(const ndx_args_t *args, const char *name, const char **out);
 
@@ -1513,7 +1533,9 @@ ndx_error_t *ndx_args_get_string(const ndx_args_t *args, const char *name, const
 ndx_error_t *ndx_args_get_dtype(const ndx_args_t *args, const char *name, int32_t *out);
 
 /**
- * Reads integer-array argument `name`: `*values` (borrowed from `args`) and `*n`.
+ * Reads integer-array argument `name`: `*values` (borrowed from `args`: valid until
+ * `args` is freed or `name` is set again) and `*n`. For an empty array `*n` is 0 and
+ * `*values` a non-NULL pointer that must not be read.
  */
 ndx_error_t *ndx_args_get_int_array(const ndx_args_t *args,
                                     const char *name,
@@ -1521,7 +1543,8 @@ ndx_error_t *ndx_args_get_int_array(const ndx_args_t *args,
                                     size_t *n);
 
 /**
- * Reads float-array argument `name`: `*values` (borrowed from `args`) and `*n`.
+ * Reads float-array argument `name`: `*values` and `*n`, like
+ * `ndx_args_get_int_array`.
  */
 ndx_error_t *ndx_args_get_float_array(const ndx_args_t *args,
                                       const char *name,
@@ -1534,8 +1557,9 @@ ndx_error_t *ndx_args_get_float_array(const ndx_args_t *args,
  * `*out` receives the invocation's future. With out tensors (`opts->outputs`) the
  * results are written into them (see `ndx_output_t`).
  *
- * Returns an error only for call-time failures, in every mode: NULL or unknown
- * arguments, an unknown operator or argument, a wrong argument type or input count,
+ * `args` is copied (see `ndx_args_t`). Returns an error only for call-time failures,
+ * in every mode: NULL or unknown arguments, an unknown operator (or an `op` that is not
+ * UTF-8) or argument, a wrong argument type or input count,
  * input metadata the operator rejects (dtype, shape), an out tensor that does not fit
  * its output, an injected compile error.
  * Failures of the work itself (a kernel error, a failed input) are in the future —
@@ -1645,8 +1669,8 @@ void ndx_future_release(const ndx_future_t *future);
  * is released (after its running work finished), or later when the last invocation
  * of the operator is gone if the context was released from a callback or host
  * operator; it is called exactly once, also when this call fails (before it returns).
- * NDX_ERROR_VALUE when the name is taken or the schema is invalid (argument names
- * must be distinct).
+ * NDX_ERROR_VALUE when the name is taken or not UTF-8, or the schema is invalid
+ * (argument names must be distinct and UTF-8).
  */
 ndx_error_t *ndx_register_op(const ndx_context_t *ctx,
                              const char *name,

@@ -2254,3 +2254,74 @@ fn an_invocation_inside_the_frame_provider_does_not_call_it_again() {
         // The guard is left: the next invocation on this thread calls a provider again.
     }
 }
+
+/// Names are keys: replacing their invalid UTF-8 made distinct names equal. Argument
+/// "\xff" and argument "\xfe" were one argument (setting one replaced the other, and
+/// reading "\xfd" returned it); two such schema names were "both \"\u{fffd}\""; and
+/// `ndx_invoke` of operator "\xfe" ran the host operator registered as "\xff". Names
+/// that are not UTF-8 are now NDX_ERROR_VALUE, naming the argument and the byte.
+#[test]
+fn names_that_are_not_utf8_are_refused_not_merged() {
+    let value = ndx_error_kind_t::NDX_ERROR_VALUE;
+    let mut args = std::ptr::null_mut();
+    ok(ndx_args_new(&mut args));
+    let (ff, fe) = (c"\xff".as_ptr(), c"a\xfe".as_ptr());
+    common::expect_err(
+        ndx_args_set_int(args, ff, 1),
+        value,
+        "argument 'name' (\"\\xff\") is not valid UTF-8: byte 0xff at offset 0; names must be UTF-8",
+    );
+    common::expect_err(
+        ndx_args_set_float_array(args, fe, std::ptr::null(), 0),
+        value,
+        "argument 'name' (\"a\\xfe\") is not valid UTF-8: byte 0xfe at offset 1",
+    );
+    // U+FFFD itself is a valid name, and no invalid name reads it.
+    ok(ndx_args_set_int(args, c"\u{fffd}".as_ptr(), 7));
+    let mut v = -1i64;
+    common::expect_err(ndx_args_get_int(args, ff, &mut v), value, "not valid UTF-8");
+    assert_eq!(v, 0, "the out-param is cleared");
+    ok(ndx_args_get_int(args, c"\u{fffd}".as_ptr(), &mut v));
+    assert_eq!(v, 7);
+
+    let ctx = context(ndx_capture_policy_t::NDX_CAPTURE_OFF);
+    let types = [ndx_arg_type_t::NDX_ARG_INT as i32; 2];
+    let names = [c"\xff".as_ptr(), c"\xfe".as_ptr()];
+    let schema = one_in_one_out(2, names.as_ptr(), types.as_ptr());
+    common::expect_err(
+        register_noop(ctx, c"op", &schema),
+        value,
+        "argument 'schema->arg_names[0]' (\"\\xff\") is not valid UTF-8",
+    );
+    let none = one_in_one_out(0, std::ptr::null(), std::ptr::null());
+    common::expect_err(
+        register_noop(ctx, c"op\xff", &none),
+        value,
+        "argument 'name' (\"op\\xff\") is not valid UTF-8: byte 0xff at offset 2",
+    );
+    // What was refused registered nothing: "op\u{fffd}" is free.
+    ok(register_noop(ctx, c"op\u{fffd}", &none));
+    let t = scalar();
+    let input = [ndx_input_t {
+        tensor: t,
+        batch: std::ptr::null(),
+    }];
+    let mut f = std::ptr::null_mut();
+    common::expect_err(
+        ndx_invoke(
+            ctx,
+            c"op\xfe".as_ptr(),
+            input.as_ptr(),
+            1,
+            std::ptr::null(),
+            std::ptr::null(),
+            &mut f,
+        ),
+        value,
+        "argument 'op' (\"op\\xfe\") is not valid UTF-8",
+    );
+    assert!(f.is_null());
+    ndx_tensor_release(t);
+    ndx_context_release(ctx);
+    ndx_args_free(args);
+}

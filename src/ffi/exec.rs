@@ -12,8 +12,8 @@ use std::time::Duration;
 use super::handle::{borrow, clone_arc, into_handle, release};
 use super::{
     Options, boundary, boundary_out, boundary_value, caller_return_address, error_into_raw,
-    host_str, ndx_batch_t, ndx_context_t, ndx_error_t, ndx_future_t, ndx_tensor_t, out_param,
-    read_options, size_check,
+    host_name, host_str, ndx_batch_t, ndx_context_t, ndx_error_t, ndx_future_t, ndx_tensor_t,
+    out_param, read_options, size_check,
 };
 use crate::error::{Error, Frame, FrameOrigin, Result};
 use crate::exec::{
@@ -318,7 +318,7 @@ pub struct ndx_op_schema_t {
     pub n_outputs: usize,
     /// Number of named arguments.
     pub n_args: usize,
-    /// `n_args` argument names (copied).
+    /// `n_args` argument names (copied; distinct, UTF-8).
     pub arg_names: *const *const c_char,
     /// `n_args` `ndx_arg_type_t` values.
     pub arg_types: *const i32,
@@ -336,7 +336,14 @@ pub struct ndx_op_schema_t {
 }
 
 /// Named arguments for `ndx_invoke`: an owned builder (`ndx_args_new`,
-/// `ndx_args_free`). Not thread-safe while being changed; `ndx_invoke` copies it.
+/// `ndx_args_free`). Not thread-safe while being changed; `ndx_invoke` copies it, so
+/// it may be changed or freed as soon as `ndx_invoke` returns, also while the
+/// invocation's work is pending (DEFERRED, EAGER). Names are UTF-8 (other bytes are
+/// NDX_ERROR_VALUE); a name holds one value of one type: setting it again, with any
+/// type, replaces the value (and ends what getters borrowed from the old one). Names
+/// and types are checked by `ndx_invoke` against the operator's schema: an unknown name
+/// is NDX_ERROR_VALUE listing the names the operator takes; a wrong type is
+/// NDX_ERROR_TYPE naming the argument, its type and the expected one.
 pub struct ndx_args_t {
     _private: [u8; 0],
 }
@@ -760,7 +767,7 @@ fn set_arg(
     name: *const c_char,
     value: impl FnOnce() -> Result<ArgValue>,
 ) -> Result<()> {
-    let name = host_str(name, "name")?;
+    let name = host_name(name, "name")?;
     let value = value()?;
     args_mut(args)?.set(&name, value);
     Ok(())
@@ -793,7 +800,8 @@ fn slice_arg<'a, T>(data: *const T, n: usize, what: &str, n_name: &str) -> Resul
     Ok(unsafe { std::slice::from_raw_parts(data, n) })
 }
 
-/// Sets integer argument `name` (replacing a previous value).
+/// Sets integer argument `name` (copied; replacing a previous value of any type).
+/// NDX_ERROR_VALUE for a NULL `args` or `name`, or a `name` that is not UTF-8.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_args_set_int(
     args: *mut ndx_args_t,
@@ -805,7 +813,8 @@ pub extern "C" fn ndx_args_set_int(
     })
 }
 
-/// Sets float argument `name`.
+/// Sets float argument `name`, like `ndx_args_set_int`. NaN and infinities are kept
+/// as given: the operator decides (`clamp` refuses a NaN bound at `ndx_invoke`).
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_args_set_float(
     args: *mut ndx_args_t,
@@ -817,7 +826,7 @@ pub extern "C" fn ndx_args_set_float(
     })
 }
 
-/// Sets boolean argument `name`.
+/// Sets boolean argument `name`, like `ndx_args_set_int`.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_args_set_bool(
     args: *mut ndx_args_t,
@@ -829,7 +838,9 @@ pub extern "C" fn ndx_args_set_bool(
     })
 }
 
-/// Sets string argument `name` (copied).
+/// Sets string argument `name` to `value` (copied; invalid UTF-8 in `value` is
+/// replaced by U+FFFD, which `ndx_args_get_string` then returns), like
+/// `ndx_args_set_int`. NDX_ERROR_VALUE for a NULL `value`.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_args_set_string(
     args: *mut ndx_args_t,
@@ -845,7 +856,10 @@ pub extern "C" fn ndx_args_set_string(
     })
 }
 
-/// Sets integer-array argument `name` from `n` values (copied).
+/// Sets integer-array argument `name` from `n` values (copied), like
+/// `ndx_args_set_int`. `values` may be NULL when `n` is 0. NDX_ERROR_VALUE for a NULL
+/// `values` with `n > 0`, an `n` whose byte size passes the address space, or a
+/// `values` not aligned for `int64_t`.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_args_set_int_array(
     args: *mut ndx_args_t,
@@ -862,7 +876,8 @@ pub extern "C" fn ndx_args_set_int_array(
     })
 }
 
-/// Sets float-array argument `name` from `n` values (copied).
+/// Sets float-array argument `name` from `n` values (copied), like
+/// `ndx_args_set_int_array`.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_args_set_float_array(
     args: *mut ndx_args_t,
@@ -879,7 +894,8 @@ pub extern "C" fn ndx_args_set_float_array(
     })
 }
 
-/// Sets dtype argument `name` (an `ndx_dtype_t`).
+/// Sets dtype argument `name` (an `ndx_dtype_t`; another value is NDX_ERROR_VALUE),
+/// like `ndx_args_set_int`.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_args_set_dtype(
     args: *mut ndx_args_t,
@@ -898,7 +914,7 @@ pub extern "C" fn ndx_args_set_dtype(
 }
 
 fn get_arg<'a>(args: *const ndx_args_t, name: *const c_char) -> Result<&'a ArgValue> {
-    let name = host_str(name, "name")?;
+    let name = host_name(name, "name")?;
     args_ref(args)?
         .get(&name)
         .ok_or_else(|| Error::value(format!("no argument '{name}' was given")))
@@ -913,7 +929,10 @@ fn wrong_type(name: *const c_char, want: ArgType, got: &ArgValue) -> Error {
     ))
 }
 
-/// Reads integer argument `name` (NDX_ERROR_VALUE when absent, TYPE when not an int).
+/// Reads integer argument `name` (NDX_ERROR_VALUE when absent, TYPE when not an int,
+/// naming both types). Every getter clears its out-params first, and fails with
+/// NDX_ERROR_VALUE for a NULL `args`, `name` or out-param and a `name` that is not
+/// UTF-8.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_args_get_int(
     args: *const ndx_args_t,
@@ -957,7 +976,8 @@ pub extern "C" fn ndx_args_get_bool(
     })
 }
 
-/// Reads string argument `name`; the string is borrowed from `args`.
+/// Reads string argument `name`; the string is borrowed from `args`: valid until `args`
+/// is freed or `name` is set again.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_args_get_string(
     args: *const ndx_args_t,
@@ -990,7 +1010,9 @@ pub extern "C" fn ndx_args_get_dtype(
     })
 }
 
-/// Reads integer-array argument `name`: `*values` (borrowed from `args`) and `*n`.
+/// Reads integer-array argument `name`: `*values` (borrowed from `args`: valid until
+/// `args` is freed or `name` is set again) and `*n`. For an empty array `*n` is 0 and
+/// `*values` a non-NULL pointer that must not be read.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_args_get_int_array(
     args: *const ndx_args_t,
@@ -1006,7 +1028,8 @@ pub extern "C" fn ndx_args_get_int_array(
     })
 }
 
-/// Reads float-array argument `name`: `*values` (borrowed from `args`) and `*n`.
+/// Reads float-array argument `name`: `*values` and `*n`, like
+/// `ndx_args_get_int_array`.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_args_get_float_array(
     args: *const ndx_args_t,
@@ -1141,8 +1164,9 @@ fn location(loc: &ndx_location_t) -> Option<Frame> {
 /// `*out` receives the invocation's future. With out tensors (`opts->outputs`) the
 /// results are written into them (see `ndx_output_t`).
 ///
-/// Returns an error only for call-time failures, in every mode: NULL or unknown
-/// arguments, an unknown operator or argument, a wrong argument type or input count,
+/// `args` is copied (see `ndx_args_t`). Returns an error only for call-time failures,
+/// in every mode: NULL or unknown arguments, an unknown operator (or an `op` that is not
+/// UTF-8) or argument, a wrong argument type or input count,
 /// input metadata the operator rejects (dtype, shape), an out tensor that does not fit
 /// its output, an injected compile error.
 /// Failures of the work itself (a kernel error, a failed input) are in the future —
@@ -1163,11 +1187,7 @@ pub extern "C" fn ndx_invoke(
     let caller_ip = caller_return_address();
     boundary_out("ndx_invoke", out, std::ptr::null_mut(), || {
         let ctx = clone_arc(ctx, "ctx")?;
-        if op.is_null() {
-            return Err(Error::value("argument 'op' is NULL"));
-        }
-        // SAFETY: non-NULL; the caller promises a NUL-terminated string.
-        let op = unsafe { std::ffi::CStr::from_ptr(op) }.to_string_lossy();
+        let op = host_name(op, "op")?;
         let inputs = input_list(inputs, n_inputs)?;
         let args = if args.is_null() {
             Args::new()
@@ -1637,8 +1657,8 @@ impl CKernel {
 /// is released (after its running work finished), or later when the last invocation
 /// of the operator is gone if the context was released from a callback or host
 /// operator; it is called exactly once, also when this call fails (before it returns).
-/// NDX_ERROR_VALUE when the name is taken or the schema is invalid (argument names
-/// must be distinct).
+/// NDX_ERROR_VALUE when the name is taken or not UTF-8, or the schema is invalid
+/// (argument names must be distinct and UTF-8).
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_register_op(
     ctx: *const ndx_context_t,
@@ -1654,7 +1674,7 @@ pub extern "C" fn ndx_register_op(
     };
     boundary("ndx_register_op", || {
         let ctx = borrow(ctx, "ctx")?;
-        let name = host_str(name, "name")?;
+        let name = host_name(name, "name")?;
         let f = kernel.ok_or_else(|| Error::value("argument 'kernel' is NULL"))?;
         if schema.is_null() {
             return Err(Error::value("argument 'schema' is NULL"));
@@ -1696,7 +1716,7 @@ pub extern "C" fn ndx_register_op(
             .enumerate()
             .map(|(i, (&n, &t))| {
                 Ok(crate::ops::ArgSpec {
-                    name: host_str(n, &format!("schema->arg_names[{i}]"))?,
+                    name: host_name(n, &format!("schema->arg_names[{i}]"))?,
                     ty: ArgType::from_raw(t).ok_or_else(|| {
                         Error::value(format!(
                             "schema->arg_types[{i}] is {t}, not an ndx_arg_type_t value"

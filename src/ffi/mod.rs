@@ -169,6 +169,26 @@ pub(crate) fn host_str(p: *const c_char, arg: &str) -> Result<String> {
     Ok(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
 }
 
+/// Copies a host name (an operator's or an argument's) into an owned `String`. Names
+/// are keys, so one that is not UTF-8 is refused: replacing its invalid bytes, as
+/// [`host_str`] does for text, would make distinct names equal.
+pub(crate) fn host_name(p: *const c_char, arg: &str) -> Result<String> {
+    if p.is_null() {
+        return Err(Error::value(format!("argument '{arg}' is NULL")));
+    }
+    // SAFETY: non-NULL, and the caller promises a NUL-terminated string.
+    let bytes = unsafe { CStr::from_ptr(p) }.to_bytes();
+    match std::str::from_utf8(bytes) {
+        Ok(name) => Ok(name.to_owned()),
+        Err(e) => Err(Error::value(format!(
+            "argument '{arg}' (\"{}\") is not valid UTF-8: byte 0x{:02x} at offset {}; names must be UTF-8",
+            bytes.escape_ascii(),
+            bytes[e.valid_up_to()],
+            e.valid_up_to()
+        ))),
+    }
+}
+
 /// The library version as `MAJOR * 10000 + MINOR * 100 + PATCH`.
 ///
 /// Thread-safe; never fails.

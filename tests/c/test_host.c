@@ -579,6 +579,111 @@ static void test_args_array_out_params(void) {
   ndx_args_free(a);
 }
 
+/* A host kernel that is never run (the operators below are only registered). */
+static ndx_error_t* unused_kernel(void* user, const ndx_tensor_t* const* inputs, size_t n_inputs,
+                                  const ndx_args_t* args, ndx_tensor_t** outputs,
+                                  size_t n_outputs) {
+  (void)user; (void)inputs; (void)n_inputs; (void)args; (void)outputs; (void)n_outputs;
+  return ndx_error_new(NDX_ERROR_RUNTIME, "unused_kernel ran", NULL);
+}
+
+static ndx_op_schema_t one_in_one_out(size_t n_args, const char* const* names,
+                                      const int32_t* types) {
+  ndx_op_schema_t s;
+  memset(&s, 0, sizeof s);
+  s.struct_size = sizeof s;
+  s.n_inputs = 1;
+  s.n_outputs = 1;
+  s.n_args = n_args;
+  s.arg_names = names;
+  s.arg_types = types;
+  return s;
+}
+
+/* Names are keys: replacing their invalid UTF-8 made distinct names equal. Arguments
+ * "\xff" and "\xfe" were one argument (setting one replaced the other, reading "\xfd"
+ * returned it), two such schema names were "both U+FFFD", and ndx_invoke of operator
+ * "op\xfe" ran the one registered as "op\xff". Such names are NDX_ERROR_VALUE now. */
+static void test_names_must_be_utf8(void) {
+  ndx_args_t* a = NULL;
+  CHECK_OK(ndx_args_new(&a));
+  expect_error(ndx_args_set_int(a, "\xff", 1), NDX_ERROR_VALUE,
+               "argument 'name' (\"\\xff\") is not valid UTF-8: byte 0xff at offset 0; names "
+               "must be UTF-8");
+  expect_error(ndx_args_set_string(a, "a\xfe", "v"), NDX_ERROR_VALUE,
+               "argument 'name' (\"a\\xfe\") is not valid UTF-8: byte 0xfe at offset 1");
+  CHECK_OK(ndx_args_set_int(a, "\xef\xbf\xbd", 7)); /* U+FFFD itself is a valid name */
+  int64_t v = -1;
+  expect_error(ndx_args_get_int(a, "\xfd", &v), NDX_ERROR_VALUE, "is not valid UTF-8");
+  CHECK(v == 0, "the out-param is cleared (%lld)", (long long)v);
+  CHECK_OK(ndx_args_get_int(a, "\xef\xbf\xbd", &v));
+  CHECK(v == 7, "U+FFFD reads its own value (%lld)", (long long)v);
+  ndx_args_free(a);
+
+  ndx_context_t* ctx = ndx_test_new_context(NULL);
+  const char* const names[2] = {"\xff", "\xfe"};
+  const int32_t types[2] = {NDX_ARG_INT, NDX_ARG_INT};
+  ndx_op_schema_t two = one_in_one_out(2, names, types);
+  expect_error(ndx_register_op(ctx, "op", &two, unused_kernel, NULL, NULL), NDX_ERROR_VALUE,
+               "argument 'schema->arg_names[0]' (\"\\xff\") is not valid UTF-8");
+  ndx_op_schema_t none = one_in_one_out(0, NULL, NULL);
+  expect_error(ndx_register_op(ctx, "op\xff", &none, unused_kernel, NULL, NULL),
+               NDX_ERROR_VALUE, "argument 'name' (\"op\\xff\") is not valid UTF-8");
+  CHECK_OK(ndx_register_op(ctx, "op\xef\xbf\xbd", &none, unused_kernel, NULL, NULL));
+  const int64_t shape[1] = {2};
+  const int32_t data[2] = {1, 2};
+  ndx_tensor_t* t = ndx_test_tensor(data, NDX_DTYPE_INT32, 1, shape);
+  ndx_input_t in = ndx_test_in(t);
+  ndx_future_t* f = (ndx_future_t*)NDX_TEST_BOGUS_PTR;
+  expect_error(ndx_invoke(ctx, "op\xfe", &in, 1, NULL, NULL, &f), NDX_ERROR_VALUE,
+               "argument 'op' (\"op\\xfe\") is not valid UTF-8");
+  CHECK(f == NULL, "no future after a refused invocation");
+  ndx_tensor_release(t);
+  ndx_context_release(ctx);
+}
+
+/* ndx_invoke copies the arguments: changing or freeing them while a DEFERRED (or
+ * EAGER) invocation is pending changes nothing about it. */
+static void test_args_copied_at_invoke(void) {
+  const int32_t modes[2] = {NDX_EVAL_DEFERRED, NDX_EVAL_EAGER};
+  for (int m = 0; m < 2; m++) {
+    ndx_context_options_t o;
+    memset(&o, 0, sizeof o);
+    o.struct_size = sizeof o;
+    o.eval_mode = modes[m];
+    ndx_context_t* ctx = ndx_test_new_context(&o);
+    const int64_t shape[2] = {2, 3};
+    const int32_t data[6] = {1, 2, 3, 10, 20, 30};
+    ndx_tensor_t* t = ndx_test_tensor(data, NDX_DTYPE_INT32, 2, shape);
+    ndx_args_t* a = NULL;
+    CHECK_OK(ndx_args_new(&a));
+    const int64_t axis0[1] = {0}, axis1[1] = {1};
+    CHECK_OK(ndx_args_set_int_array(a, "axes", axis0, 1));
+    ndx_input_t in = ndx_test_in(t);
+    ndx_future_t* f = NULL;
+    CHECK_OK(ndx_invoke(ctx, "sum", &in, 1, a, NULL, &f));
+    CHECK_OK(ndx_args_set_int_array(a, "axes", axis1, 1));
+    CHECK_OK(ndx_args_set_string(a, "keepdims", "changed"));
+    ndx_args_free(a);
+    if (f != NULL && CHECK_OK(ndx_future_wait(f, -1))) {
+      ndx_tensor_t* out = NULL;
+      CHECK_OK(ndx_future_tensor(f, 0, &out));
+      int64_t sums[3] = {0, 0, 0};
+      size_t nbytes = 0;
+      if (out && CHECK_OK(ndx_tensor_nbytes(out, &nbytes)) &&
+          CHECK(nbytes == sizeof sums, "sum over axis 0: 3 int64 values (%zu bytes)", nbytes)) {
+        CHECK_OK(ndx_tensor_copy_to(out, sums, sizeof sums));
+        CHECK(sums[0] == 11 && sums[1] == 22 && sums[2] == 33, "sums %lld %lld %lld",
+              (long long)sums[0], (long long)sums[1], (long long)sums[2]);
+      }
+      ndx_tensor_release(out);
+    }
+    ndx_future_release(f);
+    ndx_tensor_release(t);
+    ndx_context_release(ctx);
+  }
+}
+
 /* Array lengths no array can have (their byte size passes PTRDIFF_MAX) are refused
  * with NDX_ERROR_VALUE naming the length, and a copy_to capacity of SIZE_MAX copies
  * the tensor; they once aborted the process (Rust's slice::from_raw_parts
@@ -667,5 +772,7 @@ int main(void) {
   test_args_array_out_params();
   test_array_lengths_beyond_the_address_space();
   test_copy_to_overlapping_buffer();
+  test_names_must_be_utf8();
+  test_args_copied_at_invoke();
   return NDX_TEST_SUMMARY("test_host");
 }
