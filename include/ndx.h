@@ -375,7 +375,9 @@ typedef int32_t ndx_future_status_t;
 #endif // __cplusplus
 
 /**
- * Argument types of host operator schemas.
+ * Argument types of host operator schemas. `ndx_invoke` converts a value given in
+ * an accepted other form to the declared type in the copy the kernel gets, so the
+ * kernel reads each argument with the getter of its declared type.
  */
 enum ndx_arg_type_t
 #if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
@@ -387,7 +389,7 @@ enum ndx_arg_type_t
    */
   NDX_ARG_INT = 1,
   /**
-   * `ndx_args_set_float` (an int is accepted).
+   * `ndx_args_set_float` (an int is accepted, converted).
    */
   NDX_ARG_FLOAT = 2,
   /**
@@ -399,11 +401,12 @@ enum ndx_arg_type_t
    */
   NDX_ARG_STRING = 4,
   /**
-   * `ndx_args_set_int_array` (a single int is accepted).
+   * `ndx_args_set_int_array` (a single int is accepted, as an array of one).
    */
   NDX_ARG_INT_ARRAY = 5,
   /**
-   * `ndx_args_set_float_array`.
+   * `ndx_args_set_float_array` (a single float or int is accepted, as an array of
+   * one).
    */
   NDX_ARG_FLOAT_ARRAY = 6,
   /**

@@ -2325,3 +2325,137 @@ fn names_that_are_not_utf8_are_refused_not_merged() {
     ndx_context_release(ctx);
     ndx_args_free(args);
 }
+
+/// What `typed_reader` read with the getter of each declared type, or the error.
+type Read = std::sync::Mutex<Vec<Result<String, String>>>;
+
+/// A host kernel reading `ia` (int array), `fa` (float array) and `f` (float), each
+/// with the getter of its declared type; its output is its input.
+unsafe extern "C" fn typed_reader(
+    user: *mut c_void,
+    inputs: *const *const ndx_tensor_t,
+    _: usize,
+    args: *const ndx_args_t,
+    outputs: *mut *mut ndx_tensor_t,
+    _: usize,
+) -> *mut ndx_error_t {
+    // SAFETY: the test's record, alive during the invocation.
+    let read = unsafe { &*user.cast::<Read>() };
+    let text = |e: *mut ndx_error_t| common::take_error(e).map(|(_, m)| m);
+    let (mut ip, mut fp, mut n, mut f) = (std::ptr::null(), std::ptr::null(), 0usize, 0f64);
+    let mut got = read.lock().unwrap();
+    got.push(
+        match text(ndx_args_get_int_array(
+            args,
+            c"ia".as_ptr(),
+            &mut ip,
+            &mut n,
+        )) {
+            // SAFETY: `n` values borrowed from the live args.
+            None => Ok(format!("{:?}", unsafe {
+                std::slice::from_raw_parts(ip, n)
+            })),
+            Some(m) => Err(m),
+        },
+    );
+    got.push(
+        match text(ndx_args_get_float_array(
+            args,
+            c"fa".as_ptr(),
+            &mut fp,
+            &mut n,
+        )) {
+            // SAFETY: as above.
+            None => Ok(format!("{:?}", unsafe {
+                std::slice::from_raw_parts(fp, n)
+            })),
+            Some(m) => Err(m),
+        },
+    );
+    got.push(
+        match text(ndx_args_get_float(args, c"f".as_ptr(), &mut f)) {
+            None => Ok(format!("{f:?}")),
+            Some(m) => Err(m),
+        },
+    );
+    // SAFETY: one input and one output slot (the schema's).
+    unsafe {
+        let input = *inputs;
+        ok(ndx_tensor_retain(input));
+        *outputs = input.cast_mut();
+    }
+    std::ptr::null_mut()
+}
+
+/// The schema's NDX_ARG_INT_ARRAY accepts a single int and NDX_ARG_FLOAT_ARRAY a
+/// single float or int, but the kernel got them as given: its
+/// `ndx_args_get_int_array` failed "argument 'ia' is an int, not an int array", so an
+/// invocation `ndx_invoke` accepted failed in the kernel. The kernel's copy now holds
+/// the declared types.
+#[test]
+fn a_host_kernel_reads_arguments_given_in_an_accepted_form_as_its_declared_type() {
+    let ctx = common::Ctx::new(ndx_eval_mode_t::NDX_EVAL_SYNC_CPU as i32);
+    let names = [c"ia".as_ptr(), c"fa".as_ptr(), c"f".as_ptr()];
+    let types = [
+        ndx_arg_type_t::NDX_ARG_INT_ARRAY as i32,
+        ndx_arg_type_t::NDX_ARG_FLOAT_ARRAY as i32,
+        ndx_arg_type_t::NDX_ARG_FLOAT as i32,
+    ];
+    let mut schema = one_in_one_out(3, names.as_ptr(), types.as_ptr());
+    schema.flags = ndx_op_flags_t::NDX_OP_OUTPUTS_MAY_ALIAS as u32;
+    let read: Read = Default::default();
+    ok(ndx_register_op(
+        ctx.0,
+        c"typed".as_ptr(),
+        &schema,
+        Some(typed_reader),
+        std::ptr::from_ref(&read).cast_mut().cast(),
+        None,
+    ));
+    let t = scalar();
+    let input = [ndx_input_t {
+        tensor: t,
+        batch: std::ptr::null(),
+    }];
+    let run = |set: &dyn Fn(*mut ndx_args_t)| {
+        let mut args = std::ptr::null_mut();
+        ok(ndx_args_new(&mut args));
+        set(args);
+        let f = common::invoke_with(&ctx, c"typed", &input, args, &Default::default())
+            .unwrap_or_else(|e| panic!("{:?}", common::take_error(e)));
+        ndx_args_free(args);
+        ok(ndx_future_wait(f, -1));
+        ndx_future_release(f);
+        std::mem::take(&mut *read.lock().unwrap())
+    };
+    let ints = |args| {
+        ok(ndx_args_set_int(args, c"ia".as_ptr(), 3));
+        ok(ndx_args_set_int(args, c"fa".as_ptr(), -2));
+        ok(ndx_args_set_int(args, c"f".as_ptr(), 5));
+    };
+    assert_eq!(
+        run(&ints),
+        [Ok("[3]".into()), Ok("[-2.0]".into()), Ok("5.0".into())]
+    );
+    let float = |args| ok(ndx_args_set_float(args, c"fa".as_ptr(), 0.25));
+    let got = run(&float);
+    assert_eq!(got[1], Ok("[0.25]".into()));
+    // Arrays given as arrays stay as they are.
+    let arrays = |args| {
+        ok(ndx_args_set_int_array(
+            args,
+            c"ia".as_ptr(),
+            [1i64, 2].as_ptr(),
+            2,
+        ));
+        ok(ndx_args_set_float_array(
+            args,
+            c"fa".as_ptr(),
+            [0.5f64].as_ptr(),
+            1,
+        ));
+    };
+    let got = run(&arrays);
+    assert_eq!(got[..2], [Ok("[1, 2]".into()), Ok("[0.5]".into())]);
+    ndx_tensor_release(t);
+}

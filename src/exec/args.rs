@@ -119,6 +119,11 @@ impl Args {
         Args { entries }
     }
 
+    /// The entries, consumed.
+    pub(crate) fn into_entries(self) -> Vec<(String, ArgValue)> {
+        self.entries
+    }
+
     /// Builder form of [`Args::set`].
     pub fn with(mut self, name: &str, value: ArgValue) -> Args {
         self.set(name, value);

@@ -552,6 +552,7 @@ impl ContextInner {
                 ),
             )));
         }
+        let args = def.conform_args(args);
         let (out_meta, batch_len) =
             infer(&def, &inputs, &args).map_err(|e| fail(crate::ops::of_operator(op, &e)))?;
         let out_device = output_device(&def, &inputs, &args);

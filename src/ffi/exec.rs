@@ -75,21 +75,24 @@ pub enum ndx_future_status_t {
     NDX_FUTURE_FAILED = 2,
 }
 
-/// Argument types of host operator schemas.
+/// Argument types of host operator schemas. `ndx_invoke` converts a value given in
+/// an accepted other form to the declared type in the copy the kernel gets, so the
+/// kernel reads each argument with the getter of its declared type.
 #[repr(i32)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ndx_arg_type_t {
     /// `ndx_args_set_int`.
     NDX_ARG_INT = 1,
-    /// `ndx_args_set_float` (an int is accepted).
+    /// `ndx_args_set_float` (an int is accepted, converted).
     NDX_ARG_FLOAT = 2,
     /// `ndx_args_set_bool`.
     NDX_ARG_BOOL = 3,
     /// `ndx_args_set_string`.
     NDX_ARG_STRING = 4,
-    /// `ndx_args_set_int_array` (a single int is accepted).
+    /// `ndx_args_set_int_array` (a single int is accepted, as an array of one).
     NDX_ARG_INT_ARRAY = 5,
-    /// `ndx_args_set_float_array`.
+    /// `ndx_args_set_float_array` (a single float or int is accepted, as an array of
+    /// one).
     NDX_ARG_FLOAT_ARRAY = 6,
     /// `ndx_args_set_dtype`.
     NDX_ARG_DTYPE = 7,

@@ -129,6 +129,30 @@ pub struct OpDef {
 }
 
 impl OpDef {
+    /// `args` with each value that its schema type accepts in another form (an int for
+    /// a float, a single int or float for an array) converted to that type, so that
+    /// kernels see the declared type: a host kernel reads an NDX_ARG_INT_ARRAY argument
+    /// given as one int with `ndx_args_get_int_array`. Unknown names and wrong types are
+    /// left for [`OpDef::validate_args`] to refuse.
+    pub fn conform_args(&self, args: Args) -> Args {
+        let entries = args
+            .into_entries()
+            .into_iter()
+            .map(|(name, value)| {
+                let ty = self.args.iter().find(|s| s.name == name).map(|s| s.ty);
+                let value = match (ty, value) {
+                    (Some(ArgType::Float), ArgValue::Int(v)) => ArgValue::Float(v as f64),
+                    (Some(ArgType::Ints), ArgValue::Int(v)) => ArgValue::Ints(vec![v]),
+                    (Some(ArgType::Floats), ArgValue::Float(v)) => ArgValue::Floats(vec![v]),
+                    (Some(ArgType::Floats), ArgValue::Int(v)) => ArgValue::Floats(vec![v as f64]),
+                    (_, v) => v,
+                };
+                (name, value)
+            })
+            .collect();
+        Args::from_distinct(entries)
+    }
+
     /// Checks `args` against the schema: no unknown names, right types, required ones
     /// present.
     pub fn validate_args(&self, args: &Args) -> Result<()> {

@@ -684,6 +684,87 @@ static void test_args_copied_at_invoke(void) {
   }
 }
 
+/* What typed_reader read, each argument with the getter of its declared type. */
+typedef struct {
+  int ia_ok, fa_ok, f_ok;
+  size_t ia_n, fa_n;
+  int64_t ia0;
+  double fa0, f;
+} typed_read_t;
+
+static ndx_error_t* typed_reader(void* user, const ndx_tensor_t* const* inputs, size_t n_inputs,
+                                 const ndx_args_t* args, ndx_tensor_t** outputs,
+                                 size_t n_outputs) {
+  (void)n_inputs; (void)n_outputs;
+  typed_read_t* r = (typed_read_t*)user;
+  const int64_t* iv = NULL;
+  const double* fv = NULL;
+  ndx_error_t* e = ndx_args_get_int_array(args, "ia", &iv, &r->ia_n);
+  r->ia_ok = e == NULL;
+  if (e == NULL && r->ia_n > 0) r->ia0 = iv[0];
+  ndx_error_free(e);
+  e = ndx_args_get_float_array(args, "fa", &fv, &r->fa_n);
+  r->fa_ok = e == NULL;
+  if (e == NULL && r->fa_n > 0) r->fa0 = fv[0];
+  ndx_error_free(e);
+  e = ndx_args_get_float(args, "f", &r->f);
+  r->f_ok = e == NULL;
+  ndx_error_free(e);
+  ndx_error_t* re = ndx_tensor_retain(inputs[0]);
+  if (re != NULL) return re;
+  outputs[0] = (ndx_tensor_t*)inputs[0];
+  return NULL;
+}
+
+/* A schema's NDX_ARG_INT_ARRAY accepts a single int and NDX_ARG_FLOAT_ARRAY a single
+ * float or int, but the kernel got them as given: its ndx_args_get_int_array failed
+ * ("argument 'ia' is an int, not an int array"), so an invocation ndx_invoke accepted
+ * failed in the kernel. The kernel's copy now holds the declared types. */
+static void test_host_kernel_reads_declared_types(void) {
+  ndx_context_options_t o;
+  memset(&o, 0, sizeof o);
+  o.struct_size = sizeof o;
+  o.eval_mode = NDX_EVAL_SYNC_CPU;
+  ndx_context_t* ctx = ndx_test_new_context(&o);
+  const char* const names[3] = {"ia", "fa", "f"};
+  const int32_t types[3] = {NDX_ARG_INT_ARRAY, NDX_ARG_FLOAT_ARRAY, NDX_ARG_FLOAT};
+  ndx_op_schema_t s = one_in_one_out(3, names, types);
+  s.flags = NDX_OP_OUTPUTS_MAY_ALIAS;
+  typed_read_t r;
+  memset(&r, 0, sizeof r);
+  CHECK_OK(ndx_register_op(ctx, "typed", &s, typed_reader, &r, NULL));
+  const float v = 1;
+  ndx_tensor_t* t = ndx_test_tensor(&v, NDX_DTYPE_FLOAT32, 0, NULL);
+  ndx_args_t* a = NULL;
+  CHECK_OK(ndx_args_new(&a));
+  CHECK_OK(ndx_args_set_int(a, "ia", 3));
+  CHECK_OK(ndx_args_set_int(a, "fa", -2));
+  CHECK_OK(ndx_args_set_int(a, "f", 5));
+  ndx_input_t in = ndx_test_in(t);
+  ndx_future_t* f = NULL;
+  if (CHECK_OK(ndx_invoke(ctx, "typed", &in, 1, a, NULL, &f))) {
+    CHECK_OK(ndx_future_wait(f, -1));
+    CHECK(r.ia_ok && r.ia_n == 1 && r.ia0 == 3, "ia: ok %d, n %zu, [0] %lld", r.ia_ok, r.ia_n,
+          (long long)r.ia0);
+    CHECK(r.fa_ok && r.fa_n == 1 && r.fa0 == -2.0, "fa: ok %d, n %zu, [0] %g", r.fa_ok, r.fa_n,
+          r.fa0);
+    CHECK(r.f_ok && r.f == 5.0, "f: ok %d, %g", r.f_ok, r.f);
+  }
+  ndx_future_release(f);
+  f = NULL;
+  memset(&r, 0, sizeof r);
+  CHECK_OK(ndx_args_set_float(a, "fa", 0.25));
+  if (CHECK_OK(ndx_invoke(ctx, "typed", &in, 1, a, NULL, &f))) {
+    CHECK_OK(ndx_future_wait(f, -1));
+    CHECK(r.fa_ok && r.fa_n == 1 && r.fa0 == 0.25, "fa from a float: ok %d, n %zu, [0] %g",
+          r.fa_ok, r.fa_n, r.fa0);
+  }
+  ndx_future_release(f);
+  ndx_args_free(a);
+  ndx_tensor_release(t);
+  ndx_context_release(ctx);
+}
+
 /* Array lengths no array can have (their byte size passes PTRDIFF_MAX) are refused
  * with NDX_ERROR_VALUE naming the length, and a copy_to capacity of SIZE_MAX copies
  * the tensor; they once aborted the process (Rust's slice::from_raw_parts
@@ -774,5 +855,6 @@ int main(void) {
   test_copy_to_overlapping_buffer();
   test_names_must_be_utf8();
   test_args_copied_at_invoke();
+  test_host_kernel_reads_declared_types();
   return NDX_TEST_SUMMARY("test_host");
 }
