@@ -2459,3 +2459,48 @@ fn a_host_kernel_reads_arguments_given_in_an_accepted_form_as_its_declared_type(
     assert_eq!(got[..2], [Ok("[1, 2]".into()), Ok("[0.5]".into())]);
     ndx_tensor_release(t);
 }
+
+/// `slice` with start, end, step and axes of different lengths said "got 2, 1, 2 and
+/// 2": counts for a step and axes that were never given (their defaults). It names
+/// each count with its argument, and only those given.
+#[test]
+fn slice_length_mismatches_count_only_the_arguments_given() {
+    let ctx = common::Ctx::new(ndx_eval_mode_t::NDX_EVAL_SYNC_CPU as i32);
+    let t = scalar();
+    let input = [ndx_input_t {
+        tensor: t,
+        batch: std::ptr::null(),
+    }];
+    let mut args = std::ptr::null_mut();
+    ok(ndx_args_new(&mut args));
+    ok(ndx_args_set_int_array(
+        args,
+        c"start".as_ptr(),
+        [0i64, 0].as_ptr(),
+        2,
+    ));
+    ok(ndx_args_set_int_array(
+        args,
+        c"end".as_ptr(),
+        [1i64].as_ptr(),
+        1,
+    ));
+    let refused = |fragment: &str| {
+        let e = common::invoke_with(&ctx, c"slice", &input, args, &Default::default())
+            .expect_err("refused");
+        common::expect_err(e, ndx_error_kind_t::NDX_ERROR_VALUE, fragment);
+    };
+    refused(
+        "operator 'slice': slice: start, end, step and axes must have one entry per sliced axis; \
+         got 2 in start, 1 in end",
+    );
+    ok(ndx_args_set_int_array(
+        args,
+        c"step".as_ptr(),
+        [1i64; 3].as_ptr(),
+        3,
+    ));
+    refused("must have one entry per sliced axis; got 2 in start, 1 in end, 3 in step");
+    ndx_args_free(args);
+    ndx_tensor_release(t);
+}

@@ -183,12 +183,20 @@ fn slice_view(shape: &[i64], strides: &[i64], args: &Args) -> Result<View> {
         None => (0..start.len() as i64).collect(),
     };
     if end.len() != start.len() || step.len() != start.len() || axes.len() != start.len() {
+        // Only what was given: a step or axes left out has one entry per start.
+        let counts: Vec<String> = [
+            ("start", &start),
+            ("end", &end),
+            ("step", &step),
+            ("axes", &axes),
+        ]
+        .into_iter()
+        .filter(|(name, _)| args.get(name).is_some())
+        .map(|(name, v)| format!("{} in {name}", v.len()))
+        .collect();
         return Err(Error::value(format!(
-            "slice: start, end, step and axes must have one entry per sliced axis; got {}, {}, {} and {}",
-            start.len(),
-            end.len(),
-            step.len(),
-            axes.len()
+            "slice: start, end, step and axes must have one entry per sliced axis; got {}",
+            counts.join(", ")
         )));
     }
     let axes = normalize_axes(Some(&axes), shape.len())?;

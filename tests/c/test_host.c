@@ -765,6 +765,30 @@ static void test_host_kernel_reads_declared_types(void) {
   ndx_context_release(ctx);
 }
 
+/* slice with start, end, step and axes of different lengths said "got 2, 1, 2 and 2":
+ * counts for a step and axes never given. Only the given ones are counted, by name. */
+static void test_slice_length_mismatch_message(void) {
+  ndx_context_t* ctx = ndx_test_new_context(NULL);
+  const int64_t shape[2] = {2, 2};
+  const int32_t data[4] = {1, 2, 3, 4};
+  ndx_tensor_t* t = ndx_test_tensor(data, NDX_DTYPE_INT32, 2, shape);
+  ndx_args_t* a = NULL;
+  CHECK_OK(ndx_args_new(&a));
+  const int64_t two[2] = {0, 0}, one[1] = {1}, three[3] = {1, 1, 1};
+  CHECK_OK(ndx_args_set_int_array(a, "start", two, 2));
+  CHECK_OK(ndx_args_set_int_array(a, "end", one, 1));
+  ndx_input_t in = ndx_test_in(t);
+  ndx_future_t* f = NULL;
+  expect_error(ndx_invoke(ctx, "slice", &in, 1, a, NULL, &f), NDX_ERROR_VALUE,
+               "must have one entry per sliced axis; got 2 in start, 1 in end");
+  CHECK_OK(ndx_args_set_int_array(a, "step", three, 3));
+  expect_error(ndx_invoke(ctx, "slice", &in, 1, a, NULL, &f), NDX_ERROR_VALUE,
+               "must have one entry per sliced axis; got 2 in start, 1 in end, 3 in step");
+  ndx_args_free(a);
+  ndx_tensor_release(t);
+  ndx_context_release(ctx);
+}
+
 /* Array lengths no array can have (their byte size passes PTRDIFF_MAX) are refused
  * with NDX_ERROR_VALUE naming the length, and a copy_to capacity of SIZE_MAX copies
  * the tensor; they once aborted the process (Rust's slice::from_raw_parts
@@ -856,5 +880,6 @@ int main(void) {
   test_names_must_be_utf8();
   test_args_copied_at_invoke();
   test_host_kernel_reads_declared_types();
+  test_slice_length_mismatch_message();
   return NDX_TEST_SUMMARY("test_host");
 }
