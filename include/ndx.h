@@ -778,7 +778,8 @@ typedef struct {
    */
   const char *file;
   /**
-   * 1-based line, 0 when unknown.
+   * 1-based line, 0 when unknown (so is a line above `INT32_MAX`: a negative line
+   * converted).
    */
   uint32_t line;
 } ndx_host_frame_t;
@@ -837,7 +838,8 @@ typedef struct {
    */
   const char *file;
   /**
-   * 1-based line.
+   * 1-based line, 0 when unknown (so is a line above `INT32_MAX`: a negative line
+   * converted).
    */
   uint32_t line;
   /**

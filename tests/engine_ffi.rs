@@ -2504,3 +2504,74 @@ fn slice_length_mismatches_count_only_the_arguments_given() {
     ndx_args_free(args);
     ndx_tensor_release(t);
 }
+
+/// Writes one frame whose line is -1 (a host's "unknown") converted to `uint32_t`.
+unsafe extern "C" fn minus_one_line(
+    _: *mut c_void,
+    out: *mut ndx_host_frame_t,
+    cap: usize,
+) -> usize {
+    if cap == 0 {
+        return 0;
+    }
+    // SAFETY: `cap` writable frames.
+    unsafe {
+        *out = ndx_host_frame_t {
+            function: c"py_fn".as_ptr(),
+            file: c"x.py".as_ptr(),
+            line: -1i32 as u32,
+        }
+    };
+    1
+}
+
+/// A host's "unknown" line -1, converted to `uint32_t`, read as line 4294967295 of the
+/// file ("File \"x.py\", line 4294967295"); from a provider or an explicit location,
+/// a line above INT32_MAX is 0 (unknown) now.
+#[test]
+fn a_negative_host_line_reads_as_unknown() {
+    let ctx = context(ndx_capture_policy_t::NDX_CAPTURE_HOST);
+    ok(ndx_context_set_frame_provider(
+        ctx,
+        Some(minus_one_line),
+        std::ptr::null_mut(),
+        None,
+    ));
+    let (e, _) = failing_add(ctx, std::ptr::null());
+    let fr = frames(e);
+    assert_eq!(
+        fr[0],
+        (
+            "py_fn".into(),
+            "x.py".into(),
+            0,
+            ndx_frame_origin_t::NDX_FRAME_HOST
+        )
+    );
+    ndx_error_free(e);
+    ok(ndx_context_set_frame_provider(
+        ctx,
+        None,
+        std::ptr::null_mut(),
+        None,
+    ));
+    for (line, want) in [
+        (u32::MAX, 0),
+        (i32::MAX as u32 + 1, 0),
+        (i32::MAX as u32, i32::MAX as u32),
+    ] {
+        let opts = ndx_invoke_options_t {
+            struct_size: std::mem::size_of::<ndx_invoke_options_t>(),
+            location: ndx_location_t {
+                file: c"app.lua".as_ptr(),
+                line,
+                function: c"main".as_ptr(),
+            },
+            ..Default::default()
+        };
+        let (e, _) = failing_add(ctx, &opts);
+        assert_eq!(frame(e, 0).line, want, "line {line}");
+        ndx_error_free(e);
+    }
+    ndx_context_release(ctx);
+}

@@ -181,7 +181,8 @@ impl Default for ndx_context_options_t {
 pub struct ndx_location_t {
     /// Source file, or NULL for no location.
     pub file: *const c_char,
-    /// 1-based line.
+    /// 1-based line, 0 when unknown (so is a line above `INT32_MAX`: a negative line
+    /// converted).
     pub line: u32,
     /// Function name, or NULL.
     pub function: *const c_char,
@@ -249,7 +250,8 @@ pub struct ndx_host_frame_t {
     pub function: *const c_char,
     /// File, or NULL.
     pub file: *const c_char,
-    /// 1-based line, 0 when unknown.
+    /// 1-based line, 0 when unknown (so is a line above `INT32_MAX`: a negative line
+    /// converted).
     pub line: u32,
 }
 
@@ -654,6 +656,12 @@ pub extern "C" fn ndx_context_set_frame_provider(
     })
 }
 
+/// A line from the host: one above `INT32_MAX` is a negative "unknown" line (-1)
+/// converted to `uint32_t`, not a line of a file, and reads as 0 (unknown).
+fn host_line(line: u32) -> u32 {
+    if line > i32::MAX as u32 { 0 } else { line }
+}
+
 fn host_frames(
     f: unsafe extern "C" fn(*mut c_void, *mut ndx_host_frame_t, usize) -> usize,
     data: &UserData,
@@ -687,7 +695,7 @@ fn host_frames(
             Frame::new(
                 text(h.function).as_deref(),
                 text(h.file).as_deref(),
-                h.line,
+                host_line(h.line),
                 0,
                 0,
                 FrameOrigin::Host,
@@ -1155,7 +1163,7 @@ fn location(loc: &ndx_location_t) -> Option<Frame> {
     Some(Frame::new(
         text(loc.function).as_deref(),
         text(loc.file).as_deref(),
-        loc.line,
+        host_line(loc.line),
         0,
         0,
         FrameOrigin::Host,

@@ -2999,6 +2999,48 @@ static NDX_TEST_NOINLINE void test_provider_reentry(void) {
   NDX_TEST_CONTEXT(NULL);
 }
 
+/* A provider whose host marks an unknown line with -1. */
+static size_t minus_one_line(void* user, ndx_host_frame_t* frames, size_t capacity) {
+  (void)user;
+  if (capacity == 0) return 0;
+  frames[0].function = "py_fn";
+  frames[0].file = "x.py";
+  frames[0].line = (uint32_t)-1;
+  return 1;
+}
+
+/* A host's "unknown" line -1, converted to uint32_t, read as line 4294967295 of the
+ * file; from a provider or an explicit location, a line above INT32_MAX is 0 now. */
+static NDX_TEST_NOINLINE void test_negative_host_line(void) {
+  ndx_context_t* ctx = make_ctx(NDX_EVAL_SYNC_CPU, NDX_CAPTURE_HOST, "inject_runtime_error:add");
+  CHECK_OK(ndx_context_set_frame_provider(ctx, minus_one_line, NULL, NULL));
+  ndx_tensor_t* a = t_i32(kA);
+  ndx_input_t in[2] = {ndx_test_in(a), ndx_test_in(a)};
+  for (int k = 0; k < 2; k++) {
+    ndx_invoke_options_t o;
+    memset(&o, 0, sizeof o);
+    o.struct_size = sizeof o;
+    if (k == 1) {
+      CHECK_OK(ndx_context_set_frame_provider(ctx, NULL, NULL, NULL));
+      o.location.file = "app.lua";
+      o.location.function = "main";
+      o.location.line = (uint32_t)-1;
+    }
+    ndx_future_t* f = NULL;
+    CHECK_OK(ndx_invoke(ctx, "add", in, 2, NULL, &o, &f));
+    ndx_error_t* e = ndx_future_wait(f, -1);
+    ndx_frame_t fr;
+    if (CHECK(e != NULL, "the injected failure") && CHECK(ndx_test_get_frame(e, 0, &fr), "frame 0")) {
+      CHECK(fr.line == 0, "%s: line %u", k ? "location" : "provider", (unsigned)fr.line);
+      CHECK_STR_EQ(fr.file, k ? "app.lua" : "x.py");
+    }
+    ndx_error_free(e);
+    ndx_future_release(f);
+  }
+  ndx_tensor_release(a);
+  ndx_context_release(ctx);
+}
+
 /* clamp of int64 {-5, -1, 0, 1, 5, 100} with float bounds `lo` and `hi` (given when
  * `has_lo`/`has_hi`): expects the call-time error `fragment`, or (NULL) the values
  * `want`. */
@@ -3097,6 +3139,7 @@ int main(void) {
   RUN(test_callback_waits_on_complete_futures());
   RUN(test_clamp_bounds());
   RUN(test_provider_reentry());
+  RUN(test_negative_host_line());
   ndx_test_watchdog_stop();
   return NDX_TEST_SUMMARY("test_engine");
 }
