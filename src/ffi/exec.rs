@@ -291,7 +291,9 @@ pub type ndx_future_callback_t =
     Option<unsafe extern "C" fn(user: *mut c_void, future: *const ndx_future_t)>;
 
 /// A host operator's kernel: reads `inputs` (borrowed for the call; NULL when
-/// `n_inputs` is 0), fills every
+/// `n_inputs` is 0) and `args` (never NULL; borrowed for the call: read it with the
+/// `ndx_args_get_*` of each argument's declared type, never change or free it), fills
+/// every
 /// `outputs[i]` with a new tensor reference (e.g. from `ndx_tensor_from_host`, or
 /// `ndx_tensor_retain` of an input it returns), and returns NULL, or an error (e.g.
 /// from `ndx_error_new`, perhaps with its own cause) that surfaces like any failure,
@@ -563,10 +565,12 @@ pub extern "C" fn ndx_context_set_eval_mode(
     })
 }
 
-/// Sets the capture policy and the capture depth (`depth` 0 keeps the current one):
-/// the most native return addresses recorded (an inlined function can turn one into
-/// several frames) and the `capacity` a frame provider is given. A `depth` above
-/// `NDX_MAX_CAPTURE_DEPTH` (1024) is NDX_ERROR_VALUE and changes nothing. Thread-safe.
+/// Sets the capture policy (an `ndx_capture_policy_t`, 1 to 4) and the capture depth
+/// (`depth` 0 keeps the current one): the most native return addresses recorded (an
+/// inlined function can turn one into several frames) and the `capacity` a frame
+/// provider is given. Another `policy` value, or a `depth` above
+/// `NDX_MAX_CAPTURE_DEPTH` (1024), is NDX_ERROR_VALUE and changes nothing. Invocations
+/// already made keep what they recorded. Thread-safe.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_context_set_capture_policy(
     ctx: *const ndx_context_t,
