@@ -2575,3 +2575,63 @@ fn a_negative_host_line_reads_as_unknown() {
     }
     ndx_context_release(ctx);
 }
+
+/// `ndx_invoke` copies its arguments: changing and freeing them while a DEFERRED or
+/// EAGER invocation is pending changes nothing about it.
+#[test]
+fn args_changed_or_freed_after_invoke_do_not_reach_pending_work() {
+    for mode in [
+        ndx_eval_mode_t::NDX_EVAL_DEFERRED,
+        ndx_eval_mode_t::NDX_EVAL_EAGER,
+    ] {
+        let ctx = common::Ctx::new(mode as i32);
+        let data = [1i32, 2, 3, 10, 20, 30];
+        let shape = [2i64, 3];
+        let mut t = std::ptr::null_mut();
+        ok(ndx_tensor_from_host(
+            data.as_ptr().cast(),
+            ndx_dtype_t::NDX_DTYPE_INT32 as i32,
+            2,
+            shape.as_ptr(),
+            std::ptr::null(),
+            std::ptr::null(),
+            &mut t,
+        ));
+        let mut args = std::ptr::null_mut();
+        ok(ndx_args_new(&mut args));
+        ok(ndx_args_set_int_array(
+            args,
+            c"axes".as_ptr(),
+            [0i64].as_ptr(),
+            1,
+        ));
+        let input = [ndx_input_t {
+            tensor: t,
+            batch: std::ptr::null(),
+        }];
+        let f = common::invoke_with(&ctx, c"sum", &input, args, &Default::default())
+            .unwrap_or_else(|e| panic!("{:?}", common::take_error(e)));
+        ok(ndx_args_set_int_array(
+            args,
+            c"axes".as_ptr(),
+            [1i64].as_ptr(),
+            1,
+        ));
+        ok(ndx_args_set_string(
+            args,
+            c"keepdims".as_ptr(),
+            c"changed".as_ptr(),
+        ));
+        ndx_args_free(args);
+        ok(ndx_future_wait(f, -1));
+        let mut out = std::ptr::null_mut();
+        ok(ndx_future_tensor(f, 0, &mut out));
+        let mut sums = [0i64; 3];
+        ok(ndx_tensor_copy_to(out, sums.as_mut_ptr().cast(), 24));
+        assert_eq!(sums, [11, 22, 33], "{mode:?}");
+        assert_eq!(common::shape_of(out), [3]);
+        ndx_tensor_release(out);
+        ndx_future_release(f);
+        ndx_tensor_release(t);
+    }
+}
