@@ -2052,6 +2052,7 @@ fn a_host_operator_making_nan_from_finite_inputs_raises_a_nan_flag() {
         ndx_tensor_release(t);
         ndx_context_release(ctx);
     }
+}
 
 /// `clamp` of `values` (int64) with `lo` and `hi` (None: not given), SYNC: the
 /// result's values or the call-time error.

@@ -552,7 +552,14 @@ impl ContextInner {
                 ),
             )));
         }
-        let args = def.conform_args(args);
+        // Host kernels read each argument with the getter of its declared type;
+        // built-ins accept the other forms themselves, and keep an int given for a
+        // float bound exact.
+        let args = if matches!(def.kernel, crate::ops::Kernel::Host(_)) {
+            def.conform_args(args)
+        } else {
+            args
+        };
         let (out_meta, batch_len) =
             infer(&def, &inputs, &args).map_err(|e| fail(crate::ops::of_operator(op, &e)))?;
         let out_device = output_device(&def, &inputs, &args);
