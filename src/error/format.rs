@@ -110,13 +110,17 @@ fn write_link(out: &mut String, error: &Error, indent: &str) {
     }
 }
 
-/// One frame as Python prints it: `  File "app.c", line 41, in main`.
+/// One frame as Python prints it: `  File "app.c", line 41, in main` (without the
+/// line when it is unknown: 0).
 pub fn frame_line(frame: &Frame) -> String {
     let function = frame.function().unwrap_or("<unknown>");
     match frame.file() {
         Some(file) => {
-            let mut s = format!("  File \"{file}\", line {}", frame.line());
-            if frame.column() > 0 {
+            let mut s = format!("  File \"{file}\"");
+            if frame.line() > 0 {
+                let _ = write!(s, ", line {}", frame.line());
+            }
+            if frame.line() > 0 && frame.column() > 0 {
                 let _ = write!(s, ", column {}", frame.column());
             }
             let _ = write!(s, ", in {function}");
@@ -137,6 +141,23 @@ fn push_line(out: &mut String, indent: &str, line: &str) {
 mod tests {
     use super::*;
     use crate::error::ErrorKind;
+
+    #[test]
+    fn an_unknown_line_is_left_out_not_printed_as_line_0() {
+        use crate::error::{Frame, FrameOrigin};
+        let at = |line| {
+            frame_line(&Frame::new(
+                Some("f"),
+                Some("a.py"),
+                line,
+                3,
+                0,
+                FrameOrigin::Host,
+            ))
+        };
+        assert_eq!(at(0), "  File \"a.py\", in f");
+        assert_eq!(at(12), "  File \"a.py\", line 12, column 3, in f");
+    }
 
     #[test]
     fn root_cause_prints_first_with_python_separator() {
