@@ -1293,6 +1293,17 @@ const char *ndx_error_op(const ndx_error_t *error);
 uint64_t ndx_error_sequence(const ndx_error_t *error);
 
 /**
+ * The batch sample whose run failed, when the error is the failure of one run of a
+ * per-sample invocation (an input was a batch: the operator ran once per sample), or
+ * -1 (also for NULL). A check flag raised on a sample carries it too. The message is
+ * the kernel's own, unchanged; the traceback of `ndx_error_format` names the sample
+ * ("in invocation #3 of operator 'div', batch sample 7"). Under the `noexcept`
+ * backend the BACKEND error and its cause both carry it; an invocation that failed
+ * because such an input failed has it on that cause link, not on its own. Thread-safe.
+ */
+int64_t ndx_error_sample(const ndx_error_t *error);
+
+/**
  * Writes the whole chain as a Python-style traceback into `buf` (at most `cap`
  * bytes, always NUL-terminated when `cap > 0`) and returns the length the full text
  * needs, without the NUL — like `snprintf`: call with `cap = 0` to size a buffer.

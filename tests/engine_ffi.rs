@@ -2636,3 +2636,154 @@ fn args_changed_or_freed_after_invoke_do_not_reach_pending_work() {
         ndx_tensor_release(t);
     }
 }
+
+/// A host kernel failing with "negative input" on a negative float32 scalar, else
+/// returning its input.
+unsafe extern "C" fn fail_on_negative(
+    user: *mut c_void,
+    inputs: *const *const ndx_tensor_t,
+    n: usize,
+    args: *const ndx_args_t,
+    outputs: *mut *mut ndx_tensor_t,
+    n_out: usize,
+) -> *mut ndx_error_t {
+    let mut v = 0f32;
+    // SAFETY: one input (the schema's).
+    let e = ndx_tensor_copy_to(unsafe { *inputs }, (&raw mut v).cast(), 4);
+    if !e.is_null() {
+        return e;
+    }
+    if v < 0.0 {
+        return ndx_error_new(
+            ndx_error_kind_t::NDX_ERROR_VALUE as i32,
+            c"negative input".as_ptr(),
+            std::ptr::null_mut(),
+        );
+    }
+    // SAFETY: forwarded as received.
+    unsafe { pass_input(user, inputs, n, args, outputs, n_out) }
+}
+
+/// The whole traceback `ndx_error_format` writes.
+fn formatted(e: *const ndx_error_t) -> String {
+    let n = ndx_error_format(e, std::ptr::null_mut(), 0);
+    let mut buf = vec![0u8; n + 1];
+    ndx_error_format(e, buf.as_mut_ptr().cast(), buf.len());
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
+/// The failure of one run of a per-sample invocation says which sample failed
+/// (`ndx_error_sample` and the traceback), in every mode and under `noexcept`; the
+/// message stays the kernel's own. Before, nothing named the sample: a batch of a
+/// thousand images failing with "negative input" left the caller to find which.
+#[test]
+fn the_failure_of_a_per_sample_run_names_its_sample() {
+    for backend in [c"default", c"noexcept"] {
+        for mode in 1..=4 {
+            let ctx = common::Ctx::new(mode);
+            ok(ndx_context_set_backend(ctx.0, backend.as_ptr()));
+            ok(ndx_register_op(
+                ctx.0,
+                c"nonneg".as_ptr(),
+                &one_in_one_out(0, std::ptr::null(), std::ptr::null()),
+                Some(fail_on_negative),
+                std::ptr::null_mut(),
+                None,
+            ));
+            let (b, _counts) =
+                common::f32_batch(&[(&[1.0], &[]), (&[2.0], &[]), (&[-3.0], &[]), (&[-4.0], &[])]);
+            let f = invoke_one(
+                ctx.0,
+                c"nonneg",
+                ndx_input_t {
+                    tensor: std::ptr::null(),
+                    batch: b,
+                },
+            );
+            let e = ndx_future_wait(f, -1);
+            assert!(!e.is_null(), "mode {mode}: the invocation failed");
+            let kernel_error = if backend == c"noexcept" {
+                assert_eq!(
+                    ndx_error_kind(e),
+                    ndx_error_kind_t::NDX_ERROR_BACKEND as i32
+                );
+                assert_eq!(ndx_error_sample(e), 2, "mode {mode}: the BACKEND error");
+                ndx_error_cause(e)
+            } else {
+                e.cast_const()
+            };
+            assert_eq!(
+                common::cstr(ndx_error_message(kernel_error)),
+                "negative input"
+            );
+            assert_eq!(ndx_error_sample(kernel_error), 2, "mode {mode}");
+            let text = formatted(e);
+            assert!(
+                text.contains("of operator 'nonneg', batch sample 2\n"),
+                "mode {mode}: {text}"
+            );
+            ndx_error_free(e);
+            ndx_future_release(f);
+            // A tensor input: no sample.
+            let t = scalar();
+            let neg = [-1.0f32];
+            let mut n = std::ptr::null_mut();
+            ok(ndx_tensor_from_host(
+                neg.as_ptr().cast(),
+                ndx_dtype_t::NDX_DTYPE_FLOAT32 as i32,
+                0,
+                std::ptr::null(),
+                std::ptr::null(),
+                std::ptr::null(),
+                &mut n,
+            ));
+            let g = invoke_one(
+                ctx.0,
+                c"nonneg",
+                ndx_input_t {
+                    tensor: n,
+                    batch: std::ptr::null(),
+                },
+            );
+            let e = ndx_future_wait(g, -1);
+            assert!(!e.is_null());
+            assert_eq!(ndx_error_sample(e), -1, "mode {mode}: a tensor invocation");
+            assert!(!formatted(e).contains("batch sample"));
+            ndx_error_free(e);
+            ndx_future_release(g);
+            ndx_tensor_release(n);
+            ndx_tensor_release(t);
+            ndx_batch_release(b);
+        }
+    }
+    assert_eq!(ndx_error_sample(std::ptr::null()), -1);
+}
+
+/// A per-sample check flag carries its sample as `ndx_error_sample` too, as its check
+/// info and message do (FAIL_FAST: the invocation's error is the flag).
+#[test]
+fn a_per_sample_check_failure_names_its_sample() {
+    let opts = ndx_context_options_t {
+        eval_mode: ndx_eval_mode_t::NDX_EVAL_SYNC_CPU as i32,
+        check_policy: ndx_check_policy_t::NDX_CHECKS_FAIL_FAST as i32,
+        ..Default::default()
+    };
+    let mut ctx = std::ptr::null_mut();
+    ok(ndx_context_new(&opts, &mut ctx));
+    let (b, _counts) = common::f32_batch(&[(&[1.0], &[1]), (&[3.0, f32::NAN], &[2])]);
+    let f = invoke_one(
+        ctx,
+        c"check_finite",
+        ndx_input_t {
+            tensor: std::ptr::null(),
+            batch: b,
+        },
+    );
+    let e = ndx_future_wait(f, -1);
+    assert_eq!(ndx_error_kind(e), ndx_error_kind_t::NDX_ERROR_CHECK as i32);
+    assert_eq!(ndx_error_sample(e), 1);
+    ndx_error_free(e);
+    ndx_future_release(f);
+    ndx_batch_release(b);
+    ndx_context_release(ctx);
+}

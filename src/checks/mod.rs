@@ -357,17 +357,21 @@ impl Flag {
                 self.consequence_of
             ));
         }
-        Error::new(ErrorKind::Check, msg)
+        let e = Error::new(ErrorKind::Check, msg)
             .with_op(&self.op, self.seq)
-            .with_site(self.site.clone())
-            .with_check(Info {
-                category: r.category,
-                first_index: r.first_index,
-                count: r.count,
-                occurrences: self.occurrences,
-                sample: r.sample.map_or(-1, |s| s as i64),
-                consequence_of: self.consequence_of,
-            })
+            .with_site(self.site.clone());
+        let e = match r.sample {
+            Some(s) => e.with_sample(s),
+            None => e,
+        };
+        e.with_check(Info {
+            category: r.category,
+            first_index: r.first_index,
+            count: r.count,
+            occurrences: self.occurrences,
+            sample: r.sample.map_or(-1, |s| s as i64),
+            consequence_of: self.consequence_of,
+        })
     }
 }
 

@@ -69,10 +69,13 @@ fn write_link(out: &mut String, error: &Error, indent: &str) {
         }
     }
     if let (Some(op), Some(seq)) = (error.op(), error.sequence()) {
+        let sample = error
+            .sample()
+            .map_or_else(String::new, |s| format!(", batch sample {s}"));
         push_line(
             out,
             indent,
-            &format!("  in invocation #{seq} of operator '{op}'"),
+            &format!("  in invocation #{seq} of operator '{op}'{sample}"),
         );
     }
     push_line(

@@ -122,6 +122,9 @@ pub struct Error {
     related: Vec<Error>,
     op: Option<CString>,
     sequence: Option<u64>,
+    /// The batch sample whose run failed, plus one (per-sample invocations only): the
+    /// niche keeps the error within clippy's `result_large_err` bound.
+    sample: Option<std::num::NonZeroU64>,
     /// What a raised check flag reports (flag errors only).
     check: Option<Box<crate::checks::Info>>,
     /// A repro document of the failing invocation (invocation failures only), written
@@ -156,6 +159,7 @@ impl Error {
             related: Vec::new(),
             op: None,
             sequence: None,
+            sample: None,
             check: None,
             repro: None,
         }
@@ -203,6 +207,12 @@ impl Error {
     pub fn with_op(mut self, op: &str, sequence: u64) -> Error {
         self.op = Some(to_cstring(op));
         self.sequence = Some(sequence);
+        self
+    }
+
+    /// Records the batch sample whose run of a per-sample invocation failed.
+    pub fn with_sample(mut self, sample: usize) -> Error {
+        self.sample = std::num::NonZeroU64::new((sample as u64).wrapping_add(1));
         self
     }
 
@@ -289,6 +299,12 @@ impl Error {
     /// The invocation's sequence number, when the error came from an invocation.
     pub fn sequence(&self) -> Option<u64> {
         self.sequence
+    }
+
+    /// The batch sample whose run failed, when the error came from one run of a
+    /// per-sample invocation (an input was a batch).
+    pub fn sample(&self) -> Option<usize> {
+        self.sample.map(|s| (s.get() - 1) as usize)
     }
 
     /// The chain: this error, its cause, the cause's cause, ...

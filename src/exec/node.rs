@@ -1208,8 +1208,13 @@ impl Node {
             .collect()
     }
 
-    /// Attaches the repro document of this failing call to its error.
+    /// Attaches the repro document of this failing call to its error and, for one
+    /// run of a per-sample invocation, the failing batch sample (`ndx_error_sample`).
     fn with_repro(&self, e: Error, inputs: &[Arc<Tensor>], sample: Option<usize>) -> Error {
+        let e = match sample {
+            Some(s) => e.with_sample(s),
+            None => e,
+        };
         // Symbolises nothing: the site's frames are resolved when the document is read.
         let doc = crate::debug::repro::Document::new(
             &crate::debug::repro::Invocation {
@@ -1520,14 +1525,21 @@ impl Node {
     /// The `noexcept` backend turns every execution failure into a BACKEND error.
     fn backend_wrap(&self, e: Error) -> Error {
         match self.backend {
-            Backend::NoExcept => Error::new(
-                ErrorKind::Backend,
-                format!("unexpected error when running {}", self.op.name),
-            )
-            .with_cause(
-                e.with_op(&self.op.name, self.seq)
-                    .with_site(self.site.clone()),
-            ),
+            Backend::NoExcept => {
+                let sample = e.sample();
+                let wrapped = Error::new(
+                    ErrorKind::Backend,
+                    format!("unexpected error when running {}", self.op.name),
+                )
+                .with_cause(
+                    e.with_op(&self.op.name, self.seq)
+                        .with_site(self.site.clone()),
+                );
+                match sample {
+                    Some(s) => wrapped.with_sample(s),
+                    None => wrapped,
+                }
+            }
             _ => e,
         }
     }

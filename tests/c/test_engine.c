@@ -2757,6 +2757,80 @@ static NDX_TEST_NOINLINE void test_per_sample_outputs_make_no_batch(void) {
   }
 }
 
+/* A host kernel failing with "negative input" on a negative float32 [1], else copying it. */
+static ndx_error_t* k_fail_on_negative(void* user, const ndx_tensor_t* const* inputs,
+                                       size_t n_inputs, const ndx_args_t* args,
+                                       ndx_tensor_t** outputs, size_t n_outputs) {
+  (void)user; (void)n_inputs; (void)args; (void)n_outputs;
+  float v = 0;
+  ndx_error_t* e = ndx_tensor_copy_to(inputs[0], &v, sizeof v);
+  if (e) return e;
+  if (v < 0) return ndx_error_new(NDX_ERROR_VALUE, "negative input", NULL);
+  return copy_tensor(inputs[0], &outputs[0]);
+}
+
+/* The failure of one run of a per-sample invocation names its sample (ndx_error_sample,
+ * the traceback), in every mode and under noexcept; the message stays the kernel's.
+ * Before, nothing said which of the batch's samples had failed. */
+static NDX_TEST_NOINLINE void test_per_sample_failure_names_its_sample(void) {
+  for (int noexcept_backend = 0; noexcept_backend < 2; noexcept_backend++) {
+    for (int m = 0; m < 4; m++) {
+      NDX_TEST_CONTEXT(mode_name(kModes[m]));
+      ndx_context_t* ctx = make_ctx(kModes[m], NDX_CAPTURE_OFF, NULL);
+      if (noexcept_backend) CHECK_OK(ndx_context_set_backend(ctx, "noexcept"));
+      register_op(ctx, "nonneg", k_fail_on_negative, NULL);
+      int counters[5] = {0};
+      const int64_t one = 1;
+      const float values[5] = {1, 2, 3, -4, -5};
+      DLManagedTensorVersioned* samples[5];
+      for (int k = 0; k < 5; k++) {
+        samples[k] = ndx_test_versioned(&counters[k], ndx_test_dl_dtype(kDLFloat, 32, 1), 1,
+                                        &one, NULL, &values[k], sizeof values[k]);
+      }
+      ndx_batch_t* b = NULL;
+      CHECK_OK(ndx_batch_from_dlpack_versioned(samples, 5, NULL, &b));
+      ndx_input_t in = {NULL, b};
+      ndx_future_t* f = NULL;
+      if (CHECK_OK(ndx_invoke(ctx, "nonneg", &in, 1, NULL, NULL, &f))) {
+        ndx_error_t* e = ndx_future_wait(f, -1);
+        if (CHECK(e != NULL, "the invocation failed")) {
+          const ndx_error_t* kernel_error = e;
+          if (noexcept_backend) {
+            CHECK(ndx_error_kind(e) == NDX_ERROR_BACKEND, "a BACKEND error");
+            CHECK(ndx_error_sample(e) == 3, "the BACKEND error names sample 3, got %lld",
+                  (long long)ndx_error_sample(e));
+            kernel_error = ndx_error_cause(e);
+          }
+          CHECK_STR_EQ(ndx_error_message(kernel_error), "negative input");
+          CHECK(ndx_error_sample(kernel_error) == 3, "sample 3, got %lld",
+                (long long)ndx_error_sample(kernel_error));
+          char text[4096];
+          ndx_error_format(e, text, sizeof text);
+          CHECK_CONTAINS(text, "of operator 'nonneg', batch sample 3\n");
+          ndx_error_free(e);
+        }
+      }
+      ndx_future_release(f);
+      /* A tensor invocation's failure has no sample. */
+      const float neg = -1;
+      ndx_tensor_t* t = ndx_test_tensor(&neg, NDX_DTYPE_FLOAT32, 1, &one);
+      in = ndx_test_in(t);
+      if (CHECK_OK(ndx_invoke(ctx, "nonneg", &in, 1, NULL, NULL, &f))) {
+        ndx_error_t* e = ndx_future_wait(f, -1);
+        CHECK(e != NULL && ndx_error_sample(e) == -1, "no sample for a tensor invocation");
+        ndx_error_free(e);
+      }
+      ndx_future_release(f);
+      ndx_tensor_release(t);
+      ndx_batch_release(b);
+      ndx_context_release(ctx);
+      for (int k = 0; k < 5; k++) CHECK(counters[k] == 1, "sample %d deleted once", k);
+      NDX_TEST_CONTEXT(NULL);
+    }
+  }
+  CHECK(ndx_error_sample(NULL) == -1, "NULL has no sample");
+}
+
 /* What a callback found reading a pending output: a data read's and a dtype query's errors. */
 typedef struct {
   const ndx_tensor_t* output;
@@ -3134,6 +3208,7 @@ int main(void) {
   RUN(test_callback_loop_runs_flat());
   RUN(test_host_outputs_break_the_contract());
   RUN(test_per_sample_outputs_make_no_batch());
+  RUN(test_per_sample_failure_names_its_sample());
   RUN(test_refused_reads_in_a_callback());
   RUN(test_host_op_of_no_inputs());
   RUN(test_callback_waits_on_complete_futures());
