@@ -2787,3 +2787,87 @@ fn a_per_sample_check_failure_names_its_sample() {
     ndx_batch_release(b);
     ndx_context_release(ctx);
 }
+
+/// A built-in operator on the output of a host operator that failed: inferring the
+/// built-in's outputs asks for that output's metadata, which runs the host operator
+/// (it infers none). Its failure is an execution failure: it fails the built-in's
+/// future with the host operator's error as cause, in every mode, for a tensor and a
+/// batch alike. It came out of `ndx_invoke` as a call-time error of the built-in
+/// ("operator 'neg': negative input", no cause: the host operator, its sequence
+/// number and the failing sample lost).
+#[test]
+fn a_failed_host_output_fails_a_builtin_consumer_in_its_future() {
+    for batch in [false, true] {
+        for mode in 1..=4 {
+            let ctx = common::Ctx::new(mode);
+            ok(ndx_register_op(
+                ctx.0,
+                c"nonneg".as_ptr(),
+                &one_in_one_out(0, std::ptr::null(), std::ptr::null()),
+                Some(fail_on_negative),
+                std::ptr::null_mut(),
+                None,
+            ));
+            let (b, _counts) = common::f32_batch(&[(&[1.0], &[]), (&[-2.0], &[])]);
+            let t = common::T::copy(&[-2.0f32], ndx_dtype_t::NDX_DTYPE_FLOAT32 as i32, &[]);
+            let input = if batch {
+                ndx_input_t {
+                    tensor: std::ptr::null(),
+                    batch: b,
+                }
+            } else {
+                t.input()
+            };
+            let f = invoke_one(ctx.0, c"nonneg", input);
+            let mut out_t = std::ptr::null_mut();
+            let mut out_b = std::ptr::null_mut();
+            let consumer_input = if batch {
+                ok(ndx_future_batch(f, 0, &mut out_b));
+                ndx_input_t {
+                    tensor: std::ptr::null(),
+                    batch: out_b,
+                }
+            } else {
+                ok(ndx_future_tensor(f, 0, &mut out_t));
+                ndx_input_t {
+                    tensor: out_t,
+                    batch: std::ptr::null(),
+                }
+            };
+            let mut g = std::ptr::null_mut();
+            let e = ndx_invoke(
+                ctx.0,
+                c"neg".as_ptr(),
+                &consumer_input,
+                1,
+                std::ptr::null(),
+                std::ptr::null(),
+                &mut g,
+            );
+            assert!(
+                e.is_null(),
+                "mode {mode}, batch {batch}: out of ndx_invoke: {:?}",
+                common::take_error(e)
+            );
+            let w = ndx_future_wait(g, -1);
+            // The upstream's kind, as every dependency failure has.
+            assert_eq!(ndx_error_kind(w), ndx_error_kind_t::NDX_ERROR_VALUE as i32);
+            assert_eq!(
+                common::cstr(ndx_error_message(w)),
+                "input 0 of 'neg' (#2) failed: it is the output of 'nonneg' (#1), which failed"
+            );
+            assert_eq!(common::cstr(ndx_error_op(w)), "neg");
+            let cause = ndx_error_cause(w);
+            assert_eq!(common::cstr(ndx_error_message(cause)), "negative input");
+            assert_eq!(common::cstr(ndx_error_op(cause)), "nonneg");
+            assert_eq!(ndx_error_sequence(cause), 1);
+            assert_eq!(ndx_error_sample(cause), if batch { 1 } else { -1 });
+            ndx_error_free(w);
+            ndx_future_release(g);
+            ndx_future_release(f);
+            ndx_tensor_release(out_t);
+            ndx_batch_release(out_b);
+            ndx_batch_release(b);
+        }
+    }
+}

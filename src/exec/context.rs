@@ -560,8 +560,17 @@ impl ContextInner {
         } else {
             args
         };
-        let (out_meta, batch_len) =
-            infer(&def, &inputs, &args).map_err(|e| fail(crate::ops::of_operator(op, &e)))?;
+        let (out_meta, batch_len) = match infer(&def, &inputs, &args) {
+            Ok(inferred) => inferred,
+            // Inferring the outputs asked a pending input for its metadata, which ran
+            // its producer (a host operator infers none), and that failed: an execution
+            // failure, so it fails this invocation in its future, with the producer's
+            // error as cause, in every mode — not ndx_invoke, which returned it as a
+            // call-time error of this operator ("operator 'neg': host failed", no
+            // cause, the producer's op, sequence, site and sample lost).
+            Err(e) if from_failed_producer(&inputs, &e) => unknown_outputs(&def, &inputs),
+            Err(e) => return Err(fail(crate::ops::of_operator(op, &e))),
+        };
         let out_device = output_device(&def, &inputs, &args);
         check_outputs(&out_meta, &outputs, out_device)
             .map_err(|e| fail(crate::ops::of_operator(op, &e)))?;
@@ -879,6 +888,34 @@ fn infer(def: &OpDef, inputs: &[Input], args: &Args) -> Result<(Vec<OutMeta>, Op
             ))
         }
     }
+}
+
+/// Whether `e` is the failure of an input's producer (asked for its metadata), not a
+/// misuse: a call-time error has no invocation sequence number.
+fn from_failed_producer(inputs: &[Input], e: &Error) -> bool {
+    e.sequence().is_some()
+        && inputs.iter().filter_map(Input::producer).any(|up| {
+            matches!(up.outcome(), Some(Err(u))
+                if u.sequence() == e.sequence() && u.op() == e.op() && u.message() == e.message())
+        })
+}
+
+/// The outputs of an invocation whose input failed before its metadata was known: one
+/// of unknown metadata per output, batches for a per-sample invocation. The node fails
+/// on that input before it runs anything, so the batch length is never read.
+fn unknown_outputs(def: &OpDef, inputs: &[Input]) -> (Vec<OutMeta>, Option<usize>) {
+    let per_sample =
+        def.n_inputs != crate::ops::SAMPLES && inputs.iter().any(|i| matches!(i, Input::Batch(_)));
+    let outs = (0..def.n_outputs)
+        .map(|_| {
+            if per_sample {
+                OutMeta::Batch(None)
+            } else {
+                OutMeta::Tensor(None)
+            }
+        })
+        .collect();
+    (outs, per_sample.then_some(0))
 }
 
 /// Refuses inferred outputs of more than `MAX_NDIM` dimensions (an `expand_dims` or

@@ -1185,7 +1185,10 @@ fn location(loc: &ndx_location_t) -> Option<Frame> {
 /// input metadata the operator rejects (dtype, shape), an out tensor that does not fit
 /// its output, an injected compile error.
 /// Failures of the work itself (a kernel error, a failed input) are in the future —
-/// already FAILED on return in the SYNC modes. Every invocation records where it was
+/// already FAILED on return in the SYNC modes. That includes an input from a host
+/// operator (which infers no metadata) that fails when this call runs it to learn the
+/// dtype and shape a built-in operator needs: the invocation fails in its future with
+/// that failure as cause. Every invocation records where it was
 /// called from (see `ndx_capture_policy_t`), and its errors carry those frames.
 /// Inputs are borrowed by pending work: do not write into imported buffers until the
 /// futures that read them have completed. Thread-safe.

@@ -2831,6 +2831,69 @@ static NDX_TEST_NOINLINE void test_per_sample_failure_names_its_sample(void) {
   CHECK(ndx_error_sample(NULL) == -1, "NULL has no sample");
 }
 
+/* A built-in operator on the output of a host operator that failed: inferring the
+ * built-in's outputs runs the host operator (it infers none), and its failure fails the
+ * built-in in its future with the host operator's error as cause, in every mode, for a
+ * tensor and a batch alike. It came out of ndx_invoke as a call-time error of the
+ * built-in ("operator 'neg': negative input", no cause). */
+static NDX_TEST_NOINLINE void test_failed_host_output_fails_a_builtin_in_its_future(void) {
+  for (int batch = 0; batch < 2; batch++) {
+    for (int m = 0; m < 4; m++) {
+      NDX_TEST_CONTEXT(mode_name(kModes[m]));
+      ndx_context_t* ctx = make_ctx(kModes[m], NDX_CAPTURE_OFF, NULL);
+      register_op(ctx, "nonneg", k_fail_on_negative, NULL);
+      int counters[2] = {0, 0};
+      const int64_t one = 1;
+      const float values[2] = {1, -2};
+      DLManagedTensorVersioned* samples[2];
+      for (int k = 0; k < 2; k++) {
+        samples[k] = ndx_test_versioned(&counters[k], ndx_test_dl_dtype(kDLFloat, 32, 1), 1,
+                                        &one, NULL, &values[k], sizeof values[k]);
+      }
+      ndx_batch_t* b = NULL;
+      CHECK_OK(ndx_batch_from_dlpack_versioned(samples, 2, NULL, &b));
+      ndx_tensor_t* t = ndx_test_tensor(&values[1], NDX_DTYPE_FLOAT32, 1, &one);
+      ndx_input_t in = batch ? (ndx_input_t){NULL, b} : ndx_test_in(t);
+      ndx_future_t *f = NULL, *g = NULL;
+      ndx_tensor_t* out_t = NULL;
+      ndx_batch_t* out_b = NULL;
+      if (CHECK_OK(ndx_invoke(ctx, "nonneg", &in, 1, NULL, NULL, &f))) {
+        if (batch) {
+          CHECK_OK(ndx_future_batch(f, 0, &out_b));
+          in = (ndx_input_t){NULL, out_b};
+        } else {
+          CHECK_OK(ndx_future_tensor(f, 0, &out_t));
+          in = ndx_test_in(out_t);
+        }
+        ndx_error_t* e = ndx_invoke(ctx, "neg", &in, 1, NULL, NULL, &g);
+        if (CHECK(e == NULL, "the upstream's failure came out of ndx_invoke: %s",
+                  NDX_TEST_S(ndx_error_message(e)))) {
+          ndx_error_t* w = ndx_future_wait(g, -1);
+          CHECK_LINK(w, NDX_ERROR_VALUE,
+                     "input 0 of 'neg' (#2) failed: it is the output of 'nonneg' (#1), which failed",
+                     "neg", 2);
+          const ndx_error_t* c = ndx_error_cause(w);
+          CHECK_LINK(c, NDX_ERROR_VALUE, "negative input", "nonneg", 1);
+          CHECK(ndx_error_sample(c) == (batch ? 1 : -1), "the cause's sample: %lld",
+                (long long)ndx_error_sample(c));
+          ndx_error_free(w);
+        } else {
+          ndx_error_free(e);
+        }
+      }
+      ndx_future_release(g);
+      ndx_future_release(f);
+      ndx_tensor_release(out_t);
+      ndx_batch_release(out_b);
+      ndx_tensor_release(t);
+      ndx_batch_release(b);
+      ndx_context_release(ctx);
+      CHECK(counters[0] == 1 && counters[1] == 1, "samples deleted once");
+      NDX_TEST_CONTEXT(NULL);
+    }
+  }
+}
+
 /* What a callback found reading a pending output: a data read's and a dtype query's errors. */
 typedef struct {
   const ndx_tensor_t* output;
@@ -3209,6 +3272,7 @@ int main(void) {
   RUN(test_host_outputs_break_the_contract());
   RUN(test_per_sample_outputs_make_no_batch());
   RUN(test_per_sample_failure_names_its_sample());
+  RUN(test_failed_host_output_fails_a_builtin_in_its_future());
   RUN(test_refused_reads_in_a_callback());
   RUN(test_host_op_of_no_inputs());
   RUN(test_callback_waits_on_complete_futures());
