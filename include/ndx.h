@@ -577,7 +577,12 @@ typedef struct ndx_args_t ndx_args_t;
 
 /**
  * A batch: an ordered list of samples sharing dtype, ndim and device (shapes may
- * differ), or the pending output of an invocation. Reference counted, immutable,
+ * differ), or the pending output of an invocation (usable as an input at once). The
+ * metadata accessors (`ndx_batch_size`, `_dtype`, `_ndim`, `_device`, `_layout`,
+ * `_is_uniform`) answer a built-in operator's pending output without running it; a
+ * host operator's output, whose metadata only running tells, they run and wait for,
+ * failing with its error when it failed — as reading samples (`ndx_batch_sample`,
+ * `ndx_batch_to_tensor`) of any pending batch does. Reference counted, immutable,
  * thread-safe.
  */
 typedef struct ndx_batch_t ndx_batch_t;
@@ -1637,7 +1642,11 @@ ndx_error_t *ndx_future_output_count(const ndx_future_t *future, size_t *out);
 ndx_error_t *ndx_future_tensor(const ndx_future_t *future, size_t index, ndx_tensor_t **out);
 
 /**
- * Output `index` as a new batch reference (see `ndx_future_tensor`).
+ * Output `index` as a new batch reference, usable at once as an input of further
+ * invocations even while pending (see `ndx_batch_t` for its accessors). Outputs are
+ * batches when an input of the invocation was a batch (the operator ran once per
+ * sample; `batch_to_tensor`, which stacks one, makes a tensor). NDX_ERROR_TYPE when
+ * the output is a tensor, NDX_ERROR_INDEX when out of range. Thread-safe.
  */
 ndx_error_t *ndx_future_batch(const ndx_future_t *future, size_t index, ndx_batch_t **out);
 
@@ -2010,38 +2019,46 @@ ndx_error_t *ndx_batch_retain(const ndx_batch_t *batch);
 void ndx_batch_release(const ndx_batch_t *batch);
 
 /**
- * The number of samples (at least 1).
+ * The number of samples (at least 1). For a pending batch, see `ndx_batch_t`.
+ * Thread-safe.
  */
 ndx_error_t *ndx_batch_size(const ndx_batch_t *batch, size_t *out);
 
 /**
- * Sample `index` as a new tensor reference (release it). NDX_ERROR_INDEX when
- * `index` is out of range.
+ * Sample `index` as a new tensor reference (release it). It shares the sample's
+ * memory and keeps it alive: an imported sample's deleter runs once the batch and
+ * every such tensor are released. A pending batch is waited for first (failing with
+ * its invocation's error when that failed); then NDX_ERROR_INDEX when `index` is out
+ * of range. Thread-safe.
  */
 ndx_error_t *ndx_batch_sample(const ndx_batch_t *batch, size_t index, ndx_tensor_t **out);
 
 /**
- * Whether every sample has the same shape.
+ * Whether every sample has the same shape. For a pending batch, see `ndx_batch_t`.
+ * Thread-safe.
  */
 ndx_error_t *ndx_batch_is_uniform(const ndx_batch_t *batch, bool *out);
 
 /**
- * The samples' element type (an `ndx_dtype_t` value).
+ * The samples' element type (an `ndx_dtype_t` value). For a pending batch, see
+ * `ndx_batch_t`. Thread-safe.
  */
 ndx_error_t *ndx_batch_dtype(const ndx_batch_t *batch, int32_t *out);
 
 /**
- * The samples' number of dimensions.
+ * The samples' number of dimensions. For a pending batch, see `ndx_batch_t`.
+ * Thread-safe.
  */
 ndx_error_t *ndx_batch_ndim(const ndx_batch_t *batch, int32_t *out);
 
 /**
- * The samples' device.
+ * The samples' device. For a pending batch, see `ndx_batch_t`. Thread-safe.
  */
 ndx_error_t *ndx_batch_device(const ndx_batch_t *batch, DLDevice *out);
 
 /**
- * The samples' layout ("" when none), borrowed from the batch.
+ * The samples' layout ("" when none), borrowed from the batch. For a pending batch,
+ * see `ndx_batch_t`. Thread-safe.
  */
 ndx_error_t *ndx_batch_layout(const ndx_batch_t *batch, const char **out);
 
@@ -2050,7 +2067,12 @@ ndx_error_t *ndx_batch_layout(const ndx_batch_t *batch, const char **out);
  * dimension (layout "N" + the samples' layout, when they have one). A ragged batch
  * fails with NDX_ERROR_VALUE naming the first sample whose shape differs and both
  * shapes; so does a batch in device memory (kDLCUDA: copy it to the host first, with
- * the `to_host` operator), naming the sample and its device. Thread-safe.
+ * the `to_host` operator), naming the sample and its device. 0-d samples stack into
+ * a 1-d tensor of `ndx_batch_size` elements, samples with no elements into a tensor
+ * with none; samples of `NDX_MAX_NDIM` dimensions fail with NDX_ERROR_VALUE (the
+ * stack would have one more). The result is a writable copy that does not keep the
+ * samples alive. A pending batch is waited for first (failing with its invocation's
+ * error when that failed). Thread-safe.
  */
 ndx_error_t *ndx_batch_to_tensor(const ndx_batch_t *batch, ndx_tensor_t **out);
 

@@ -1318,7 +1318,11 @@ pub extern "C" fn ndx_future_tensor(
     })
 }
 
-/// Output `index` as a new batch reference (see `ndx_future_tensor`).
+/// Output `index` as a new batch reference, usable at once as an input of further
+/// invocations even while pending (see `ndx_batch_t` for its accessors). Outputs are
+/// batches when an input of the invocation was a batch (the operator ran once per
+/// sample; `batch_to_tensor`, which stacks one, makes a tensor). NDX_ERROR_TYPE when
+/// the output is a tensor, NDX_ERROR_INDEX when out of range. Thread-safe.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_future_batch(
     future: *const ndx_future_t,

@@ -643,14 +643,18 @@ pub extern "C" fn ndx_batch_release(batch: *const ndx_batch_t) {
     boundary_value("ndx_batch_release", |_| (), || release(batch))
 }
 
-/// The number of samples (at least 1).
+/// The number of samples (at least 1). For a pending batch, see `ndx_batch_t`.
+/// Thread-safe.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_batch_size(batch: *const ndx_batch_t, out: *mut usize) -> *mut ndx_error_t {
     boundary_out("ndx_batch_size", out, 0, || borrow(batch, "batch")?.len())
 }
 
-/// Sample `index` as a new tensor reference (release it). NDX_ERROR_INDEX when
-/// `index` is out of range.
+/// Sample `index` as a new tensor reference (release it). It shares the sample's
+/// memory and keeps it alive: an imported sample's deleter runs once the batch and
+/// every such tensor are released. A pending batch is waited for first (failing with
+/// its invocation's error when that failed); then NDX_ERROR_INDEX when `index` is out
+/// of range. Thread-safe.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_batch_sample(
     batch: *const ndx_batch_t,
@@ -663,7 +667,8 @@ pub extern "C" fn ndx_batch_sample(
     })
 }
 
-/// Whether every sample has the same shape.
+/// Whether every sample has the same shape. For a pending batch, see `ndx_batch_t`.
+/// Thread-safe.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_batch_is_uniform(
     batch: *const ndx_batch_t,
@@ -674,7 +679,8 @@ pub extern "C" fn ndx_batch_is_uniform(
     })
 }
 
-/// The samples' element type (an `ndx_dtype_t` value).
+/// The samples' element type (an `ndx_dtype_t` value). For a pending batch, see
+/// `ndx_batch_t`. Thread-safe.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_batch_dtype(batch: *const ndx_batch_t, out: *mut i32) -> *mut ndx_error_t {
     boundary_out("ndx_batch_dtype", out, 0, || {
@@ -682,7 +688,8 @@ pub extern "C" fn ndx_batch_dtype(batch: *const ndx_batch_t, out: *mut i32) -> *
     })
 }
 
-/// The samples' number of dimensions.
+/// The samples' number of dimensions. For a pending batch, see `ndx_batch_t`.
+/// Thread-safe.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_batch_ndim(batch: *const ndx_batch_t, out: *mut i32) -> *mut ndx_error_t {
     boundary_out("ndx_batch_ndim", out, 0, || {
@@ -690,7 +697,7 @@ pub extern "C" fn ndx_batch_ndim(batch: *const ndx_batch_t, out: *mut i32) -> *m
     })
 }
 
-/// The samples' device.
+/// The samples' device. For a pending batch, see `ndx_batch_t`. Thread-safe.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_batch_device(
     batch: *const ndx_batch_t,
@@ -704,7 +711,8 @@ pub extern "C" fn ndx_batch_device(
     )
 }
 
-/// The samples' layout ("" when none), borrowed from the batch.
+/// The samples' layout ("" when none), borrowed from the batch. For a pending batch,
+/// see `ndx_batch_t`. Thread-safe.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_batch_layout(
     batch: *const ndx_batch_t,
@@ -719,7 +727,12 @@ pub extern "C" fn ndx_batch_layout(
 /// dimension (layout "N" + the samples' layout, when they have one). A ragged batch
 /// fails with NDX_ERROR_VALUE naming the first sample whose shape differs and both
 /// shapes; so does a batch in device memory (kDLCUDA: copy it to the host first, with
-/// the `to_host` operator), naming the sample and its device. Thread-safe.
+/// the `to_host` operator), naming the sample and its device. 0-d samples stack into
+/// a 1-d tensor of `ndx_batch_size` elements, samples with no elements into a tensor
+/// with none; samples of `NDX_MAX_NDIM` dimensions fail with NDX_ERROR_VALUE (the
+/// stack would have one more). The result is a writable copy that does not keep the
+/// samples alive. A pending batch is waited for first (failing with its invocation's
+/// error when that failed). Thread-safe.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_batch_to_tensor(
     batch: *const ndx_batch_t,
