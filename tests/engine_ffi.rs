@@ -2871,3 +2871,31 @@ fn a_failed_host_output_fails_a_builtin_consumer_in_its_future() {
         }
     }
 }
+
+/// `ndx_future_batch` past the last output says how many there are, in good English
+/// as `ndx_future_tensor` does (it said "'neg' has 1 outputs").
+#[test]
+fn a_batch_output_index_out_of_range_counts_the_outputs() {
+    let ctx = common::Ctx::new(ndx_eval_mode_t::NDX_EVAL_SYNC_CPU as i32);
+    let (b, _counts) = common::f32_batch(&[(&[1.0], &[1]), (&[2.0], &[1])]);
+    let f = invoke_one(
+        ctx.0,
+        c"neg",
+        ndx_input_t {
+            tensor: std::ptr::null(),
+            batch: b,
+        },
+    );
+    let mut out = std::ptr::null_mut();
+    let got = common::take_error(ndx_future_batch(f, 1, &mut out));
+    assert_eq!(
+        got,
+        Some((
+            ndx_error_kind_t::NDX_ERROR_INDEX as i32,
+            "output index 1 is out of range: 'neg' has 1 output".to_string()
+        ))
+    );
+    assert!(out.is_null());
+    ndx_future_release(f);
+    ndx_batch_release(b);
+}

@@ -1210,9 +1210,10 @@ pub fn output_batch(node: &Arc<Node>, index: usize) -> Result<BatchRef> {
             node.seq()
         ))),
         None => Err(Error::index(format!(
-            "output index {index} is out of range: '{}' has {} outputs",
+            "output index {index} is out of range: '{}' has {} output{}",
             node.op_name(),
-            node.out_meta().len()
+            node.out_meta().len(),
+            if node.out_meta().len() == 1 { "" } else { "s" }
         ))),
     }
 }

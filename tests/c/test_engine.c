@@ -2880,6 +2880,16 @@ static NDX_TEST_NOINLINE void test_failed_host_output_fails_a_builtin_in_its_fut
         } else {
           ndx_error_free(e);
         }
+        /* Past the last output: counted in good English (it said "has 1 outputs"). */
+        ndx_batch_t* none = (ndx_batch_t*)&in;
+        ndx_tensor_t* none_t = (ndx_tensor_t*)&in;
+        const char* want = "output index 1 is out of range: 'nonneg' has 1 output";
+        ndx_error_t* oob = batch ? ndx_future_batch(f, 1, &none) : ndx_future_tensor(f, 1, &none_t);
+        CHECK(oob && ndx_error_kind(oob) == NDX_ERROR_INDEX &&
+                  ndx_test_str_eq(ndx_error_message(oob), want),
+              "got %s", NDX_TEST_S(ndx_error_message(oob)));
+        CHECK(batch ? none == NULL : none_t == NULL, "out reset");
+        ndx_error_free(oob);
       }
       ndx_future_release(g);
       ndx_future_release(f);
