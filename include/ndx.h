@@ -577,11 +577,13 @@ typedef struct ndx_args_t ndx_args_t;
 
 /**
  * A batch: an ordered list of samples sharing dtype, ndim and device (shapes may
- * differ), or the pending output of an invocation (usable as an input at once). The
- * metadata accessors (`ndx_batch_size`, `_dtype`, `_ndim`, `_device`, `_layout`,
- * `_is_uniform`) answer a built-in operator's pending output without running it; a
- * host operator's output, whose metadata only running tells, they run and wait for,
- * failing with its error when it failed — as reading samples (`ndx_batch_sample`,
+ * differ), or the pending output of an invocation (usable as an input at once).
+ * `ndx_batch_size` answers every pending batch without running anything (a
+ * per-sample invocation makes as many samples as its input batches have). The other
+ * metadata accessors (`ndx_batch_dtype`, `_ndim`, `_device`, `_layout`, `_is_uniform`)
+ * answer a built-in operator's pending output without running it; a host operator's
+ * output, whose metadata only running tells, they run and wait for, failing with its
+ * error when it failed — as reading samples (`ndx_batch_sample`,
  * `ndx_batch_to_tensor`) of any pending batch does. Reference counted, immutable,
  * thread-safe.
  */

@@ -2899,3 +2899,81 @@ fn a_batch_output_index_out_of_range_counts_the_outputs() {
     ndx_future_release(f);
     ndx_batch_release(b);
 }
+
+/// A host kernel counting its calls (`user`: an `AtomicUsize`) and returning its input.
+unsafe extern "C" fn count_and_pass(
+    user: *mut c_void,
+    inputs: *const *const ndx_tensor_t,
+    n: usize,
+    args: *const ndx_args_t,
+    outputs: *mut *mut ndx_tensor_t,
+    n_out: usize,
+) -> *mut ndx_error_t {
+    // SAFETY: `user` is the test's counter, alive while the context is.
+    let calls = unsafe { &*user.cast::<std::sync::atomic::AtomicUsize>() };
+    calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    // SAFETY: forwarded as received.
+    unsafe { pass_input(user, inputs, n, args, outputs, n_out) }
+}
+
+/// A per-sample host operator's pending batch output knows its size at enqueue (as
+/// many samples as the input batch), and a host operator chained on it does not run it
+/// at `ndx_invoke` (DEFERRED), as for tensors. Both ran the upstream host operator:
+/// the size was asked of its data.
+#[test]
+fn a_host_operators_pending_batch_knows_its_size_without_running() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    let ctx = common::Ctx::new(ndx_eval_mode_t::NDX_EVAL_DEFERRED as i32);
+    let first = AtomicUsize::new(0);
+    let second = AtomicUsize::new(0);
+    for (name, calls) in [(c"first", &first), (c"second", &second)] {
+        ok(ndx_register_op(
+            ctx.0,
+            name.as_ptr(),
+            &one_in_one_out(0, std::ptr::null(), std::ptr::null()),
+            Some(count_and_pass),
+            std::ptr::from_ref(calls).cast_mut().cast(),
+            None,
+        ));
+    }
+    let (b, counts) = common::f32_batch(&[(&[1.0], &[1]), (&[2.0], &[1]), (&[3.0], &[1])]);
+    let f1 = invoke_one(
+        ctx.0,
+        c"first",
+        ndx_input_t {
+            tensor: std::ptr::null(),
+            batch: b,
+        },
+    );
+    let mut b1 = std::ptr::null_mut();
+    ok(ndx_future_batch(f1, 0, &mut b1));
+    let mut n = 0;
+    ok(ndx_batch_size(b1, &mut n));
+    assert_eq!(
+        (n, first.load(SeqCst)),
+        (3, 0),
+        "ndx_batch_size ran 'first'"
+    );
+    let f2 = invoke_one(
+        ctx.0,
+        c"second",
+        ndx_input_t {
+            tensor: std::ptr::null(),
+            batch: b1,
+        },
+    );
+    assert_eq!(first.load(SeqCst), 0, "ndx_invoke of 'second' ran 'first'");
+    ok(ndx_future_wait(f2, -1));
+    let mut b2 = std::ptr::null_mut();
+    ok(ndx_future_batch(f2, 0, &mut b2));
+    let mut n2 = 0;
+    ok(ndx_batch_size(b2, &mut n2));
+    assert_eq!((n2, first.load(SeqCst), second.load(SeqCst)), (3, 3, 3));
+    for handle in [b1, b2, b] {
+        ndx_batch_release(handle);
+    }
+    ndx_future_release(f1);
+    ndx_future_release(f2);
+    drop(ctx);
+    assert!(counts.iter().all(|c| common::calls(c) == 1));
+}

@@ -498,6 +498,12 @@ impl Node {
     pub fn out_meta(&self) -> &[OutMeta] {
         &self.out_meta
     }
+    /// The number of samples of a per-sample invocation's batch outputs, known at
+    /// enqueue (`None`: not a per-sample invocation, or an input failed before its
+    /// length was known).
+    pub(crate) fn batch_len(&self) -> Option<usize> {
+        self.batch_len.filter(|&n| n > 0)
+    }
     /// Where the outputs will live, when known at enqueue (`None`: ask the data).
     pub fn out_device(&self) -> Option<Device> {
         self.out_device

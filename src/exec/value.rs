@@ -238,6 +238,9 @@ fn too_large(shape: &[i64]) -> Error {
 pub struct BatchRef {
     source: Source<Batch>,
     meta: Option<Vec<TMeta>>,
+    /// The number of samples of a pending output, known at enqueue even when the
+    /// producer (a host operator) infers no metadata.
+    len: Option<usize>,
     layout: CString,
 }
 
@@ -247,6 +250,7 @@ impl BatchRef {
         BatchRef {
             source: Source::Ready(b),
             meta: None,
+            len: None,
             layout: CString::default(),
         }
     }
@@ -258,9 +262,11 @@ impl BatchRef {
             .and_then(|m| m.first())
             .map(|m| CString::new(m.layout.clone()).unwrap_or_default())
             .unwrap_or_default();
+        let len = meta.as_ref().map(Vec::len).or_else(|| node.batch_len());
         BatchRef {
             source: Source::Pending(node, index),
             meta,
+            len,
             layout,
         }
     }
@@ -330,10 +336,11 @@ impl BatchRef {
                 .collect()),
         }
     }
-    /// Number of samples.
+    /// Number of samples: known without running anything for every pending output
+    /// (a per-sample invocation makes as many as its input batches have).
     pub fn len(&self) -> Result<usize> {
-        match &self.meta {
-            Some(m) => Ok(m.len()),
+        match self.len {
+            Some(n) => Ok(n),
             None => Ok(self.resolve_as(Flush::Metadata)?.len()),
         }
     }

@@ -2904,6 +2904,61 @@ static NDX_TEST_NOINLINE void test_failed_host_output_fails_a_builtin_in_its_fut
   }
 }
 
+/* A per-sample host operator's pending batch output knows its size without running
+ * (as many samples as its input batch), and a host operator chained on it does not run
+ * it at ndx_invoke (DEFERRED), as for tensors. Both ran the upstream host operator:
+ * ndx_batch_size asked its data for the count. */
+static NDX_TEST_NOINLINE void test_host_batch_output_size_needs_no_run(void) {
+  NDX_TEST_CONTEXT("host operator batch output, DEFERRED");
+  ndx_context_t* ctx = make_ctx(NDX_EVAL_DEFERRED, NDX_CAPTURE_OFF, NULL);
+  host_state s1, s2;
+  memset(&s1, 0, sizeof s1);
+  memset(&s2, 0, sizeof s2);
+  register_op(ctx, "first", k_copy, &s1);
+  register_op(ctx, "second", k_copy, &s2);
+  int counters[3] = {0, 0, 0};
+  const int64_t one = 1;
+  const float values[3] = {1, 2, 3};
+  DLManagedTensorVersioned* samples[3];
+  for (int k = 0; k < 3; k++) {
+    samples[k] = ndx_test_versioned(&counters[k], ndx_test_dl_dtype(kDLFloat, 32, 1), 1, &one,
+                                    NULL, &values[k], sizeof values[k]);
+  }
+  ndx_batch_t* b = NULL;
+  CHECK_OK(ndx_batch_from_dlpack_versioned(samples, 3, NULL, &b));
+  ndx_input_t in = {NULL, b};
+  ndx_future_t *f1 = NULL, *f2 = NULL;
+  ndx_batch_t *b1 = NULL, *b2 = NULL;
+  if (CHECK_OK(ndx_invoke(ctx, "first", &in, 1, NULL, NULL, &f1)) &&
+      CHECK_OK(ndx_future_batch(f1, 0, &b1))) {
+    size_t n = 0;
+    CHECK_OK(ndx_batch_size(b1, &n));
+    CHECK(n == 3, "3 samples, got %zu", n);
+    CHECK(load_int(&s1.started) == 0, "ndx_batch_size ran 'first' (%d runs)",
+          load_int(&s1.started));
+    ndx_input_t in2 = {NULL, b1};
+    if (CHECK_OK(ndx_invoke(ctx, "second", &in2, 1, NULL, NULL, &f2))) {
+      CHECK(load_int(&s1.started) == 0, "ndx_invoke of 'second' ran 'first' (%d runs)",
+            load_int(&s1.started));
+      CHECK_OK(ndx_future_wait(f2, -1));
+      CHECK_OK(ndx_future_batch(f2, 0, &b2));
+      size_t n2 = 0;
+      CHECK_OK(ndx_batch_size(b2, &n2));
+      CHECK(n2 == 3 && load_int(&s1.calls) == 3 && load_int(&s2.calls) == 3,
+            "3 samples each: %zu, %d, %d", n2, load_int(&s1.calls), load_int(&s2.calls));
+    }
+  }
+  check_evaluate_clean(ctx);
+  ndx_batch_release(b2);
+  ndx_batch_release(b1);
+  ndx_future_release(f2);
+  ndx_future_release(f1);
+  ndx_batch_release(b);
+  ndx_context_release(ctx);
+  for (int k = 0; k < 3; k++) CHECK(counters[k] == 1, "sample %d deleted once", k);
+  NDX_TEST_CONTEXT(NULL);
+}
+
 /* What a callback found reading a pending output: a data read's and a dtype query's errors. */
 typedef struct {
   const ndx_tensor_t* output;
@@ -3283,6 +3338,7 @@ int main(void) {
   RUN(test_per_sample_outputs_make_no_batch());
   RUN(test_per_sample_failure_names_its_sample());
   RUN(test_failed_host_output_fails_a_builtin_in_its_future());
+  RUN(test_host_batch_output_size_needs_no_run());
   RUN(test_refused_reads_in_a_callback());
   RUN(test_host_op_of_no_inputs());
   RUN(test_callback_waits_on_complete_futures());
