@@ -1292,3 +1292,32 @@ fn no_output_has_more_dimensions_than_an_import_accepts() {
     assert_eq!(counts.iter().map(calls).collect::<Vec<_>>(), [1, 1]);
     ndx_tensor_release(wide);
 }
+
+/// Stacking broadcast samples (stride 0: a few bytes of memory standing for 2^62
+/// elements) whose stack would pass the address space fails naming the stack, its
+/// samples and their shape. It said "output: shape [2, 4611686018427387904] of
+/// itemsize 1 is too large to address", naming an output ndx_batch_to_tensor has not.
+#[test]
+fn a_stack_too_large_to_address_is_named_as_the_stack() {
+    let mut spec = Spec::f32s(&[1.0], &[1]);
+    spec.dtype = DLDataType {
+        code: DLDataTypeCode::UINT,
+        bits: 8,
+        lanes: 1,
+    };
+    spec.data = vec![7];
+    spec.shape = vec![1 << 62];
+    spec.strides = Some(vec![0]);
+    let (ptrs, counts) = batch_v(&[spec.clone(), spec]);
+    let b = import_batch(&ptrs, std::ptr::null());
+    let mut t = std::ptr::null_mut();
+    expect_err(
+        ndx_batch_to_tensor(b, &mut t),
+        NDX_ERROR_VALUE,
+        "cannot stack 2 samples of shape [4611686018427387904] (uint8): the stacked tensor of \
+         shape [2, 4611686018427387904] is too large to address",
+    );
+    assert!(t.is_null());
+    ndx_batch_release(b);
+    assert!(counts.iter().all(|c| calls(c) == 1));
+}

@@ -1042,6 +1042,17 @@ pub(crate) fn stack<S: std::ops::Deref<Target = Tensor>>(samples: &[S]) -> Resul
         ),
         &shape,
     )?;
+    // Said here, naming the stack: the allocation would fail as "output: shape ...".
+    if compact_nbytes(&shape, first.dtype().itemsize()).is_none() {
+        return Err(Error::value(format!(
+            "cannot stack {} samples of shape {} ({}): the stacked tensor of shape {} is too \
+             large to address",
+            samples.len(),
+            dims(first.shape()),
+            first.dtype().name(),
+            dims(&shape)
+        )));
+    }
     let layout = CString::new(stacked_layout(first.layout())).unwrap_or_default();
     let per_sample = first.nbytes();
     Tensor::new_host_overwritten(first.dtype(), &shape, layout, |bytes| {

@@ -1343,6 +1343,31 @@ static void test_batch_to_tensor(void) {
     ndx_test_drop_versioned(one);
   }
   CHECK(cc == 1, "deleted once");
+
+  /* Broadcast samples (stride 0: one byte standing for 2^62 elements) whose stack would
+   * pass the address space: named as the stack (it said "output: shape [...] of
+   * itemsize 1 is too large to address"). */
+  int bc[2] = {0, 0};
+  const int64_t huge[1] = {(int64_t)1 << 62}, zero[1] = {0};
+  const uint8_t byte = 7;
+  DLManagedTensorVersioned* bv[2];
+  for (int i = 0; i < 2; i++) {
+    bv[i] = ndx_test_versioned(&bc[i], ndx_test_dl_dtype(kDLUInt, 8, 1), 1, huge, zero, &byte, 1);
+  }
+  b = NULL;
+  CHECK_OK(ndx_batch_from_dlpack_versioned(bv, 2, NULL, &b));
+  if (b) {
+    t = (ndx_tensor_t*)&cc;
+    expect_error(ndx_batch_to_tensor(b, &t), NDX_ERROR_VALUE,
+                 "cannot stack 2 samples of shape [4611686018427387904] (uint8): the stacked "
+                 "tensor of shape [2, 4611686018427387904] is too large to address");
+    CHECK(t == NULL, "out reset");
+    ndx_batch_release(b);
+  } else {
+    ndx_test_drop_versioned(bv[0]);
+    ndx_test_drop_versioned(bv[1]);
+  }
+  CHECK(bc[0] == 1 && bc[1] == 1, "deleted once each");
 }
 
 static void test_batch_null_handles(void) {
