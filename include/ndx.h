@@ -863,6 +863,9 @@ typedef struct {
  * strides give each index its own element; it may be strided, and it may be an input
  * of the same invocation (the result is then computed aside and copied in). Out
  * tensors must hold data: a still-pending output of another invocation is refused.
+ * An out batch must have as many samples as the invocation's input batches, checked
+ * at `ndx_invoke` also for a host operator (whose outputs' dtype and shape are known,
+ * and checked, only once it has run: a mismatch there fails its future).
  * An invocation on CUDA tensors, whose outputs live in device memory, takes none
  * (NDX_ERROR_NOT_IMPLEMENTED at `ndx_invoke`): copy its output with `to_host`.
  *

@@ -2977,3 +2977,66 @@ fn a_host_operators_pending_batch_knows_its_size_without_running() {
     drop(ctx);
     assert!(counts.iter().all(|c| common::calls(c) == 1));
 }
+
+/// An out batch of the wrong number of samples for a per-sample host operator is
+/// refused at `ndx_invoke`, naming the out batch, as for a built-in operator. It was
+/// taken, and the invocation failed in its future with "sample index 3 is out of range
+/// for a batch of 3 samples" (an INDEX error naming neither the out batch nor the
+/// number of samples expected).
+#[test]
+fn a_host_operators_out_batch_of_the_wrong_length_is_refused_at_invoke() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    for mode in 1..=4 {
+        let ctx = common::Ctx::new(mode);
+        let calls = AtomicUsize::new(0);
+        ok(ndx_register_op(
+            ctx.0,
+            c"pass".as_ptr(),
+            &one_in_one_out(0, std::ptr::null(), std::ptr::null()),
+            Some(count_and_pass),
+            std::ptr::from_ref(&calls).cast_mut().cast(),
+            None,
+        ));
+        let four: Vec<(&[f32], &[i64])> = vec![(&[1.0], &[1]); 4];
+        let three: Vec<(&[f32], &[i64])> = vec![(&[0.0], &[1]); 3];
+        let (b, _c1) = common::f32_batch(&four);
+        let (ob, _c2) = common::f32_batch(&three);
+        let outputs = [ndx_output_t {
+            tensor: std::ptr::null(),
+            batch: ob,
+        }];
+        let opts = common::invoke_options(0, &outputs);
+        let input = ndx_input_t {
+            tensor: std::ptr::null(),
+            batch: b,
+        };
+        let mut f = std::ptr::null_mut();
+        common::expect_err(
+            ndx_invoke(
+                ctx.0,
+                c"pass".as_ptr(),
+                &input,
+                1,
+                std::ptr::null(),
+                &opts,
+                &mut f,
+            ),
+            ndx_error_kind_t::NDX_ERROR_VALUE,
+            "operator 'pass': outputs[0] is a batch of 3 samples, expected 4",
+        );
+        assert!(f.is_null());
+        assert_eq!(calls.load(SeqCst), 0, "mode {mode}: the kernel ran");
+        for s in 0..3 {
+            let mut t = std::ptr::null_mut();
+            ok(ndx_batch_sample(ob, s, &mut t));
+            assert_eq!(
+                common::values_f32(t),
+                [0.0],
+                "mode {mode}: sample {s} written"
+            );
+            ndx_tensor_release(t);
+        }
+        ndx_batch_release(ob);
+        ndx_batch_release(b);
+    }
+}

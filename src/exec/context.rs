@@ -572,7 +572,7 @@ impl ContextInner {
             Err(e) => return Err(fail(crate::ops::of_operator(op, &e))),
         };
         let out_device = output_device(&def, &inputs, &args);
-        check_outputs(&out_meta, &outputs, out_device)
+        check_outputs(&out_meta, &outputs, out_device, batch_len)
             .map_err(|e| fail(crate::ops::of_operator(op, &e)))?;
         let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
         let node = Node::new(NodeSpec {
@@ -1036,11 +1036,14 @@ fn infer_samples(
 /// Checks caller-given out tensors against the inferred outputs: their number, kind
 /// (tensor or batch), dtype and shape, that they are writable host memory whose
 /// elements do not overlap, and that no two share memory. `device` is where the
-/// outputs will be made, when known: out tensors take host results only.
+/// outputs will be made, when known: out tensors take host results only. `batch_len`
+/// is a per-sample invocation's number of samples (0: unknown), which an out batch
+/// must have also when the operator infers nothing else (a host operator's).
 fn check_outputs(
     metas: &[OutMeta],
     outputs: &[Option<Data>],
     device: Option<Device>,
+    batch_len: Option<usize>,
 ) -> Result<()> {
     if outputs.is_empty() {
         return Ok(());
@@ -1073,13 +1076,13 @@ fn check_outputs(
                 all.push((i, t));
             }
             (Data::Batch(b), OutMeta::Batch(m)) => {
-                if let Some(m) = m
-                    && m.len() != b.len()
+                let expected = m.as_ref().map(Vec::len).or(batch_len.filter(|&n| n > 0));
+                if let Some(n) = expected
+                    && n != b.len()
                 {
                     return Err(Error::value(format!(
-                        "outputs[{i}] is a batch of {} samples, expected {}",
-                        b.len(),
-                        m.len()
+                        "outputs[{i}] is a batch of {} samples, expected {n}",
+                        b.len()
                     )));
                 }
                 for (s, t) in b.samples().iter().enumerate() {
@@ -1261,7 +1264,7 @@ mod tests {
                 _ => OutMeta::Tensor(None),
             })
             .collect();
-        check_outputs(&metas, outputs, None)
+        check_outputs(&metas, outputs, None, None)
             .err()
             .map(|e| e.message().to_string())
     }

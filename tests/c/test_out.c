@@ -332,6 +332,59 @@ static ndx_batch_t* batch_over(float* a, float* b) {
   return batch;
 }
 
+/* A host kernel returning its input (retained). */
+static ndx_error_t* k_pass(void* user, const ndx_tensor_t* const* inputs, size_t n_inputs,
+                           const ndx_args_t* args, ndx_tensor_t** outputs, size_t n_outputs) {
+  (void)n_inputs; (void)args; (void)n_outputs;
+  __atomic_fetch_add((int*)user, 1, __ATOMIC_SEQ_CST);
+  ndx_error_t* e = ndx_tensor_retain(inputs[0]);
+  if (e == NULL) outputs[0] = (ndx_tensor_t*)inputs[0];
+  return e;
+}
+
+/* An out batch of the wrong number of samples for a per-sample host operator is refused
+ * at ndx_invoke naming it, as for a built-in operator, and nothing is written. It was
+ * taken, and the invocation failed in its future with "sample index 2 is out of range
+ * for a batch of 2 samples" (naming neither the out batch nor the count expected). */
+static void test_host_out_batch_of_the_wrong_length(void) {
+  for (int m = 0; m < 3; m++) {
+    NDX_TEST_CONTEXT(MODE_NAMES[m]);
+    ndx_context_t* ctx = context_in(MODES[m]);
+    ndx_op_schema_t s;
+    memset(&s, 0, sizeof s);
+    s.struct_size = sizeof s;
+    s.n_inputs = 1;
+    s.n_outputs = 1;
+    int calls = 0;
+    CHECK_OK(ndx_register_op(ctx, "pass", &s, k_pass, &calls, NULL));
+    const int64_t n2 = 2;
+    const float ones[2] = {1, 1};
+    DLManagedTensorVersioned* v[3];
+    for (int k = 0; k < 3; k++) {
+      v[k] = ndx_test_versioned(NULL, NDX_TEST_DL_F32, 1, &n2, NULL, ones, sizeof ones);
+    }
+    ndx_batch_t* in_batch = NULL;
+    CHECK_OK(ndx_batch_from_dlpack_versioned(v, 3, NULL, &in_batch));
+    float a[2] = {0, 0}, b[2] = {0, 0};
+    ndx_batch_t* out_batch = batch_over(a, b);
+    ndx_input_t in[1] = {{NULL, in_batch}};
+    ndx_output_t outs[1] = {{NULL, out_batch}};
+    ndx_invoke_options_t o = with_outputs(outs, 1);
+    ndx_future_t* f = NULL;
+    expect_error(ndx_invoke(ctx, "pass", in, 1, NULL, &o, &f), NDX_ERROR_VALUE,
+                 "operator 'pass': outputs[0] is a batch of 2 samples, expected 3");
+    CHECK(f == NULL, "no future");
+    ndx_future_release(f);
+    CHECK_OK(ndx_context_evaluate(ctx));
+    CHECK(__atomic_load_n(&calls, __ATOMIC_SEQ_CST) == 0, "the kernel ran %d times", calls);
+    CHECK(a[0] == 0 && a[1] == 0 && b[0] == 0 && b[1] == 0, "nothing written");
+    ndx_batch_release(out_batch);
+    ndx_batch_release(in_batch);
+    ndx_context_release(ctx);
+    NDX_TEST_CONTEXT(NULL);
+  }
+}
+
 /* Per-sample runs where one sample's out tensor is another sample's input: every
  * input is read before anything is written, as NumPy would compute it. */
 static void test_batch_out_over_another_samples_input(void) {
@@ -468,6 +521,7 @@ int main(void) {
   test_host_outputs_made_out_of_order();
   test_host_other_output_not_in_an_out_tensor();
   test_batch_out_over_another_samples_input();
+  test_host_out_batch_of_the_wrong_length();
   test_batch_to_tensor();
   test_old_options_struct();
   test_deleter_ran_when_the_context_release_returns();
