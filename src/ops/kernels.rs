@@ -230,6 +230,21 @@ fn f32_to_int<D: Elem>(src: &[f32], dst: &mut [D]) {
         D::from_f32(f32::NEG_INFINITY).to_f32(),
         D::from_f32(f32::INFINITY).to_f32(),
     );
+    if size_of::<D>() <= 2 && lo == 0.0 {
+        // Unsigned: NaN fails `v > 0.0` and so becomes 0 with the clamp, and values are
+        // their magnitudes: fewer steps than the signed loop below (u8: 1.7x faster).
+        for (d, &v) in dst.iter_mut().zip(src) {
+            let c = if v > 0.0 { v } else { 0.0 };
+            let c = if c < hi { c } else { hi };
+            let r = c + M;
+            let n = r
+                .to_bits()
+                .wrapping_sub(M.to_bits())
+                .wrapping_sub(u32::from(r - M > c));
+            *d = D::from_i128(i128::from(n));
+        }
+        return;
+    }
     if size_of::<D>() <= 2 {
         for (d, &v) in dst.iter_mut().zip(src) {
             let c = if v < lo { lo } else { v };
