@@ -484,6 +484,72 @@ fn check_shape_and_argument_validation() {
 }
 
 #[test]
+fn check_range_compares_int64_and_uint64_exactly() {
+    // 2^53 + 1 is not a double: through f64 it became 2^53 and passed hi = 2^53.
+    let big = (1i64 << 53) + 1;
+    let cases: Vec<(Input, Args, &str)> = vec![
+        (
+            input(tensor(DType::I64, &[big, 1 << 53, -big], &[3])),
+            args(&[
+                ("lo", ArgValue::Float(-9007199254740992.0)),
+                ("hi", ArgValue::Float(9007199254740992.0)),
+            ]),
+            "2 of 3 elements outside [-9007199254740992, 9007199254740992] (first at flat index 0)",
+        ),
+        (
+            // Integer bounds stay exact: lo = 2^53 + 1 admits 2^53 + 1 only.
+            input(tensor(DType::I64, &[big, 1 << 53, i64::MAX], &[3])),
+            args(&[("lo", ArgValue::Int(big)), ("hi", ArgValue::Int(big))]),
+            "2 of 3 elements outside [9007199254740993, 9007199254740993] (first at flat index 1)",
+        ),
+        (
+            input(tensor(DType::U64, &[u64::MAX, u64::MAX - 1, 1 << 53], &[3])),
+            args(&[("hi", ArgValue::Int(i64::MAX))]),
+            "2 of 3 elements outside [-inf, 9223372036854775807] (first at flat index 0)",
+        ),
+        (
+            // 2^64 as a float: u64::MAX is below it.
+            input(tensor(DType::U64, &[u64::MAX, 0, (1 << 53) + 1], &[3])),
+            args(&[
+                ("lo", ArgValue::Float(0.5)),
+                ("hi", ArgValue::Float(18446744073709551616.0)),
+            ]),
+            "1 of 3 elements outside [0.5, 18446744073709552000] (first at flat index 1)",
+        ),
+    ];
+    for (x, range, want) in cases {
+        let ctx = context(EvalMode::SyncCpu, Policy::Collect, checks::ALL);
+        ctx.invoke("check_range", vec![x], range, None, here())
+            .unwrap()
+            .wait(None)
+            .unwrap();
+        let e = group(&ctx);
+        assert_eq!(e.related().len(), 1, "{want}");
+        assert_eq!(
+            e.related()[0].message(),
+            format!("USER check failed: {want}")
+        );
+    }
+    // lo > hi is decided exactly too.
+    let ctx = context(EvalMode::SyncCpu, Policy::Collect, checks::ALL);
+    let x = input(tensor(DType::I64, &[0i64], &[1]));
+    let reversed = args(&[
+        ("lo", ArgValue::Int(big)),
+        ("hi", ArgValue::Float(9007199254740992.0)),
+    ]);
+    let e = ctx
+        .invoke("check_range", vec![x], reversed, None, here())
+        .err()
+        .expect("refused at enqueue");
+    assert_eq!(e.kind(), ErrorKind::Value);
+    assert!(
+        e.message()
+            .contains("needs lo <= hi, got lo=9007199254740993 and hi=9007199254740992"),
+        "{e}"
+    );
+}
+
+#[test]
 fn batch_flags_name_their_sample() {
     let ctx = context(EvalMode::SyncCpu, Policy::Collect, checks::USER);
     let s0 = tensor(DType::F32, &[1f32, 2.0], &[2]);

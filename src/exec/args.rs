@@ -24,6 +24,70 @@ pub enum ArgValue {
     DType(DType),
 }
 
+/// A numeric argument as given: an integer kept exact (an `int64` beyond 2^53 is not
+/// a double), or a float. Integer bounds (`clamp`, `check_range`) compare exactly.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Num {
+    /// An integer argument.
+    Int(i64),
+    /// A float argument.
+    Float(f64),
+}
+
+impl Num {
+    /// The value as a double (an integer beyond 2^53 rounds).
+    pub fn to_f64(self) -> f64 {
+        match self {
+            Num::Int(v) => v as f64,
+            Num::Float(v) => v,
+        }
+    }
+
+    /// Whether the value is NaN.
+    pub fn is_nan(self) -> bool {
+        matches!(self, Num::Float(v) if v.is_nan())
+    }
+
+    /// The least integer not below the value (saturating to the `i128` range; -inf
+    /// gives `i128::MIN`, NaN 0): the least integer a lower bound admits.
+    pub fn ceil_int(self) -> i128 {
+        match self {
+            Num::Int(v) => i128::from(v),
+            Num::Float(v) => v.ceil() as i128,
+        }
+    }
+
+    /// The greatest integer not above the value (saturating; +inf gives `i128::MAX`):
+    /// the greatest integer an upper bound admits.
+    pub fn floor_int(self) -> i128 {
+        match self {
+            Num::Int(v) => i128::from(v),
+            Num::Float(v) => v.floor() as i128,
+        }
+    }
+
+    /// Exactly `self > other` (false when either is NaN).
+    pub fn gt(self, other: Num) -> bool {
+        match (self, other) {
+            (Num::Int(a), Num::Int(b)) => a > b,
+            (Num::Float(a), Num::Float(b)) => a > b,
+            // An integer is above x exactly when it is above floor(x), and x is above
+            // an integer exactly when ceil(x) is.
+            (Num::Int(a), Num::Float(b)) => !b.is_nan() && i128::from(a) > other.floor_int(),
+            (Num::Float(a), Num::Int(b)) => !a.is_nan() && self.ceil_int() > i128::from(b),
+        }
+    }
+}
+
+impl std::fmt::Display for Num {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Num::Int(v) => write!(f, "{v}"),
+            Num::Float(v) => write!(f, "{v}"),
+        }
+    }
+}
+
 /// The kinds of argument values, as schemas name them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(i32)]
@@ -172,6 +236,16 @@ impl Args {
             None => Ok(None),
             Some(ArgValue::Float(v)) => Ok(Some(*v)),
             Some(ArgValue::Int(v)) => Ok(Some(*v as f64)),
+            Some(v) => Err(Args::wrong(name, ArgType::Float, v)),
+        }
+    }
+
+    /// `name` as a number, if present: an integer stays exact (see [`Num`]).
+    pub fn number(&self, name: &str) -> Result<Option<Num>> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(ArgValue::Float(v)) => Ok(Some(Num::Float(*v))),
+            Some(ArgValue::Int(v)) => Ok(Some(Num::Int(*v))),
             Some(v) => Err(Args::wrong(name, ArgType::Float, v)),
         }
     }

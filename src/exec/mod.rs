@@ -7,7 +7,7 @@ mod node;
 pub(crate) mod pool;
 mod value;
 
-pub use args::{ArgType, ArgValue, Args};
+pub use args::{ArgType, ArgValue, Args, Num};
 pub use context::{
     Backend, CallSite, CapturePolicy, Context, ContextInner, EvalMode, FrameProvider, Settings,
     new_context, output_batch, output_tensor,

@@ -9,7 +9,7 @@ use super::kernels::{Elem, typed, with_elem};
 use super::{ArgSpec, Kernel, OpDef, TMeta};
 use crate::checks::{self, Raised, Tally};
 use crate::error::{Error, Result};
-use crate::exec::args::{ArgType, Args};
+use crate::exec::args::{ArgType, Args, Num};
 use crate::tensor::{DType, Tensor, dims};
 
 /// Counts the elements of `t` for which `bad` holds: `(first flat index, count)`.
@@ -79,10 +79,10 @@ fn finite_kernel(t: &Tensor) -> Result<()> {
     Ok(())
 }
 
-fn range_bounds(args: &Args) -> Result<(f64, f64)> {
-    let lo = args.float("lo")?.unwrap_or(f64::NEG_INFINITY);
-    let hi = args.float("hi")?.unwrap_or(f64::INFINITY);
-    if lo.is_nan() || hi.is_nan() || lo > hi {
+fn range_bounds(args: &Args) -> Result<(Num, Num)> {
+    let lo = args.number("lo")?.unwrap_or(Num::Float(f64::NEG_INFINITY));
+    let hi = args.number("hi")?.unwrap_or(Num::Float(f64::INFINITY));
+    if lo.is_nan() || hi.is_nan() || lo.gt(hi) {
         return Err(Error::value(format!(
             "needs lo <= hi, got lo={lo} and hi={hi}"
         )));
@@ -92,14 +92,30 @@ fn range_bounds(args: &Args) -> Result<(f64, f64)> {
 
 fn range_kernel(t: &Tensor, args: &Args) -> Result<()> {
     let (lo, hi) = range_bounds(args)?;
-    // NaN is outside every range.
-    let tally = with_elem!(t.dtype(), T => count_where::<T>(t, |v| {
-        let x = v.to_f64();
-        !(x >= lo && x <= hi)
-    }), bool => count_where::<u8>(t, |v| {
-        let x = f64::from(v);
-        !(x >= lo && x <= hi)
-    }))?;
+    let tally = with_elem!(t.dtype(), T => {
+        if T::INT && size_of::<T>() == 8 {
+            // int64 and uint64 are not all doubles (2^53 + 1 is not): compared exactly
+            // with the integer bounds, lo rounded up and hi down.
+            let (lo, hi) = (lo.ceil_int(), hi.floor_int());
+            count_where::<T>(t, |v| {
+                let x = v.to_i128();
+                !(x >= lo && x <= hi)
+            })
+        } else {
+            // Every other value is exactly a double. NaN is outside every range.
+            let (lo, hi) = (lo.to_f64(), hi.to_f64());
+            count_where::<T>(t, |v| {
+                let x = v.to_f64();
+                !(x >= lo && x <= hi)
+            })
+        }
+    }, bool => {
+        let (lo, hi) = (lo.to_f64(), hi.to_f64());
+        count_where::<u8>(t, |v| {
+            let x = f64::from(v);
+            !(x >= lo && x <= hi)
+        })
+    })?;
     raise_user(&tally, |n| {
         format!(
             "{n} of {} element{} outside [{lo}, {hi}]",
