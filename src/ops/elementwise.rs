@@ -8,7 +8,7 @@ use super::strided::{View, for_each_in, for_each_row};
 use super::{ArgSpec, Kernel, OpDef, TMeta, par};
 use crate::checks;
 use crate::error::{Error, Result};
-use crate::exec::args::{ArgType, Args};
+use crate::exec::args::{ArgType, Args, Num};
 use crate::tensor::{DType, Tensor};
 
 /// The dtype NumPy 2 gives an operation on arrays of dtypes `a` and `b` (NEP 50).
@@ -843,12 +843,12 @@ fn predicate_kernel(name: &str, t: &Tensor) -> Result<Tensor> {
     Ok(as_bool(out))
 }
 
-fn clamp_bounds(args: &Args) -> Result<(Option<f64>, Option<f64>)> {
-    let get = |name: &str| -> Result<Option<f64>> {
+fn clamp_bounds(args: &Args) -> Result<(Option<Num>, Option<Num>)> {
+    let get = |name: &str| -> Result<Option<Num>> {
         match args.get(name) {
             None => Ok(None),
-            Some(crate::exec::ArgValue::Float(v)) => Ok(Some(*v)),
-            Some(crate::exec::ArgValue::Int(v)) => Ok(Some(*v as f64)),
+            Some(crate::exec::ArgValue::Float(v)) => Ok(Some(Num::Float(*v))),
+            Some(crate::exec::ArgValue::Int(v)) => Ok(Some(Num::Int(*v))),
             Some(v) => Err(Error::type_error(format!(
                 "argument '{name}' is {}, expected a float",
                 v.arg_type().a()
@@ -857,7 +857,7 @@ fn clamp_bounds(args: &Args) -> Result<(Option<f64>, Option<f64>)> {
     };
     let (lo, hi) = (get("lo")?, get("hi")?);
     if let (Some(l), Some(h)) = (lo, hi)
-        && l > h
+        && l.gt(h)
     {
         return Err(Error::value(format!(
             "clamp bounds are reversed: lo = {l} is greater than hi = {h}"
@@ -866,12 +866,22 @@ fn clamp_bounds(args: &Args) -> Result<(Option<f64>, Option<f64>)> {
     Ok((lo, hi))
 }
 
+/// An integer bound (already rounded inwards) in `T`, saturated to `T`'s range.
+fn int_bound<T: Elem>(v: i128) -> T {
+    let (min, max) = (
+        T::from_f64(f64::NEG_INFINITY).to_i128(),
+        T::from_f64(f64::INFINITY).to_i128(),
+    );
+    T::from_i128(v.clamp(min, max))
+}
+
 fn clamp_kernel(t: &Tensor, args: &Args) -> Result<Tensor> {
     let (lo, hi) = clamp_bounds(args)?;
     with_elem!(t.dtype(), T => {
-        // Bounds in the element type: integers round inwards (lo up, hi down).
-        let lo = lo.map(|l| T::from_f64(if T::INT { l.ceil() } else { l }));
-        let hi = hi.map(|h| T::from_f64(if T::INT { h.floor() } else { h }));
+        // Bounds in the element type: integers round inwards (lo up, hi down), exactly
+        // (an int bound beyond 2^53 is not a double).
+        let lo = lo.map(|l| if T::INT { int_bound::<T>(l.ceil_int()) } else { T::from_f64(l.to_f64()) });
+        let hi = hi.map(|h| if T::INT { int_bound::<T>(h.floor_int()) } else { T::from_f64(h.to_f64()) });
         // A loop per pair of bounds, without branches (NaN compares false: it stays).
         match (lo, hi) {
             (Some(l), Some(h)) => map::<T, T>(t, move |v| {
@@ -1082,6 +1092,7 @@ pub fn ops() -> Vec<OpDef> {
 mod tests {
     use super::kernels::make;
     use super::*;
+    use crate::exec::ArgValue;
     use DType::*;
 
     #[test]
@@ -1126,6 +1137,64 @@ mod tests {
         assert_eq!(
             (lt.dtype(), lt.to_bytes().unwrap()),
             (Bool, vec![1, 1, 0, 0, 0, 0])
+        );
+    }
+
+    fn clamp_of<T: Elem>(
+        values: &[T],
+        lo: Option<ArgValue>,
+        hi: Option<ArgValue>,
+    ) -> Result<Vec<T>> {
+        let x = make::<T>(&[values.len() as i64], "", |o| {
+            o.copy_from_slice(values);
+            Ok(())
+        })?;
+        let mut args = Args::new();
+        for (name, v) in [("lo", lo), ("hi", hi)] {
+            if let Some(v) = v {
+                args = args.with(name, v);
+            }
+        }
+        Ok(typed::<T>(&clamp_kernel(&x, &args)?)?.to_vec())
+    }
+
+    #[test]
+    fn clamp_keeps_int_bounds_exact_for_int64_and_uint64() {
+        use ArgValue::{Float, Int};
+        let big = (1i64 << 53) + 1;
+        // Through f64 the bound 2^53 + 1 was 2^53: 2^53 + 1 came out as 2^53.
+        assert_eq!(
+            clamp_of::<i64>(
+                &[big, big + 1, -big - 1, 0],
+                Some(Int(-big)),
+                Some(Int(big))
+            )
+            .unwrap(),
+            [big, big, -big, 0]
+        );
+        assert_eq!(
+            clamp_of::<u64>(&[u64::MAX, 1 << 60], Some(Int(big)), Some(Int(i64::MAX))).unwrap(),
+            [i64::MAX as u64, 1 << 60]
+        );
+        // A bound outside the type saturates; float bounds round inwards.
+        assert_eq!(
+            clamp_of::<u8>(&[0, 7, 255], Some(Int(-5)), Some(Int(300))).unwrap(),
+            [0, 7, 255]
+        );
+        assert_eq!(
+            clamp_of::<i64>(
+                &[i64::MIN, i64::MAX, 3],
+                Some(Float(-1e300)),
+                Some(Float(2.5))
+            )
+            .unwrap(),
+            [i64::MIN, 2, 2]
+        );
+        // Reversed bounds are told apart exactly.
+        let e = clamp_of::<i64>(&[0], Some(Int(big)), Some(Float(9007199254740992.0))).unwrap_err();
+        assert_eq!(
+            e.message(),
+            "clamp bounds are reversed: lo = 9007199254740993 is greater than hi = 9007199254740992"
         );
     }
 
