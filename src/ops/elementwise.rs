@@ -866,22 +866,13 @@ fn clamp_bounds(args: &Args) -> Result<(Option<Num>, Option<Num>)> {
     Ok((lo, hi))
 }
 
-/// An integer bound (already rounded inwards) in `T`, saturated to `T`'s range.
-fn int_bound<T: Elem>(v: i128) -> T {
-    let (min, max) = (
-        T::from_f64(f64::NEG_INFINITY).to_i128(),
-        T::from_f64(f64::INFINITY).to_i128(),
-    );
-    T::from_i128(v.clamp(min, max))
-}
-
 fn clamp_kernel(t: &Tensor, args: &Args) -> Result<Tensor> {
     let (lo, hi) = clamp_bounds(args)?;
     with_elem!(t.dtype(), T => {
         // Bounds in the element type: integers round inwards (lo up, hi down), exactly
         // (an int bound beyond 2^53 is not a double).
-        let lo = lo.map(|l| if T::INT { int_bound::<T>(l.ceil_int()) } else { T::from_f64(l.to_f64()) });
-        let hi = hi.map(|h| if T::INT { int_bound::<T>(h.floor_int()) } else { T::from_f64(h.to_f64()) });
+        let lo = lo.map(|l| if T::INT { kernels::saturate_int::<T>(l.ceil_int()) } else { T::from_f64(l.to_f64()) });
+        let hi = hi.map(|h| if T::INT { kernels::saturate_int::<T>(h.floor_int()) } else { T::from_f64(h.to_f64()) });
         // A loop per pair of bounds, without branches (NaN compares false: it stays).
         match (lo, hi) {
             (Some(l), Some(h)) => map::<T, T>(t, move |v| {

@@ -716,6 +716,17 @@ fn convert<S: Elem, D: Elem>(v: S) -> D {
     }
 }
 
+/// The integer `v` in the integer type `T`, saturated to `T`'s range (where a cast
+/// would wrap).
+pub(crate) fn saturate_int<T: Elem>(v: i128) -> T {
+    debug_assert!(T::INT);
+    let (min, max) = (
+        T::from_f64(f64::NEG_INFINITY).to_i128(),
+        T::from_f64(f64::INFINITY).to_i128(),
+    );
+    T::from_i128(v.clamp(min, max))
+}
+
 /// Adds one to every element (the `inject_accuracy_error` backend).
 pub fn add_one(t: &Tensor) -> Result<Tensor> {
     with_elem!(t.dtype(), T => {

@@ -6,12 +6,12 @@ use std::sync::Arc;
 
 use crate::checks;
 
-use super::kernels::{self, make};
+use super::kernels::{self, Elem, make};
 use super::par;
 use super::reduce::{axis_mask, normalize_axes};
 use super::{ArgSpec, Kernel, OpDef, TMeta};
 use crate::error::{Error, Result};
-use crate::exec::args::{ArgType, ArgValue, Args};
+use crate::exec::args::{ArgType, ArgValue, Args, Num};
 use crate::tensor::{DType, Tensor, compact_strides, dims};
 
 /// A view description: shape, strides and origin, in elements of the input, whose
@@ -328,11 +328,11 @@ fn pad_widths(shape: &[i64], args: &Args) -> Result<Vec<(i64, i64)>> {
     Ok(widths)
 }
 
-fn pad_value(args: &Args) -> Result<f64> {
+fn pad_value(args: &Args) -> Result<Num> {
     match args.get("value") {
-        None => Ok(0.0),
-        Some(ArgValue::Float(v)) => Ok(*v),
-        Some(ArgValue::Int(v)) => Ok(*v as f64),
+        None => Ok(Num::Float(0.0)),
+        Some(ArgValue::Float(v)) => Ok(Num::Float(*v)),
+        Some(ArgValue::Int(v)) => Ok(Num::Int(*v)),
         Some(v) => Err(Error::type_error(format!(
             "argument 'value' is {}, expected a float",
             v.arg_type().a()
@@ -340,22 +340,35 @@ fn pad_value(args: &Args) -> Result<f64> {
     }
 }
 
-fn pad(t: &Tensor, widths: &[(i64, i64)], value: f64) -> Result<Tensor> {
+/// `value` converted to `dtype` as `cast` converts, as bytes.
+fn fill_bytes<S: Elem>(value: S, dtype: DType) -> Result<Vec<u8>> {
+    let one = make::<S>(&[], "", |o| {
+        o[0] = value;
+        Ok(())
+    })?;
+    kernels::cast(&one, dtype)?.to_bytes()
+}
+
+fn pad(t: &Tensor, widths: &[(i64, i64)], value: Num) -> Result<Tensor> {
     let shape: Vec<i64> = t
         .shape()
         .iter()
         .zip(widths)
         .map(|(&d, (b, a))| d + b + a)
         .collect();
-    // The fill value in the element type, then the input copied into the interior.
-    let fill = kernels::cast(
-        &make::<f64>(&[], "", |o| {
-            o[0] = value;
-            Ok(())
-        })?,
-        t.dtype(),
-    )?
-    .to_bytes()?;
+    // The fill value in the element type, then the input copied into the interior. An
+    // int value fills an integer tensor exactly (saturated to its range, as a float
+    // value would be; an int64 beyond 2^53 is not rounded to a double first).
+    let fill = match value {
+        Num::Int(v) => kernels::with_elem!(t.dtype(), T => {
+            if T::INT {
+                bytemuck::bytes_of(&kernels::saturate_int::<T>(i128::from(v))).to_vec()
+            } else {
+                fill_bytes::<i64>(v, t.dtype())?
+            }
+        }, bool => fill_bytes::<i64>(v, t.dtype())?),
+        Num::Float(v) => fill_bytes::<f64>(v, t.dtype())?,
+    };
     let item = t.dtype().itemsize();
     let src = t.compact_bytes()?;
     Tensor::new_host_overwritten(t.dtype(), &shape, Default::default(), |out| {
@@ -579,5 +592,49 @@ mod tests {
         assert_eq!(slice_indices(0, 6, i64::MAX, 6), (0, 1));
         assert_eq!(slice_indices(i64::MAX, i64::MIN, i64::MIN, 6), (5, 1));
         assert_eq!(slice_indices(i64::MIN, i64::MAX, i64::MAX, 6), (0, 1));
+    }
+}
+
+#[cfg(test)]
+mod pad_tests {
+    use super::*;
+
+    /// `values` padded by one `value` on each side, through the operator.
+    fn padded<T: Elem>(values: &[T], value: Num) -> Vec<T> {
+        let x = make::<T>(&[values.len() as i64], "", |o| {
+            o.copy_from_slice(values);
+            Ok(())
+        })
+        .unwrap();
+        let value = match value {
+            Num::Int(v) => ArgValue::Int(v),
+            Num::Float(v) => ArgValue::Float(v),
+        };
+        let args = Args::new()
+            .with("widths", ArgValue::Ints(vec![1, 1]))
+            .with("value", value);
+        let Some(Kernel::Builtin(f)) = crate::ops::builtin("pad").map(|op| op.kernel.clone())
+        else {
+            unreachable!("pad is a built-in")
+        };
+        let t = f(&[&x], &args).unwrap().remove(0);
+        kernels::typed::<T>(&t).unwrap().to_vec()
+    }
+
+    #[test]
+    fn an_int_pad_value_is_exact_and_saturates() {
+        // Through f64, 2^53 + 1 filled as 2^53.
+        let big = (1i64 << 53) + 1;
+        assert_eq!(padded::<i64>(&[7], Num::Int(big)), [big, 7, big]);
+        assert_eq!(
+            padded::<u64>(&[7], Num::Int(i64::MAX)),
+            [i64::MAX as u64, 7, i64::MAX as u64]
+        );
+        // Out of range: saturated, as a float value is (not wrapped like a cast).
+        assert_eq!(padded::<u8>(&[7], Num::Int(300)), [255, 7, 255]);
+        assert_eq!(padded::<u64>(&[7], Num::Int(-1)), [0, 7, 0]);
+        assert_eq!(padded::<u8>(&[7], Num::Float(300.0)), [255, 7, 255]);
+        assert_eq!(padded::<f64>(&[7.0], Num::Int(-3)), [-3.0, 7.0, -3.0]);
+        assert_eq!(padded::<i32>(&[7], Num::Float(-2.9)), [-2, 7, -2]);
     }
 }
