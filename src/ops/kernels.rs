@@ -308,7 +308,15 @@ macro_rules! float_elem {
                 $from(v)
             }
             fn from_i128(v: i128) -> Self {
-                $from(v as f64)
+                // Rounded once: to f64 exactly (nearest), or, for the narrower types,
+                // to odd first, which their rounding from f64 then takes to nearest as
+                // if from `v` itself (`v as f64` then rounded again, 2^60 + 2^36 + 1
+                // became 2^60 in f32, not 2^60 + 2^37).
+                if $d == DType::F64 {
+                    $from(v as f64)
+                } else {
+                    $from(int_round_to_odd(v))
+                }
             }
             fn add(self, o: Self) -> Self {
                 self + o
@@ -441,6 +449,25 @@ fn f32_round_to_odd(v: f64) -> f32 {
         bits -= 1;
     }
     f32::from_bits(bits | 1)
+}
+
+/// The integer `v` rounded to `f64` toward zero, with the last bit set when that was
+/// inexact ("round to odd", as [`f32_round_to_odd`]): rounding this to a type of at
+/// most 51 significant bits (f32, and through [`f32_round_to_odd`] float16 and
+/// bfloat16) to nearest even gives the same result as rounding `v` once.
+#[inline(always)]
+fn int_round_to_odd(v: i128) -> f64 {
+    let t = v as f64;
+    // Exact below 2^127, far above any integer of ours (at most 2^64 in magnitude).
+    let back = t as i128;
+    if back == v {
+        return t;
+    }
+    let mut bits = t.to_bits();
+    if back.unsigned_abs() > v.unsigned_abs() {
+        bits -= 1; // rounded away from zero: one step back toward it
+    }
+    f64::from_bits(bits | 1)
 }
 
 /// `v` to `float16`, rounded once to nearest even.
@@ -708,6 +735,12 @@ fn convert_run<S: Elem, D: Elem>(src: &[S], out: &mut [D]) {
 #[inline(always)]
 fn convert<S: Elem, D: Elem>(v: S) -> D {
     if S::INT && D::INT {
+        D::from_i128(v.to_i128())
+    } else if S::INT && size_of::<S>() == 8 && D::DTYPE == DType::F32 {
+        // Not through f64, which would round twice; Rust's `as` rounds once.
+        D::from_f32(v.to_f32())
+    } else if S::INT && size_of::<S>() == 8 && D::DTYPE != DType::F64 {
+        // float16, bfloat16: rounded once from the exact integer.
         D::from_i128(v.to_i128())
     } else if S::F32_EXACT {
         D::from_f32(v.to_f32())
@@ -1139,6 +1172,67 @@ mod float_to_int_tests {
 #[cfg(test)]
 mod rounding_tests {
     use super::*;
+
+    #[test]
+    fn wide_integers_to_narrow_floats_round_once() {
+        // Just above the halfway point between two f32s: through f64 the 1 was lost
+        // and the tie went to even (down), where rounding once goes up.
+        let i = [
+            (1i64 << 60) + (1 << 36) + 1,
+            -(1i64 << 60) - (1 << 36) - 1,
+            (1i64 << 53) + (1 << 29) + 1,
+            (1i64 << 60) + (1 << 36), // a true tie: to even
+            i64::MAX,
+            i64::MIN,
+        ];
+        let x = make::<i64>(&[i.len() as i64], "", |o| {
+            o.copy_from_slice(&i);
+            Ok(())
+        })
+        .unwrap();
+        let want: Vec<f32> = i.iter().map(|&v| v as f32).collect();
+        assert_eq!(want[0], ((1u64 << 60) + (1 << 37)) as f32);
+        assert_eq!(
+            typed::<f32>(&cast(&x, DType::F32).unwrap())
+                .unwrap()
+                .to_vec(),
+            want
+        );
+        let u = [
+            (1u64 << 63) + (1 << 39) + 1,
+            u64::MAX,
+            (1u64 << 63) + (1 << 39),
+        ];
+        let y = make::<u64>(&[3], "", |o| {
+            o.copy_from_slice(&u);
+            Ok(())
+        })
+        .unwrap();
+        let want: Vec<f32> = u.iter().map(|&v| v as f32).collect();
+        assert_eq!(
+            typed::<f32>(&cast(&y, DType::F32).unwrap())
+                .unwrap()
+                .to_vec(),
+            want
+        );
+        // bfloat16 (8 significant bits): 2^62 + 2^54 + 1 is above the tie between 2^62
+        // and 2^62 + 2^55; through f64 it was the tie itself, and went to 2^62.
+        let b = make::<i64>(&[2], "", |o| {
+            o.copy_from_slice(&[(1 << 62) + (1 << 54) + 1, (1 << 62) + (1 << 54)]);
+            Ok(())
+        })
+        .unwrap();
+        let got: Vec<u16> = typed::<bf16>(&cast(&b, DType::BF16).unwrap())
+            .unwrap()
+            .iter()
+            .map(|v| v.to_bits())
+            .collect();
+        assert_eq!(got, [0x5e81, 0x5e80]);
+        assert_eq!(
+            f32::from(bf16::from_bits(0x5e81)),
+            ((1u64 << 62) + (1 << 55)) as f32
+        );
+    }
 
     #[test]
     fn narrowing_to_half_types_rounds_once() {
