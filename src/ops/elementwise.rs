@@ -547,6 +547,13 @@ fn cmp_kernel(op: Cmp, inputs: &[&Tensor]) -> Result<Tensor> {
     let refs = [&metas[0], &metas[1]];
     let common = promote(metas[0].dtype, metas[1].dtype);
     let out = meta_out(&refs, DType::Bool)?.remove(0);
+    let integer = |d: DType| {
+        use DType::*;
+        matches!(d, I8 | I16 | I32 | I64 | U8 | U16 | U32 | U64)
+    };
+    if common == DType::F64 && metas.iter().all(|m| integer(m.dtype)) {
+        return cmp_mixed_signs(op, inputs, &out);
+    }
     let (a, b) = (as_dtype(inputs[0], common)?, as_dtype(inputs[1], common)?);
     fn rows<T: Elem>(
         op: Cmp,
@@ -567,6 +574,42 @@ fn cmp_kernel(op: Cmp, inputs: &[&Tensor]) -> Result<Tensor> {
     }
     let t = with_elem!(common, T => rows::<T>(op, &a, &b, &out.shape, &out.layout),
         bool => rows::<u8>(op, &a, &b, &out.shape, &out.layout))?;
+    Ok(as_bool(t))
+}
+
+/// A comparison of `uint64` with a signed integer (whose promoted dtype, float64,
+/// does not hold every value of either: 2^53 + 1 would equal 2^53), exactly, as
+/// NumPy's `qQ` comparison loops do: the signed input as `int64`, and both read as
+/// their 64-bit patterns, compared as the `i128` values they stand for.
+fn cmp_mixed_signs(op: Cmp, inputs: &[&Tensor], out: &TMeta) -> Result<Tensor> {
+    let signed = |t: &Tensor| t.dtype() != DType::U64;
+    let (a_signed, b_signed) = (signed(inputs[0]), signed(inputs[1]));
+    let bits = |t: &Tensor| -> Result<Tensor> {
+        let wide = if signed(t) { DType::I64 } else { DType::U64 };
+        Ok(as_dtype(t, wide)?
+            .into_owned()
+            .with_dtype_of_same_size(DType::U64))
+    };
+    let (a, b) = (bits(inputs[0])?, bits(inputs[1])?);
+    let value = |x: u64, signed: bool| {
+        if signed {
+            i128::from(x as i64)
+        } else {
+            i128::from(x)
+        }
+    };
+    let (shape, layout) = (&out.shape, &out.layout);
+    let t = zip2_rows::<u64, u8>(&a, &b, shape, layout, move |x, y| {
+        let (x, y) = (value(x, a_signed), value(y, b_signed));
+        u8::from(match op {
+            Cmp::Eq => x == y,
+            Cmp::Ne => x != y,
+            Cmp::Lt => x < y,
+            Cmp::Le => x <= y,
+            Cmp::Gt => x > y,
+            Cmp::Ge => x >= y,
+        })
+    })?;
     Ok(as_bool(t))
 }
 
@@ -1187,6 +1230,43 @@ mod tests {
             e.message(),
             "clamp bounds are reversed: lo = 9007199254740993 is greater than hi = 9007199254740992"
         );
+    }
+
+    #[test]
+    fn uint64_compares_exactly_with_signed_integers() {
+        let big = (1i64 << 53) + 1;
+        let a = make::<i64>(&[4], "", |o| {
+            o.copy_from_slice(&[big, i64::MAX, -1, big]);
+            Ok(())
+        })
+        .unwrap();
+        let b = make::<u64>(&[4], "", |o| {
+            o.copy_from_slice(&[1 << 53, 1 << 63, u64::MAX, big as u64]);
+            Ok(())
+        })
+        .unwrap();
+        let i8s = make::<i8>(&[1], "", |o| {
+            o[0] = -1;
+            Ok(())
+        })
+        .unwrap();
+        let bits = |op: Cmp, x: &Tensor, y: &Tensor| {
+            let t = cmp_kernel(op, &[x, y]).unwrap();
+            assert_eq!(t.dtype(), Bool);
+            t.to_bytes().unwrap()
+        };
+        // In float64 2^53 + 1 == 2^53, i64::MAX == 2^63 and -1 < 2^64 - 1 held only
+        // by rounding; NumPy compares int64 with uint64 exactly.
+        assert_eq!(bits(Cmp::Eq, &a, &b), [0, 0, 0, 1]);
+        assert_eq!(bits(Cmp::Ne, &a, &b), [1, 1, 1, 0]);
+        assert_eq!(bits(Cmp::Lt, &a, &b), [0, 1, 1, 0]);
+        assert_eq!(bits(Cmp::Le, &a, &b), [0, 1, 1, 1]);
+        assert_eq!(bits(Cmp::Gt, &a, &b), [1, 0, 0, 0]);
+        assert_eq!(bits(Cmp::Ge, &a, &b), [1, 0, 0, 1]);
+        // Either order, a narrower signed type, broadcasting.
+        assert_eq!(bits(Cmp::Gt, &b, &a), [0, 1, 1, 0]);
+        assert_eq!(bits(Cmp::Eq, &b, &i8s), [0, 0, 0, 0]);
+        assert_eq!(bits(Cmp::Lt, &i8s, &b), [1, 1, 1, 1]);
     }
 
     #[test]
