@@ -466,6 +466,10 @@ def ref_binary(op, a, b):
     x, y = np_view(a).astype(comp), np_view(b).astype(comp)
     with np.errstate(all="ignore"):
         if op in COMPARISONS:
+            if is_int(a.dtype) and is_int(b.dtype):
+                # NumPy compares integers exactly, uint64 with signed ones too
+                # (its qQ loops), not in their promoted float64.
+                return COMPARISONS[op](a, b)
             return COMPARISONS[op](x, y)
         if op == "div":
             # ndx deviation (pending a design decision): div of two integer inputs
@@ -715,6 +719,22 @@ def test_integer_floor_semantics(ctx, op, dt):
     b = np.array([2, 2, -2, -2, 3, -3, 1, -1, 4, -4, 7], dtype=dt)[None, :]
     want = np.floor_divide(a, b) if op in ("div", "floordiv") else np.remainder(a, b)
     check(run(ctx, op, a, b), want, "arith", describe(op, a, b))
+
+
+@pytest.mark.parametrize("signed", [np.int8, np.int32, np.int64], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("op", list(COMPARISONS))
+def test_uint64_compares_exactly_with_signed_integers(ctx, op, signed):
+    """uint64 with a signed integer promotes to float64, which holds neither exactly:
+    2^53 + 1 rounds to 2^53 and 2^63 - 1 to 2^63. ndx compares the values, as NumPy."""
+    big = [2**53 + 1, 2**53, 2**63 - 1, 2**63, 2**64 - 1, 0, 1]
+    u = np.array(big, np.uint64)[None, :]
+    info = np.iinfo(signed)
+    s = np.array([v for v in [2**53, 2**53 + 1, 2**63 - 1, -1, info.min, 0, 1] if info.min <= v <= info.max],
+                 signed)[:, None]
+    for a, b in ((s, u), (u, s), (s[::-1], u[:, ::-2])):
+        got = run(ctx, op, a, b)
+        assert got.dtype == np.bool_
+        np.testing.assert_array_equal(got, COMPARISONS[op](a, b), err_msg=describe(op, a, b))
 
 
 @pytest.mark.parametrize("dt", [F16, F32, F64], ids=name)
