@@ -708,7 +708,7 @@ fn unary_kernel(op: Unary, t: &Tensor) -> Result<Tensor> {
 /// neg, abs and sign of float16 and bfloat16 on their bits (as `u16`), which
 /// vectorises, instead of a conversion to f64 and back per element. The same bits as
 /// that route: a NaN keeps its payload and comes back quiet (its sign flipped by neg,
-/// cleared by abs, kept by sign); sign of a zero is that zero. None of these makes a
+/// cleared by abs, kept by sign); sign of either zero is +0 (NumPy's). None of these makes a
 /// NaN or an infinity from a finite value, so there is nothing for the NAN check.
 fn half_sign_bits(op: Unary, t: &Tensor) -> Result<Tensor> {
     let dtype = t.dtype();
@@ -725,7 +725,7 @@ fn half_sign_bits(op: Unary, t: &Tensor) -> Result<Tensor> {
         Unary::Abs => map::<u16, u16>(&bits, move |b| quieted(b & 0x7fff)),
         _ => map::<u16, u16>(&bits, move |b| {
             if b & 0x7fff == 0 {
-                b
+                0
             } else {
                 let s = (b & 0x8000) | one;
                 if b & 0x7fff > inf { b | quiet } else { s }
@@ -1364,14 +1364,35 @@ mod f64_route_tests {
         }
     }
 
+    /// NumPy's sign: +0.0 for both zeros, NaN for NaN.
     fn sign(v: f64) -> f64 {
         if v > 0.0 {
             1.0
         } else if v < 0.0 {
             -1.0
+        } else if v == 0.0 {
+            0.0
         } else {
             v
         }
+    }
+
+    #[test]
+    fn sign_of_a_negative_zero_is_positive_zero_as_numpy() {
+        let x = tensor(&[-0.0f32, 0.0, -2.0, f32::NAN]);
+        let got = typed::<f32>(&unary_kernel(Unary::Sign, &x).unwrap())
+            .unwrap()
+            .to_vec();
+        assert_eq!(
+            got[..3].iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            [0, 0, (-1f32).to_bits()]
+        );
+        assert!(got[3].is_nan());
+        let x = tensor(&[-0.0f64]);
+        assert_eq!(
+            typed::<f64>(&unary_kernel(Unary::Sign, &x).unwrap()).unwrap()[0].to_bits(),
+            0
+        );
     }
 
     fn half_signs<T: Elem + std::fmt::Debug>(values: &[T]) {

@@ -61,7 +61,7 @@ pub trait Elem: Pod + Copy + Send + Sync + PartialEq + PartialOrd + 'static {
     fn neg(self) -> Self;
     /// Wrapping absolute value.
     fn abs(self) -> Self;
-    /// -1, 0 or 1 (NaN for NaN).
+    /// -1, 0 or 1 (+0.0 for either float zero, NaN for NaN).
     fn sign(self) -> Self;
     /// Whether the value is NaN.
     fn is_nan(self) -> bool;
@@ -346,11 +346,14 @@ macro_rules! float_elem {
                 $from($to(self).abs())
             }
             fn sign(self) -> Self {
+                // NumPy's: both zeros give +0.0, NaN stays.
                 let v = $to(self);
                 $from(if v > 0.0 {
                     1.0
                 } else if v < 0.0 {
                     -1.0
+                } else if v == 0.0 {
+                    0.0
                 } else {
                     v
                 })
