@@ -899,6 +899,14 @@ fn clamp_bounds(args: &Args) -> Result<(Option<Num>, Option<Num>)> {
         }
     };
     let (lo, hi) = (get("lo")?, get("hi")?);
+    // A NaN bound has no meaning: integers took it as 0, floats ignored it.
+    for (name, b) in [("lo", lo), ("hi", hi)] {
+        if let Some(b) = b
+            && b.is_nan()
+        {
+            return Err(Error::value(format!("clamp bound '{name}' is NaN")));
+        }
+    }
     if let (Some(l), Some(h)) = (lo, hi)
         && l.gt(h)
     {
@@ -1224,6 +1232,11 @@ mod tests {
             .unwrap(),
             [i64::MIN, 2, 2]
         );
+        // A NaN bound is refused (an integer lo of NaN was 0: -5 became 0).
+        let e = clamp_of::<i32>(&[-5, 3], Some(Float(f64::NAN)), None).unwrap_err();
+        assert_eq!(e.message(), "clamp bound 'lo' is NaN");
+        let e = clamp_of::<f32>(&[-5.0], None, Some(Float(f64::NAN))).unwrap_err();
+        assert_eq!(e.message(), "clamp bound 'hi' is NaN");
         // Reversed bounds are told apart exactly.
         let e = clamp_of::<i64>(&[0], Some(Int(big)), Some(Float(9007199254740992.0))).unwrap_err();
         assert_eq!(

@@ -952,6 +952,17 @@ def test_clamp_lo_above_hi_fails_at_invoke(ctx):
     assert err.kind == ndx.NDX_ERROR_VALUE and err.kind_name == "ValueError", err
 
 
+
+@pytest.mark.parametrize("dt", [np.int32, np.float32], ids=lambda d: np.dtype(d).name)
+def test_clamp_nan_bound_fails_at_invoke(ctx, dt):
+    """A NaN bound was taken as 0 by integers (clamp(-5, lo=NaN) == 0) and ignored
+    by floats (np.clip would give NaN everywhere): refused instead."""
+    x = np.array([-5, 3, 7], dtype=dt)
+    for lo, hi, which in ((math.nan, None, "lo"), (None, math.nan, "hi"), (0.0, math.nan, "hi")):
+        err = invoke_error(ctx, "clamp", x, args=clamp_args(lo, hi))
+        assert err.kind == ndx.NDX_ERROR_VALUE, err
+        assert f"clamp bound '{which}' is NaN" in str(err), err
+
 # ------------------------------------------------------------------- where
 
 WHERE_SHAPES = [
