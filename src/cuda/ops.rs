@@ -642,8 +642,14 @@ fn plan_watches(op: &str, inputs: &[&Tensor], args: &Args, metas: &[TMeta]) -> V
                 }
                 "check_finite" => format!("{{n}} of {n} element{} not finite", plural(n as u64)),
                 _ => {
-                    let lo = args.float("lo").ok().flatten().unwrap_or(f64::NEG_INFINITY);
-                    let hi = args.float("hi").ok().flatten().unwrap_or(f64::INFINITY);
+                    // As the host kernel writes them (an int bound exactly).
+                    let bound = |name, default| {
+                        args.number(name)
+                            .ok()
+                            .flatten()
+                            .unwrap_or(crate::exec::Num::Float(default))
+                    };
+                    let (lo, hi) = (bound("lo", f64::NEG_INFINITY), bound("hi", f64::INFINITY));
                     format!(
                         "{{n}} of {n} element{} outside [{lo}, {hi}]",
                         plural(n as u64)

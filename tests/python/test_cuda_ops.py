@@ -336,6 +336,17 @@ def test_fail_fast_checks_fail_the_invocation_with_the_device_flag(ctx):
     assert "first at flat index 2" in err.value.message
 
 
+def test_check_range_names_an_int_bound_exactly_as_the_host_does(ctx):
+    """An int bound beyond 2^53 is written as given (the host's message), not as the
+    double it rounds to."""
+    ctx.set_checks(ndx.NDX_CHECKS_FAIL_FAST, ndx.NDX_CHECK_USER)
+    t = to_dev(ctx, np.array([1, 2, 3], np.int32))
+    f = ctx.invoke("check_range", [t], args={"lo": 2**53 + 1})
+    with pytest.raises(ndx.NdxError) as err:
+        f.wait()
+    assert "3 of 3 elements outside [9007199254740993, inf]" in err.value.message, err.value.message
+
+
 def test_nan_from_finite_inputs_is_flagged_by_the_kernel(ctx):
     ctx.set_checks(ndx.NDX_CHECKS_COLLECT, ndx.NDX_CHECK_NAN)
     big = np.array([3e38, 1.0, 3e38], np.float32)
