@@ -963,6 +963,28 @@ def test_clamp_nan_bound_fails_at_invoke(ctx, dt):
         assert err.kind == ndx.NDX_ERROR_VALUE, err
         assert f"clamp bound '{which}' is NaN" in str(err), err
 
+
+@pytest.mark.parametrize("src", [np.int64, np.uint64], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dst", [F16, F32, F64], ids=name)
+def test_cast_of_wide_integers_rounds_once_as_numpy(ctx, src, dst):
+    """int64/uint64 to floats round once to nearest even, as NumPy's astype: values
+    just past the halfway point between two float32s (2^60 + 2^36 + 1) went through
+    float64 first, lost the 1, and the tie went down."""
+    info = np.iinfo(src)
+    vals = set()
+    for k in range(24, 64):
+        for off in (0, 1, 2 ** (k - 24), 2 ** (k - 24) + 1, 2 ** (k - 24) - 1, 3 * 2 ** (k - 24) + 1):
+            for sign in (1, -1):
+                v = sign * (2**k + off)
+                if info.min <= v <= info.max:
+                    vals.add(v)
+    vals.update([info.min, info.max, 0, 1, 65504, 65519, 65520])
+    x = np.array(sorted(vals), dtype=src)
+    got = run(ctx, "cast", x, args=ndx.Args().set_dtype("dtype", NDX_DTYPE[np.dtype(dst)]))
+    with np.errstate(all="ignore"):
+        want = x.astype(dst)
+    np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8), err_msg=f"{np.dtype(src).name} to {name(dst)}")
+
 # ------------------------------------------------------------------- where
 
 WHERE_SHAPES = [
