@@ -460,17 +460,29 @@ fn f32_round_to_odd(v: f64) -> f32 {
 /// bfloat16) to nearest even gives the same result as rounding `v` once.
 #[inline(always)]
 fn int_round_to_odd(v: i128) -> f64 {
-    let t = v as f64;
-    // Exact below 2^127, far above any integer of ours (at most 2^64 in magnitude).
-    let back = t as i128;
-    if back == v {
-        return t;
-    }
-    let mut bits = t.to_bits();
-    if back.unsigned_abs() > v.unsigned_abs() {
-        bits -= 1; // rounded away from zero: one step back toward it
-    }
-    f64::from_bits(bits | 1)
+    // In 64-bit arithmetic (no i128 conversions, which are library calls) for every
+    // integer of ours; round to odd is symmetric, so the magnitude's sign is put back.
+    let m = v.unsigned_abs();
+    let Ok(m) = u64::try_from(m) else {
+        let t = v as f64;
+        let back = t as i128; // exact below 2^127
+        if back == v {
+            return t;
+        }
+        let bits = t.to_bits() - u64::from(back.unsigned_abs() > v.unsigned_abs());
+        return f64::from_bits(bits | 1);
+    };
+    const TWO_64: f64 = 18_446_744_073_709_551_616.0;
+    let t = m as f64;
+    // 2^64 (the rounding of the largest magnitudes) is above every u64.
+    let r = if t < TWO_64 && t as u64 == m {
+        t
+    } else {
+        // Rounded away from zero: one step back toward it; then mark the loss.
+        let up = t >= TWO_64 || t as u64 > m;
+        f64::from_bits((t.to_bits() - u64::from(up)) | 1)
+    };
+    if v < 0 { -r } else { r }
 }
 
 /// `v` to `float16`, rounded once to nearest even.
@@ -1235,6 +1247,31 @@ mod rounding_tests {
             f32::from(bf16::from_bits(0x5e81)),
             ((1u64 << 62) + (1 << 55)) as f32
         );
+    }
+
+    #[test]
+    fn integers_rounded_to_odd_then_to_f32_round_once() {
+        // Rust's i128 `as f32` rounds once: the reference.
+        let mut v: Vec<i128> = vec![0, 1, -1, i128::from(u64::MAX), -i128::from(u64::MAX)];
+        v.extend([
+            i128::from(i64::MIN),
+            i128::from(i64::MAX),
+            1 << 100,
+            (1 << 100) + (1 << 76) + 1,
+        ]);
+        let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+        for k in 0..4000u32 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Random magnitudes in every binade, and halfway points of f32 plus one.
+            let m = i128::from(x >> (k % 64));
+            let h = (1i128 << (24 + k % 40)) + (1i128 << (k % 40)) + i128::from(k % 3);
+            v.extend([m, -m, h, -h]);
+        }
+        for &i in &v {
+            assert_eq!(int_round_to_odd(i) as f32, i as f32, "{i}");
+        }
     }
 
     #[test]
