@@ -460,6 +460,11 @@ fn f32_round_to_odd(v: f64) -> f32 {
 /// bfloat16) to nearest even gives the same result as rounding `v` once.
 #[inline(always)]
 fn int_round_to_odd(v: i128) -> f64 {
+    // The usual integers are doubles as they are.
+    const EXACT: i128 = 1 << 53;
+    if (-EXACT..=EXACT).contains(&v) {
+        return v as i64 as f64;
+    }
     // In 64-bit arithmetic (no i128 conversions, which are library calls) for every
     // integer of ours; round to odd is symmetric, so the magnitude's sign is put back.
     let m = v.unsigned_abs();
@@ -472,16 +477,12 @@ fn int_round_to_odd(v: i128) -> f64 {
         let bits = t.to_bits() - u64::from(back.unsigned_abs() > v.unsigned_abs());
         return f64::from_bits(bits | 1);
     };
-    const TWO_64: f64 = 18_446_744_073_709_551_616.0;
-    let t = m as f64;
-    // 2^64 (the rounding of the largest magnitudes) is above every u64.
-    let r = if t < TWO_64 && t as u64 == m {
-        t
-    } else {
-        // Rounded away from zero: one step back toward it; then mark the loss.
-        let up = t >= TWO_64 || t as u64 > m;
-        f64::from_bits((t.to_bits() - u64::from(up)) | 1)
-    };
+    // Truncated to 53 significant bits, the last one set when bits were dropped: a
+    // value that converts exactly, in integer arithmetic without branches.
+    let shift = 11u32.saturating_sub(m.leading_zeros());
+    let dropped = (1u64 << shift) - 1;
+    let sticky = u64::from(m & dropped != 0);
+    let r = ((m & !dropped) | (sticky << shift)) as f64;
     if v < 0 { -r } else { r }
 }
 
