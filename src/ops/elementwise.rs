@@ -904,7 +904,9 @@ fn clamp_bounds(args: &Args) -> Result<(Option<Num>, Option<Num>)> {
         if let Some(b) = b
             && b.is_nan()
         {
-            return Err(Error::value(format!("clamp bound '{name}' is NaN")));
+            return Err(Error::value(format!(
+                "argument '{name}' is NaN, not a bound (leave it out for no bound)"
+            )));
         }
     }
     if let (Some(l), Some(h)) = (lo, hi)
@@ -915,6 +917,34 @@ fn clamp_bounds(args: &Args) -> Result<(Option<Num>, Option<Num>)> {
         )));
     }
     Ok((lo, hi))
+}
+
+/// For an integer dtype `lo` rounds up and `hi` down: bounds with no integer between
+/// them (lo = 0.5, hi = 0.7) would clamp every value to the rounded `hi`, so they are
+/// refused.
+fn integer_bounds(dtype: DType, bounds: (Option<Num>, Option<Num>)) -> Result<()> {
+    let int = matches!(
+        dtype,
+        DType::I8
+            | DType::I16
+            | DType::I32
+            | DType::I64
+            | DType::U8
+            | DType::U16
+            | DType::U32
+            | DType::U64
+    );
+    if let (true, (Some(l), Some(h))) = (int, bounds)
+        && l.ceil_int() > h.floor_int()
+    {
+        return Err(Error::value(format!(
+            "clamp bounds lo = {l} and hi = {h} hold no integer: for {} inputs lo rounds up to {} and hi down to {}",
+            dtype.name(),
+            l.ceil_int(),
+            h.floor_int()
+        )));
+    }
+    Ok(())
 }
 
 fn clamp_kernel(t: &Tensor, args: &Args) -> Result<Tensor> {
@@ -1115,7 +1145,7 @@ pub fn ops() -> Vec<OpDef> {
         vec![bound("lo"), bound("hi")],
         Arc::new(|i, args| {
             no_bool("clamp", i[0].dtype)?;
-            clamp_bounds(args)?;
+            integer_bounds(i[0].dtype, clamp_bounds(args)?)?;
             Ok(vec![i[0].clone()])
         }),
         Arc::new(|i, args| Ok(vec![clamp_kernel(i[0], args)?])),
@@ -1234,9 +1264,15 @@ mod tests {
         );
         // A NaN bound is refused (an integer lo of NaN was 0: -5 became 0).
         let e = clamp_of::<i32>(&[-5, 3], Some(Float(f64::NAN)), None).unwrap_err();
-        assert_eq!(e.message(), "clamp bound 'lo' is NaN");
+        assert_eq!(
+            e.message(),
+            "argument 'lo' is NaN, not a bound (leave it out for no bound)"
+        );
         let e = clamp_of::<f32>(&[-5.0], None, Some(Float(f64::NAN))).unwrap_err();
-        assert_eq!(e.message(), "clamp bound 'hi' is NaN");
+        assert_eq!(
+            e.message(),
+            "argument 'hi' is NaN, not a bound (leave it out for no bound)"
+        );
         // Reversed bounds are told apart exactly.
         let e = clamp_of::<i64>(&[0], Some(Int(big)), Some(Float(9007199254740992.0))).unwrap_err();
         assert_eq!(
