@@ -32,17 +32,7 @@ fn context(policy: ndx_capture_policy_t) -> *mut ndx_context_t {
 
 fn scalar() -> *mut ndx_tensor_t {
     let v = [1.0f32];
-    let mut t = std::ptr::null_mut();
-    ok(ndx_tensor_from_host(
-        v.as_ptr().cast(),
-        ndx_dtype_t::NDX_DTYPE_FLOAT32 as i32,
-        0,
-        std::ptr::null(),
-        std::ptr::null(),
-        std::ptr::null(),
-        &mut t,
-    ));
-    t
+    common::host_tensor(&v, ndx_dtype_t::NDX_DTYPE_FLOAT32, &[])
 }
 
 /// Invokes the failing `add` and returns its error.
@@ -644,16 +634,7 @@ fn the_older_structs_padding_is_not_read_as_check_policy() {
         ok(ndx_context_new(&opts, &mut ctx));
         // A false predicate: OFF raises nothing and the check passes.
         let v = [0u8];
-        let mut t = std::ptr::null_mut();
-        ok(ndx_tensor_from_host(
-            v.as_ptr().cast(),
-            ndx_dtype_t::NDX_DTYPE_BOOL as i32,
-            0,
-            std::ptr::null(),
-            std::ptr::null(),
-            std::ptr::null(),
-            &mut t,
-        ));
+        let t = common::host_tensor(&v, ndx_dtype_t::NDX_DTYPE_BOOL, &[]);
         let f = invoke_one(
             ctx,
             c"check",
@@ -826,16 +807,7 @@ fn consequence_of_names_only_invocations_of_the_flags_context() {
     };
     let (a, b) = (new_ctx(), new_ctx());
     let v = [1.0f32, f32::INFINITY];
-    let mut x = std::ptr::null_mut();
-    ok(ndx_tensor_from_host(
-        v.as_ptr().cast(),
-        ndx_dtype_t::NDX_DTYPE_FLOAT32 as i32,
-        1,
-        [2i64].as_ptr(),
-        std::ptr::null(),
-        std::ptr::null(),
-        &mut x,
-    ));
+    let x = common::host_tensor(&v, ndx_dtype_t::NDX_DTYPE_FLOAT32, &[2i64]);
     let y = check_finite(a, x); // a's #1 flags
     let z = check_finite(b, y); // b's #1 flags the same data
     assert_eq!(flag(a), (1, 0));
@@ -1406,17 +1378,7 @@ fn a_schema_with_a_reserved_input_count_is_refused() {
 }
 
 fn i32_tensor(values: &[i32]) -> *mut ndx_tensor_t {
-    let mut t = std::ptr::null_mut();
-    ok(ndx_tensor_from_host(
-        values.as_ptr().cast(),
-        ndx_dtype_t::NDX_DTYPE_INT32 as i32,
-        1,
-        [values.len() as i64].as_ptr(),
-        std::ptr::null(),
-        std::ptr::null(),
-        &mut t,
-    ));
-    t
+    common::host_tensor(values, ndx_dtype_t::NDX_DTYPE_INT32, &[values.len() as i64])
 }
 
 /// A host kernel that divides its input by zeros with a SYNC `div` on the context
@@ -2012,16 +1974,7 @@ fn a_host_operator_making_nan_from_finite_inputs_raises_a_nan_flag() {
             std::ptr::null_mut(),
             None,
         ));
-        let mut t = std::ptr::null_mut();
-        ok(ndx_tensor_from_host(
-            [x].as_ptr().cast(),
-            ndx_dtype_t::NDX_DTYPE_FLOAT32 as i32,
-            0,
-            std::ptr::null(),
-            std::ptr::null(),
-            std::ptr::null(),
-            &mut t,
-        ));
+        let t = common::host_tensor(&[x], ndx_dtype_t::NDX_DTYPE_FLOAT32, &[]);
         let f = invoke_one(
             ctx,
             c"make_nan",
@@ -2059,16 +2012,7 @@ fn a_host_operator_making_nan_from_finite_inputs_raises_a_nan_flag() {
 fn clamp_i64(values: &[i64], lo: Option<f64>, hi: Option<f64>) -> Result<Vec<i64>, (i32, String)> {
     let ctx = common::Ctx::new(ndx_eval_mode_t::NDX_EVAL_SYNC_CPU as i32);
     let shape = [values.len() as i64];
-    let mut t = std::ptr::null_mut();
-    ok(ndx_tensor_from_host(
-        values.as_ptr().cast(),
-        ndx_dtype_t::NDX_DTYPE_INT64 as i32,
-        1,
-        shape.as_ptr(),
-        std::ptr::null(),
-        std::ptr::null(),
-        &mut t,
-    ));
+    let t = common::host_tensor(values, ndx_dtype_t::NDX_DTYPE_INT64, &shape);
     let mut args = std::ptr::null_mut();
     ok(ndx_args_new(&mut args));
     for (name, v) in [(c"lo", lo), (c"hi", hi)] {
@@ -2588,16 +2532,7 @@ fn args_changed_or_freed_after_invoke_do_not_reach_pending_work() {
         let ctx = common::Ctx::new(mode as i32);
         let data = [1i32, 2, 3, 10, 20, 30];
         let shape = [2i64, 3];
-        let mut t = std::ptr::null_mut();
-        ok(ndx_tensor_from_host(
-            data.as_ptr().cast(),
-            ndx_dtype_t::NDX_DTYPE_INT32 as i32,
-            2,
-            shape.as_ptr(),
-            std::ptr::null(),
-            std::ptr::null(),
-            &mut t,
-        ));
+        let t = common::host_tensor(&data, ndx_dtype_t::NDX_DTYPE_INT32, &shape);
         let mut args = std::ptr::null_mut();
         ok(ndx_args_new(&mut args));
         ok(ndx_args_set_int_array(
@@ -2727,16 +2662,7 @@ fn the_failure_of_a_per_sample_run_names_its_sample() {
             // A tensor input: no sample.
             let t = scalar();
             let neg = [-1.0f32];
-            let mut n = std::ptr::null_mut();
-            ok(ndx_tensor_from_host(
-                neg.as_ptr().cast(),
-                ndx_dtype_t::NDX_DTYPE_FLOAT32 as i32,
-                0,
-                std::ptr::null(),
-                std::ptr::null(),
-                std::ptr::null(),
-                &mut n,
-            ));
+            let n = common::host_tensor(&neg, ndx_dtype_t::NDX_DTYPE_FLOAT32, &[]);
             let g = invoke_one(
                 ctx.0,
                 c"nonneg",

@@ -2720,6 +2720,20 @@ static ndx_error_t* k_float_then_int(void* user, const ndx_tensor_t* const* inpu
   return ndx_tensor_from_host(&k, NDX_DTYPE_INT32, 1, &one, NULL, NULL, &outputs[0]);
 }
 
+/* A batch of `n` (at most 4) one-element float32 samples imported through DLPack, each
+ * lent from values[k] and counting its deleter's calls in counters[k]. */
+static ndx_batch_t* f32_scalar_batch(const float* values, int* counters, int n) {
+  const int64_t one = 1;
+  DLManagedTensorVersioned* samples[4];
+  for (int k = 0; k < n && k < 4; k++) {
+    samples[k] = ndx_test_versioned(&counters[k], ndx_test_dl_dtype(kDLFloat, 32, 1), 1, &one,
+                                    NULL, &values[k], sizeof values[k]);
+  }
+  ndx_batch_t* b = NULL;
+  CHECK_OK(ndx_batch_from_dlpack_versioned(samples, (size_t)(n < 4 ? n : 4), NULL, &b));
+  return b;
+}
+
 /* Per-sample runs of a host operator whose outputs differ in dtype fail with an error
  * naming the runs' output (it read like a complaint about the input batch). */
 static NDX_TEST_NOINLINE void test_per_sample_outputs_make_no_batch(void) {
@@ -2734,15 +2748,8 @@ static NDX_TEST_NOINLINE void test_per_sample_outputs_make_no_batch(void) {
     s.n_outputs = 1;
     CHECK_OK(ndx_register_op(ctx, "mixed", &s, k_float_then_int, &calls, NULL));
     int counters[2] = {0, 0};
-    const int64_t one = 1;
     const float values[2] = {1, 2};
-    DLManagedTensorVersioned* samples[2];
-    for (int k = 0; k < 2; k++) {
-      samples[k] = ndx_test_versioned(&counters[k], ndx_test_dl_dtype(kDLFloat, 32, 1), 1, &one,
-                                      NULL, &values[k], sizeof values[k]);
-    }
-    ndx_batch_t* b = NULL;
-    CHECK_OK(ndx_batch_from_dlpack_versioned(samples, 2, NULL, &b));
+    ndx_batch_t* b = f32_scalar_batch(values, counters, 2);
     ndx_input_t in = {NULL, b};
     ndx_future_t* f = NULL;
     if (CHECK_OK(ndx_invoke(ctx, "mixed", &in, 1, NULL, NULL, &f))) {
@@ -2917,15 +2924,8 @@ static NDX_TEST_NOINLINE void test_host_batch_output_size_needs_no_run(void) {
   register_op(ctx, "first", k_copy, &s1);
   register_op(ctx, "second", k_copy, &s2);
   int counters[3] = {0, 0, 0};
-  const int64_t one = 1;
   const float values[3] = {1, 2, 3};
-  DLManagedTensorVersioned* samples[3];
-  for (int k = 0; k < 3; k++) {
-    samples[k] = ndx_test_versioned(&counters[k], ndx_test_dl_dtype(kDLFloat, 32, 1), 1, &one,
-                                    NULL, &values[k], sizeof values[k]);
-  }
-  ndx_batch_t* b = NULL;
-  CHECK_OK(ndx_batch_from_dlpack_versioned(samples, 3, NULL, &b));
+  ndx_batch_t* b = f32_scalar_batch(values, counters, 3);
   ndx_input_t in = {NULL, b};
   ndx_future_t *f1 = NULL, *f2 = NULL;
   ndx_batch_t *b1 = NULL, *b2 = NULL;

@@ -424,6 +424,21 @@ impl Drop for T {
     }
 }
 
+/// A compact copy of `data` as a new tensor (`ndx_tensor_from_host`; to release).
+pub fn host_tensor<E: Copy>(data: &[E], dtype: ndx_dtype_t, shape: &[i64]) -> *mut ndx_tensor_t {
+    let mut t = std::ptr::null_mut();
+    ok(ndx_tensor_from_host(
+        data.as_ptr().cast(),
+        dtype as i32,
+        shape.len() as i32,
+        shape.as_ptr(),
+        std::ptr::null(),
+        std::ptr::null(),
+        &mut t,
+    ));
+    t
+}
+
 impl T {
     /// A compact copy of `data`.
     pub fn copy<E: Copy>(data: &[E], dtype: i32, shape: &[i64]) -> T {
