@@ -2720,17 +2720,17 @@ static ndx_error_t* k_float_then_int(void* user, const ndx_tensor_t* const* inpu
   return ndx_tensor_from_host(&k, NDX_DTYPE_INT32, 1, &one, NULL, NULL, &outputs[0]);
 }
 
-/* A batch of `n` (at most 4) one-element float32 samples imported through DLPack, each
+/* A batch of `n` (at most 8) one-element float32 samples imported through DLPack, each
  * lent from values[k] and counting its deleter's calls in counters[k]. */
 static ndx_batch_t* f32_scalar_batch(const float* values, int* counters, int n) {
   const int64_t one = 1;
-  DLManagedTensorVersioned* samples[4];
-  for (int k = 0; k < n && k < 4; k++) {
+  DLManagedTensorVersioned* samples[8];
+  for (int k = 0; k < n && k < 8; k++) {
     samples[k] = ndx_test_versioned(&counters[k], ndx_test_dl_dtype(kDLFloat, 32, 1), 1, &one,
                                     NULL, &values[k], sizeof values[k]);
   }
   ndx_batch_t* b = NULL;
-  CHECK_OK(ndx_batch_from_dlpack_versioned(samples, (size_t)(n < 4 ? n : 4), NULL, &b));
+  CHECK_OK(ndx_batch_from_dlpack_versioned(samples, (size_t)(n < 8 ? n : 8), NULL, &b));
   return b;
 }
 
@@ -2787,15 +2787,9 @@ static NDX_TEST_NOINLINE void test_per_sample_failure_names_its_sample(void) {
       if (noexcept_backend) CHECK_OK(ndx_context_set_backend(ctx, "noexcept"));
       register_op(ctx, "nonneg", k_fail_on_negative, NULL);
       int counters[5] = {0};
-      const int64_t one = 1;
       const float values[5] = {1, 2, 3, -4, -5};
-      DLManagedTensorVersioned* samples[5];
-      for (int k = 0; k < 5; k++) {
-        samples[k] = ndx_test_versioned(&counters[k], ndx_test_dl_dtype(kDLFloat, 32, 1), 1,
-                                        &one, NULL, &values[k], sizeof values[k]);
-      }
-      ndx_batch_t* b = NULL;
-      CHECK_OK(ndx_batch_from_dlpack_versioned(samples, 5, NULL, &b));
+      ndx_batch_t* b = f32_scalar_batch(values, counters, 5);
+      const int64_t one = 1;
       ndx_input_t in = {NULL, b};
       ndx_future_t* f = NULL;
       if (CHECK_OK(ndx_invoke(ctx, "nonneg", &in, 1, NULL, NULL, &f))) {
@@ -2849,16 +2843,10 @@ static NDX_TEST_NOINLINE void test_failed_host_output_fails_a_builtin_in_its_fut
       NDX_TEST_CONTEXT(mode_name(kModes[m]));
       ndx_context_t* ctx = make_ctx(kModes[m], NDX_CAPTURE_OFF, NULL);
       register_op(ctx, "nonneg", k_fail_on_negative, NULL);
-      int counters[2] = {0, 0};
-      const int64_t one = 1;
+      int counters[2] = {0};
       const float values[2] = {1, -2};
-      DLManagedTensorVersioned* samples[2];
-      for (int k = 0; k < 2; k++) {
-        samples[k] = ndx_test_versioned(&counters[k], ndx_test_dl_dtype(kDLFloat, 32, 1), 1,
-                                        &one, NULL, &values[k], sizeof values[k]);
-      }
-      ndx_batch_t* b = NULL;
-      CHECK_OK(ndx_batch_from_dlpack_versioned(samples, 2, NULL, &b));
+      ndx_batch_t* b = f32_scalar_batch(values, counters, 2);
+      const int64_t one = 1;
       ndx_tensor_t* t = ndx_test_tensor(&values[1], NDX_DTYPE_FLOAT32, 1, &one);
       ndx_input_t in = batch ? (ndx_input_t){NULL, b} : ndx_test_in(t);
       ndx_future_t *f = NULL, *g = NULL;
