@@ -472,10 +472,11 @@ def ref_binary(op, a, b):
                 return COMPARISONS[op](a, b)
             return COMPARISONS[op](x, y)
         if op == "div":
-            # ndx deviation (pending a design decision): div of two integer inputs
-            # is integer floor division (np.floor_divide), not np.divide's true
-            # division. Integer pairs whose promoted type is a float (int64 with
-            # uint64 -> float64) get true division, like every float result.
+            # ndx deviation (decided, docs/operators.md): the promoted dtype decides.
+            # div of two integer inputs is integer floor division (np.floor_divide),
+            # not np.divide's true division; integer pairs whose promoted type is a
+            # float (int64 with uint64 -> float64) get true division, like every
+            # float result (floordiv is np.floor_divide for every pair).
             out = np.floor_divide(x, y) if is_int(res) else np.true_divide(x, y)
         elif op == "pow":
             if is_int(res):
