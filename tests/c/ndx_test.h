@@ -15,6 +15,7 @@
  *   ndx_test_chain_length / ndx_test_chain_link / ndx_test_get_frame   chain and frames.
  *   ndx_test_new_context(opts)  a context, or abort.
  *   ndx_test_tensor / ndx_test_in / ndx_test_output   host tensors, inputs, outputs.
+ *   ndx_test_schema(n_inputs, n_outputs)   a host operator schema, other fields zero.
  *   ndx_test_watchdog_start/_phase/_stop   turns a hang into a failure (POSIX tests only).
  *   ndx_test_run_on_small_stack(fn, arg, bytes)   fn on a thread with a small stack (POSIX).
  *
@@ -485,6 +486,16 @@ static inline ndx_input_t ndx_test_in(const ndx_tensor_t* t) {
   in.tensor = t;
   in.batch = NULL;
   return in;
+}
+
+/* A host operator schema of `n_inputs` and `n_outputs`, every other field zero. */
+static inline ndx_op_schema_t ndx_test_schema(size_t n_inputs, size_t n_outputs) {
+  ndx_op_schema_t s;
+  memset(&s, 0, sizeof s);
+  s.struct_size = sizeof s;
+  s.n_inputs = n_inputs;
+  s.n_outputs = n_outputs;
+  return s;
 }
 
 /* Output `index` of a future as a new tensor reference, or NULL (reported). */

@@ -405,11 +405,7 @@ static void test_checks_of_an_invocation_inside_a_host_kernel(void) {
           context(kModes[m], inner_collects ? NDX_CHECKS_OFF : NDX_CHECKS_COLLECT, 0);
       ndx_context_t* inner =
           context(NDX_EVAL_EAGER, inner_collects ? NDX_CHECKS_COLLECT : NDX_CHECKS_OFF, 0);
-      ndx_op_schema_t s;
-      memset(&s, 0, sizeof s);
-      s.struct_size = sizeof s;
-      s.n_inputs = 1;
-      s.n_outputs = 1;
+      ndx_op_schema_t s = ndx_test_schema(1, 1);
       CHECK_OK(ndx_register_op(outer, "divide_there", &s, k_divide_there, inner, NULL));
       ndx_tensor_t* t = i32s(a, 3);
       ndx_input_t in = ndx_test_in(t);
@@ -531,11 +527,7 @@ static ndx_error_t* k_make_nan(void* user, const ndx_tensor_t* const* inputs, si
 static void test_nan_from_a_host_operator(void) {
   NDX_TEST_CONTEXT("NaN from a host operator");
   ndx_context_t* ctx = context(NDX_EVAL_DEFERRED, NDX_CHECKS_COLLECT, NDX_CHECK_ALL);
-  ndx_op_schema_t s;
-  memset(&s, 0, sizeof s);
-  s.struct_size = sizeof s;
-  s.n_inputs = 1;
-  s.n_outputs = 1;
+  ndx_op_schema_t s = ndx_test_schema(1, 1);
   CHECK_OK(ndx_register_op(ctx, "make_nan", &s, k_make_nan, NULL, NULL));
   const float finite[1] = {2.0f}, nan[1] = {0.0f / 0.0f};
   ndx_tensor_t* a = f32s(finite, 1);

@@ -47,11 +47,7 @@ static ndx_error_t* k_scribble(void* user, const ndx_tensor_t* const* inputs, si
 static void register_with(ndx_context_t* ctx, const char* name, ndx_kernel_fn_t k, void* user,
                           const int32_t* dtypes, const int32_t* ndims, const char* const* layouts,
                           uint32_t flags) {
-  ndx_op_schema_t s;
-  memset(&s, 0, sizeof s);
-  s.struct_size = sizeof s;
-  s.n_inputs = 1;
-  s.n_outputs = 1;
+  ndx_op_schema_t s = ndx_test_schema(1, 1);
   s.output_dtypes = dtypes;
   s.output_ndims = ndims;
   s.output_layouts = layouts;

@@ -277,11 +277,7 @@ static ndx_error_t* k_gate(void* user, const ndx_tensor_t* const* inputs, size_t
 }
 
 static void register_op(ndx_context_t* ctx, const char* name, ndx_kernel_fn_t kernel, void* user) {
-  ndx_op_schema_t s;
-  memset(&s, 0, sizeof s);
-  s.struct_size = sizeof s;
-  s.n_inputs = 1;
-  s.n_outputs = 1;
+  ndx_op_schema_t s = ndx_test_schema(1, 1);
   CHECK_OK(ndx_register_op(ctx, name, &s, kernel, user, NULL));
 }
 
@@ -1487,11 +1483,7 @@ static NDX_TEST_NOINLINE void test_release_joins_while_a_worker_holds_the_contex
   gate_init(&cb_gate);
   held_cb_gate = &cb_gate;
   held_cb_started = held_cb_done = gate_user_freed = 0;
-  ndx_op_schema_t s;
-  memset(&s, 0, sizeof s);
-  s.struct_size = sizeof s;
-  s.n_inputs = 1;
-  s.n_outputs = 1;
+  ndx_op_schema_t s = ndx_test_schema(1, 1);
   CHECK_OK(ndx_register_op(ctx, "gate", &s, k_gate, &gate, count_gate_free));
   ndx_tensor_t* a = t_i32(kA);
   ndx_input_t in[1] = {ndx_test_in(a)};
@@ -1583,11 +1575,7 @@ static NDX_TEST_NOINLINE void test_release_inside_process_events(void) {
     NDX_TEST_CONTEXT(via_evaluate ? "callback releases the context inside evaluate"
                                   : "callback releases the context inside process_events");
     ndx_context_t* ctx = make_events_ctx();
-    ndx_op_schema_t s;
-    memset(&s, 0, sizeof s);
-    s.struct_size = sizeof s;
-    s.n_inputs = 1;
-    s.n_outputs = 1;
+    ndx_op_schema_t s = ndx_test_schema(1, 1);
     events_user_freed = releasing_fired = releasing_on_main = 0;
     host_state hs; /* never invoked: its user_free tells when the context went */
     memset(&hs, 0, sizeof hs);
@@ -1860,11 +1848,7 @@ static NDX_TEST_NOINLINE void test_host_user_free(void) {
   ndx_context_t* ctx = make_ctx(NDX_EVAL_SYNC_CPU, NDX_CAPTURE_OFF, NULL);
   host_state s;
   memset(&s, 0, sizeof s);
-  ndx_op_schema_t schema;
-  memset(&schema, 0, sizeof schema);
-  schema.struct_size = sizeof schema;
-  schema.n_inputs = 1;
-  schema.n_outputs = 1;
+  ndx_op_schema_t schema = ndx_test_schema(1, 1);
   user_freed = 0;
   CHECK_OK(ndx_register_op(ctx, "freeable", &schema, k_copy, &s, count_user_free));
   /* A failed registration frees nothing it was not given... */
@@ -1905,11 +1889,7 @@ static NDX_TEST_NOINLINE void test_user_free_on_failure(void) {
   NDX_TEST_CONTEXT("user_free when the call fails");
   int token = 0;
   ndx_context_t* ctx = make_ctx(NDX_EVAL_SYNC_CPU, NDX_CAPTURE_OFF, NULL);
-  ndx_op_schema_t schema;
-  memset(&schema, 0, sizeof schema);
-  schema.struct_size = sizeof schema;
-  schema.n_inputs = 1;
-  schema.n_outputs = 1;
+  ndx_op_schema_t schema = ndx_test_schema(1, 1);
 
   user_freed = 0;
   expect_error(ndx_future_on_ready(NULL, cb_nothing, &token, count_user_free), NDX_ERROR_VALUE,
@@ -2674,11 +2654,7 @@ static NDX_TEST_NOINLINE void test_host_outputs_break_the_contract(void) {
   for (int m = 0; m < 4; m++) {
     NDX_TEST_CONTEXT(mode_name(kModes[m]));
     ndx_context_t* ctx = make_ctx(kModes[m], NDX_CAPTURE_OFF, NULL);
-    ndx_op_schema_t s;
-    memset(&s, 0, sizeof s);
-    s.struct_size = sizeof s;
-    s.n_inputs = 1;
-    s.n_outputs = 1;
+    ndx_op_schema_t s = ndx_test_schema(1, 1);
     CHECK_OK(ndx_register_op(ctx, "unretained", &s, k_unretained, NULL, NULL));
     CHECK_OK(ndx_register_op(ctx, "pending", &s, k_pending_out, ctx, NULL));
     s.n_outputs = 2;
@@ -2741,11 +2717,7 @@ static NDX_TEST_NOINLINE void test_per_sample_outputs_make_no_batch(void) {
     NDX_TEST_CONTEXT(mode_name(kModes[m]));
     ndx_context_t* ctx = make_ctx(kModes[m], NDX_CAPTURE_OFF, NULL);
     int calls = 0;
-    ndx_op_schema_t s;
-    memset(&s, 0, sizeof s);
-    s.struct_size = sizeof s;
-    s.n_inputs = 1;
-    s.n_outputs = 1;
+    ndx_op_schema_t s = ndx_test_schema(1, 1);
     CHECK_OK(ndx_register_op(ctx, "mixed", &s, k_float_then_int, &calls, NULL));
     int counters[2] = {0, 0};
     const float values[2] = {1, 2};
@@ -3034,11 +3006,7 @@ static NDX_TEST_NOINLINE void test_host_op_of_no_inputs(void) {
   for (int m = 0; m < 4; m++) {
     NDX_TEST_CONTEXT(mode_name(kModes[m]));
     ndx_context_t* ctx = make_ctx(kModes[m], NDX_CAPTURE_OFF, NULL);
-    ndx_op_schema_t s;
-    memset(&s, 0, sizeof s);
-    s.struct_size = sizeof s;
-    s.n_inputs = 0;
-    s.n_outputs = 1;
+    ndx_op_schema_t s = ndx_test_schema(0, 1);
     CHECK_OK(ndx_register_op(ctx, "source", &s, k_no_inputs, NULL, NULL));
     ndx_future_t* f = NULL;
     if (CHECK_OK(ndx_invoke(ctx, "source", NULL, 0, NULL, NULL, &f))) {

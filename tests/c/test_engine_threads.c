@@ -450,11 +450,7 @@ int main(void) {
   o.capture_policy = NDX_CAPTURE_NATIVE;
   o.num_threads = 4;
   if (!CHECK_OK(ndx_context_new(&o, &ctx))) return NDX_TEST_SUMMARY("test_engine_threads");
-  ndx_op_schema_t s;
-  memset(&s, 0, sizeof s);
-  s.struct_size = sizeof s;
-  s.n_inputs = 1;
-  s.n_outputs = 1;
+  ndx_op_schema_t s = ndx_test_schema(1, 1);
   CHECK_OK(ndx_register_op(ctx, "copy", &s, k_copy, NULL, host_user_free));
   CHECK_OK(ndx_register_op(ctx, "host_fail", &s, k_fail, NULL, host_user_free));
   ta = ndx_test_tensor(kA, NDX_DTYPE_INT32, 1, kShape);

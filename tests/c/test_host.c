@@ -589,11 +589,7 @@ static ndx_error_t* unused_kernel(void* user, const ndx_tensor_t* const* inputs,
 
 static ndx_op_schema_t one_in_one_out(size_t n_args, const char* const* names,
                                       const int32_t* types) {
-  ndx_op_schema_t s;
-  memset(&s, 0, sizeof s);
-  s.struct_size = sizeof s;
-  s.n_inputs = 1;
-  s.n_outputs = 1;
+  ndx_op_schema_t s = ndx_test_schema(1, 1);
   s.n_args = n_args;
   s.arg_names = names;
   s.arg_types = types;

@@ -201,11 +201,7 @@ static ndx_error_t* k_three(void* user, const ndx_tensor_t* const* inputs, size_
 static void test_host_operator(void) {
   ndx_context_t* ctx = NULL;
   CHECK_OK(ndx_context_new(NULL, &ctx));
-  ndx_op_schema_t s;
-  memset(&s, 0, sizeof s);
-  s.struct_size = sizeof s;
-  s.n_inputs = 1;
-  s.n_outputs = 1;
+  ndx_op_schema_t s = ndx_test_schema(1, 1);
   CHECK_OK(ndx_register_op(ctx, "three", &s, k_three, NULL, NULL));
   const float xv[1] = {0};
   const int64_t n1 = 1, n2 = 2, n3 = 3;
@@ -252,11 +248,7 @@ static ndx_error_t* k_second_first(void* user, const ndx_tensor_t* const* inputs
 static void test_host_outputs_made_out_of_order(void) {
   for (int m = 0; m < 3; m++) {
     ndx_context_t* ctx = context_in(MODES[m]);
-    ndx_op_schema_t s;
-    memset(&s, 0, sizeof s);
-    s.struct_size = sizeof s;
-    s.n_inputs = 1;
-    s.n_outputs = 2;
+    ndx_op_schema_t s = ndx_test_schema(1, 2);
     CHECK_OK(ndx_register_op(ctx, "two", &s, k_second_first, NULL, NULL));
     const float xv[1] = {0};
     const int64_t n1 = 1, n3 = 3;
@@ -286,11 +278,7 @@ static void test_host_outputs_made_out_of_order(void) {
 static void test_host_other_output_not_in_an_out_tensor(void) {
   for (int m = 0; m < 3; m++) {
     ndx_context_t* ctx = context_in(MODES[m]);
-    ndx_op_schema_t s;
-    memset(&s, 0, sizeof s);
-    s.struct_size = sizeof s;
-    s.n_inputs = 1;
-    s.n_outputs = 2;
+    ndx_op_schema_t s = ndx_test_schema(1, 2);
     CHECK_OK(ndx_register_op(ctx, "two", &s, k_second_first, NULL, NULL));
     const float xv[1] = {0};
     const int64_t n1 = 1, n3 = 3;
@@ -350,11 +338,7 @@ static void test_host_out_batch_of_the_wrong_length(void) {
   for (int m = 0; m < 3; m++) {
     NDX_TEST_CONTEXT(MODE_NAMES[m]);
     ndx_context_t* ctx = context_in(MODES[m]);
-    ndx_op_schema_t s;
-    memset(&s, 0, sizeof s);
-    s.struct_size = sizeof s;
-    s.n_inputs = 1;
-    s.n_outputs = 1;
+    ndx_op_schema_t s = ndx_test_schema(1, 1);
     int calls = 0;
     CHECK_OK(ndx_register_op(ctx, "pass", &s, k_pass, &calls, NULL));
     const int64_t n2 = 2;
