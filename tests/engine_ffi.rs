@@ -419,16 +419,10 @@ fn one_in_one_out(
     arg_types: *const i32,
 ) -> ndx_op_schema_t {
     ndx_op_schema_t {
-        struct_size: std::mem::size_of::<ndx_op_schema_t>(),
-        n_inputs: 1,
-        n_outputs: 1,
         n_args,
         arg_names,
         arg_types,
-        output_dtypes: std::ptr::null(),
-        output_ndims: std::ptr::null(),
-        output_layouts: std::ptr::null(),
-        flags: 0,
+        ..common::schema(1, 1)
     }
 }
 
@@ -759,17 +753,7 @@ fn the_one_flag(
     assert!(!g.is_null());
     assert_eq!(ndx_error_related_count(g), 1);
     let r = ndx_error_related(g, 0);
-    let mut info = ndx_check_info_t {
-        struct_size: std::mem::size_of::<ndx_check_info_t>(),
-        category: 0,
-        first_index: 0,
-        count: 0,
-        occurrences: 0,
-        sample: 0,
-        consequence_of: 0,
-    };
-    assert!(ndx_error_check_info(r, &mut info));
-    (g, r, info)
+    (g, r, common::check_info(r))
 }
 
 #[test]

@@ -658,18 +658,7 @@ unsafe extern "C" fn second_output_first(
 
 /// Registers `second_output_first` as operator "two" (1 input, 2 outputs) on `ctx`.
 fn register_second_output_first(ctx: &Ctx) {
-    let schema = ndx_op_schema_t {
-        struct_size: std::mem::size_of::<ndx_op_schema_t>(),
-        n_inputs: 1,
-        n_outputs: 2,
-        n_args: 0,
-        arg_names: std::ptr::null(),
-        arg_types: std::ptr::null(),
-        output_dtypes: std::ptr::null(),
-        output_ndims: std::ptr::null(),
-        output_layouts: std::ptr::null(),
-        flags: 0,
-    };
+    let schema = common::schema(1, 2);
     ok(ndx_register_op(
         ctx.0,
         c"two".as_ptr(),

@@ -402,18 +402,7 @@ fn context_with_copy(mode: i32, events: bool) -> Ctx {
     };
     let mut ctx = std::ptr::null_mut();
     ok(ndx_context_new(&opts, &mut ctx));
-    let schema = ndx_op_schema_t {
-        struct_size: std::mem::size_of::<ndx_op_schema_t>(),
-        n_inputs: 1,
-        n_outputs: 1,
-        n_args: 0,
-        arg_names: std::ptr::null(),
-        arg_types: std::ptr::null(),
-        output_dtypes: std::ptr::null(),
-        output_ndims: std::ptr::null(),
-        output_layouts: std::ptr::null(),
-        flags: 0,
-    };
+    let schema = common::schema(1, 1);
     let copy = c"copy".as_ptr();
     ok(ndx_register_op(
         ctx,
@@ -675,16 +664,7 @@ fn check_flags_from_several_threads_come_in_enqueue_order_with_their_sites() {
         cstr(ndx_error_message(e))
     );
     let r = ndx_error_related(e, 0);
-    let mut info = ndx_check_info_t {
-        struct_size: std::mem::size_of::<ndx_check_info_t>(),
-        category: 0,
-        first_index: 0,
-        count: 0,
-        occurrences: 0,
-        sample: 0,
-        consequence_of: 0,
-    };
-    assert!(ndx_error_check_info(r, &mut info));
+    let info = common::check_info(r);
     assert_eq!((info.occurrences, info.count, info.first_index), (N, N, 1));
     assert_eq!(
         ndx_error_sequence(r),

@@ -424,6 +424,38 @@ impl Drop for T {
     }
 }
 
+/// A host operator schema of `n_inputs` and `n_outputs`, no arguments, no declared
+/// output metadata, no flags.
+pub fn schema(n_inputs: usize, n_outputs: usize) -> ndx_op_schema_t {
+    ndx_op_schema_t {
+        struct_size: std::mem::size_of::<ndx_op_schema_t>(),
+        n_inputs,
+        n_outputs,
+        n_args: 0,
+        arg_names: std::ptr::null(),
+        arg_types: std::ptr::null(),
+        output_dtypes: std::ptr::null(),
+        output_ndims: std::ptr::null(),
+        output_layouts: std::ptr::null(),
+        flags: 0,
+    }
+}
+
+/// The check info of flag `r` (asserted to have some).
+pub fn check_info(r: *const ndx_error_t) -> ndx_check_info_t {
+    let mut info = ndx_check_info_t {
+        struct_size: std::mem::size_of::<ndx_check_info_t>(),
+        category: 0,
+        first_index: 0,
+        count: 0,
+        occurrences: 0,
+        sample: 0,
+        consequence_of: 0,
+    };
+    assert!(ndx_error_check_info(r, &mut info), "no check info");
+    info
+}
+
 /// A compact copy of `data` as a new tensor (`ndx_tensor_from_host`; to release).
 pub fn host_tensor<E: Copy>(data: &[E], dtype: ndx_dtype_t, shape: &[i64]) -> *mut ndx_tensor_t {
     let mut t = std::ptr::null_mut();
