@@ -2420,7 +2420,7 @@ fn slice_length_mismatches_count_only_the_arguments_given() {
         common::expect_err(e, ndx_error_kind_t::NDX_ERROR_VALUE, fragment);
     };
     refused(
-        "operator 'slice': slice: start, end, step and axes must have one entry per sliced axis; \
+        "operator 'slice': start, end, step and axes must have one entry per sliced axis; \
          got 2 in start, 1 in end",
     );
     ok(ndx_args_set_int_array(

@@ -320,7 +320,7 @@ fn concat_whose_extents_overflow_int64_fails_at_invoke() {
             None,
             mode,
             NDX_ERROR_VALUE,
-            "concat: the extents along axis 0 add up past int64 at input 1 (shape [4611686018427387904, 1])",
+            "operator 'concat': the extents along axis 0 add up past int64 at input 1 (shape [4611686018427387904, 1])",
         );
     }
     ndx_tensor_release(huge);

@@ -410,13 +410,19 @@ fn kernel_cast(inputs: &[&Tensor], args: &Args) -> Result<Vec<Tensor>> {
 }
 
 /// A call-time error `e` of operator `op`, its message starting with "operator 'op'"
-/// once: messages of the schema and of some operators' inference already name it.
+/// once: messages of the schema and of some operators' inference already name it,
+/// and kernels' own messages begin "op: ", which the prefix replaces.
 pub fn of_operator(op: &str, e: &Error) -> Error {
     let named = format!("operator '{op}'");
-    let message = if e.message().starts_with(&named) {
-        e.message().to_string()
+    let message = e.message();
+    let message = if message.starts_with(&named) {
+        message.to_string()
     } else {
-        format!("{named}: {}", e.message())
+        let rest = message
+            .strip_prefix(op)
+            .and_then(|m| m.strip_prefix(": "))
+            .unwrap_or(message);
+        format!("{named}: {rest}")
     };
     Error::new(e.kind(), message)
 }

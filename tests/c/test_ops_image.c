@@ -223,7 +223,7 @@ static NDX_TEST_NOINLINE void test_concat(void) {
                                 NULL, &huge));
   ndx_input_t hh[2] = {ndx_test_in(huge), ndx_test_in(huge)};
   expect_invoke_error(ctx, "concat", hh, 2, NULL, 0, NDX_ERROR_VALUE,
-                      "concat: the extents along axis 0 add up past int64 at input 1");
+                      "operator 'concat': the extents along axis 0 add up past int64 at input 1");
   ndx_tensor_release(huge);
 
   /* int8 + uint8 + float16 -> float16 (np.result_type, not a left fold to float32). */

@@ -70,7 +70,7 @@ Errors, all at `ndx_invoke`:
   concat: no inputs, 0-d inputs, shapes that differ outside the axis (the message
     names "input i has shape" and both shapes) -> ValueError; axis out of range ->
     IndexError ("axis 5 is out of range"); a float axis -> TypeError.
-  stack: no inputs, shapes that differ ("stack: input 1 has shape") -> ValueError;
+  stack: no inputs, shapes that differ ("operator 'stack': input 1 has shape") -> ValueError;
     axis out of range -> IndexError.
   crop: a window not inside the image ("is not inside the {W}x{H} image": w or h 0 or
     negative, negative x or y, x + w > W, y + h > H, int64 extremes) -> ValueError; a
@@ -752,7 +752,7 @@ def test_stack_shape_mismatch(ctx, shapes):
     bad = next(i for i, s in enumerate(shapes) if s != shapes[0])
     with pytest.raises(ValueError):
         np.stack(xs)
-    err = expect_error(ctx, "stack", xs, None, ndx.NDX_ERROR_VALUE, f"stack: input {bad} has shape")
+    err = expect_error(ctx, "stack", xs, None, ndx.NDX_ERROR_VALUE, f"operator 'stack': input {bad} has shape")
     assert shape_mentioned(err.message, shapes[bad]), err.message
 
 
