@@ -1597,7 +1597,8 @@ ndx_error_t *ndx_args_get_float_array(const ndx_args_t *args,
  * operator (which infers no metadata) that fails when this call runs it to learn the
  * dtype and shape a built-in operator needs: the invocation fails in its future with
  * that failure as cause. Every invocation records where it was
- * called from (see `ndx_capture_policy_t`), and its errors carry those frames.
+ * called from (see `ndx_capture_policy_t`), and its errors carry those frames — its
+ * call-time errors too, once `ctx` is valid (a NULL `ctx` or `out` gives native frames).
  * Inputs are borrowed by pending work: do not write into imported buffers until the
  * futures that read them have completed. Thread-safe.
  */

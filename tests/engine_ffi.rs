@@ -186,6 +186,80 @@ fn host_frames_come_from_the_provider_in_policy_order() {
     assert_eq!(calls, 2, "called once per invocation");
 }
 
+/// Invocations refused while ndx_invoke reads its inputs, arguments or options (before
+/// the operator runs any inference) name the caller as the policy says, like every
+/// other call-time error: under HOST, the provider's frames, not ndx's native ones.
+#[test]
+fn unreadable_invocations_carry_the_providers_frames() {
+    let mut calls = 0usize;
+    for policy in [
+        ndx_capture_policy_t::NDX_CAPTURE_HOST,
+        ndx_capture_policy_t::NDX_CAPTURE_ALL,
+    ] {
+        let ctx = context(policy);
+        ok(ndx_context_set_frame_provider(
+            ctx,
+            Some(provider),
+            (&raw mut calls).cast(),
+            None,
+        ));
+        let t = scalar();
+        let null_input = [
+            ndx_input_t {
+                tensor: t,
+                batch: std::ptr::null(),
+            },
+            ndx_input_t {
+                tensor: std::ptr::null_mut(),
+                batch: std::ptr::null(),
+            },
+        ];
+        let bad_mode = ndx_invoke_options_t {
+            mode: 99,
+            ..Default::default()
+        };
+        let refusals: [(*const ndx_input_t, *const ndx_invoke_options_t, &str); 2] = [
+            (null_input.as_ptr(), std::ptr::null(), "inputs[1]"),
+            (null_input.as_ptr(), &bad_mode, "opts->mode"),
+        ];
+        for (k, (ins, opts, fragment)) in refusals.into_iter().enumerate() {
+            let n = if k == 0 { 2 } else { 1 };
+            let mut f = std::ptr::null_mut();
+            let e = ndx_invoke(ctx, c"add".as_ptr(), ins, n, std::ptr::null(), opts, &mut f);
+            assert!(f.is_null());
+            assert!(
+                cstr(ndx_error_message(e)).contains(fragment),
+                "{}",
+                cstr(ndx_error_message(e))
+            );
+            let fr = frames(e);
+            assert_eq!(
+                fr[0],
+                (
+                    "inner".into(),
+                    "script.py".into(),
+                    7,
+                    ndx_frame_origin_t::NDX_FRAME_HOST
+                ),
+                "{policy:?}: {fragment}"
+            );
+            match policy {
+                ndx_capture_policy_t::NDX_CAPTURE_HOST => assert_eq!(fr.len(), 2, "{fr:?}"),
+                _ => assert!(
+                    fr[2..].iter().any(|f| f
+                        .0
+                        .ends_with("unreadable_invocations_carry_the_providers_frames")),
+                    "{fr:?}"
+                ),
+            }
+            ndx_error_free(e);
+        }
+        ndx_tensor_release(t);
+        ndx_context_release(ctx);
+    }
+    assert_eq!(calls, 4, "called once per refused invocation");
+}
+
 static LAST_CAPACITY: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 unsafe extern "C" fn capacity_probe(_: *mut c_void, _: *mut ndx_host_frame_t, cap: usize) -> usize {

@@ -479,6 +479,19 @@ impl ContextInner {
         native.with_frames(call.location, host, show_native)
     }
 
+    /// `e`, refused before an invocation existed (its inputs, arguments or options
+    /// were unreadable), with the site this context's capture policy records for an
+    /// invocation made from `call`: under HOST or ALL the frame provider's frames, so
+    /// a host language's caller is named there too. An error that has a site keeps it.
+    pub fn refused_at(&self, e: Error, call: CallSite) -> Error {
+        if e.site().is_some() {
+            return e;
+        }
+        let settings = self.settings();
+        let site = Self::capture(&settings, settings.mode, call);
+        e.with_site(Arc::new(site))
+    }
+
     /// Enqueues `op` on `inputs` per the mode: call-time errors (unknown op, arguments,
     /// input metadata, injected compile errors) fail here; execution errors live in
     /// the returned node.

@@ -1192,7 +1192,8 @@ fn location(loc: &ndx_location_t) -> Option<Frame> {
 /// operator (which infers no metadata) that fails when this call runs it to learn the
 /// dtype and shape a built-in operator needs: the invocation fails in its future with
 /// that failure as cause. Every invocation records where it was
-/// called from (see `ndx_capture_policy_t`), and its errors carry those frames.
+/// called from (see `ndx_capture_policy_t`), and its errors carry those frames — its
+/// call-time errors too, once `ctx` is valid (a NULL `ctx` or `out` gives native frames).
 /// Inputs are borrowed by pending work: do not write into imported buffers until the
 /// futures that read them have completed. Thread-safe.
 #[unsafe(no_mangle)]
@@ -1208,28 +1209,37 @@ pub extern "C" fn ndx_invoke(
     let caller_ip = caller_return_address();
     boundary_out("ndx_invoke", out, std::ptr::null_mut(), || {
         let ctx = clone_arc(ctx, "ctx")?;
-        let op = host_name(op, "op")?;
-        let inputs = input_list(inputs, n_inputs)?;
-        let args = if args.is_null() {
-            Args::new()
-        } else {
-            args_ref(args)?.clone()
-        };
         let mut call = CallSite {
             location: None,
             caller_ip,
         };
-        let mut mode = None;
-        let mut outputs = Vec::new();
-        if !opts.is_null() {
-            // Callers built against the header before the out tensors pass less.
-            let o = read_options(opts, std::mem::offset_of!(ndx_invoke_options_t, outputs))?;
-            call.location = location(&o.location);
-            if o.mode != 0 {
-                mode = Some(eval_mode(o.mode, "opts->mode")?);
+        let parsed = (|| {
+            let op = host_name(op, "op")?;
+            let inputs = input_list(inputs, n_inputs)?;
+            let args = if args.is_null() {
+                Args::new()
+            } else {
+                args_ref(args)?.clone()
+            };
+            let mut mode = None;
+            let mut outputs = Vec::new();
+            if !opts.is_null() {
+                // Callers built against the header before the out tensors pass less.
+                let o = read_options(opts, std::mem::offset_of!(ndx_invoke_options_t, outputs))?;
+                call.location = location(&o.location);
+                if o.mode != 0 {
+                    mode = Some(eval_mode(o.mode, "opts->mode")?);
+                }
+                outputs = output_list(o.outputs, o.n_outputs)?;
             }
-            outputs = output_list(o.outputs, o.n_outputs)?;
-        }
+            Ok((op, inputs, args, mode, outputs))
+        })();
+        let (op, inputs, args, mode, outputs) = match parsed {
+            Ok(parsed) => parsed,
+            // Refused before the invocation records its site: record it now, so the
+            // error names the caller as an invocation's would.
+            Err(e) => return Err(ctx.refused_at(e, call)),
+        };
         let node = ctx.invoke_into(&op, inputs, args, mode, call, outputs)?;
         Ok(into_handle(node))
     })

@@ -264,6 +264,25 @@ def test_call_time_error_carries_python_frame(ctx):
     )
 
 
+def test_unreadable_options_error_carries_python_frame(ctx):
+    """Refused while ndx_invoke reads its options (an unknown eval mode), before any
+    operator lookup: the error names the Python line all the same."""
+    ctx.set_frame_provider()
+    ctx.set_capture_policy(ndx.NDX_CAPTURE_HOST)
+    a, b = div_by_zero_inputs()
+    with pytest.raises(ndx.NdxError) as info:
+        line = inspect.currentframe().f_lineno + 1
+        ctx.invoke("add", [a, b], mode=99)
+    err = info.value
+    assert err.kind_name == "ValueError" and "opts->mode" in err.message
+    f0 = err.frames[0]
+    assert (f0.function, f0.line, f0.origin) == (
+        "test_unreadable_options_error_carries_python_frame",
+        line,
+        ndx.NDX_FRAME_HOST,
+    )
+
+
 def test_a_failure_down_a_long_pipeline_becomes_one_exception_chain(ctx):
     """A failure passed down 1500 dependent invocations: the exception has all 1501
     links, built without recursing once per link (a RecursionError replaced the real
