@@ -4,8 +4,8 @@
 # Needs: a Rust toolchain with rustfmt and clippy, cmake, a C/C++ compiler, valgrind,
 # pkg-config, python3 with pip (for the official dlpack.h used by one compatibility
 # test), numpy and pytest (the Python FFI tests), opencv-python-headless and
-# ml_dtypes (references for the image operators and bfloat16), and the NVRTC wheel
-# named by `scripts/build_ptx.py --requirement` (compiles the CUDA kernel sources; no
+# ml_dtypes (references for the image operators and bfloat16), pyflakes (lint of the
+# Python files), and the NVRTC wheel named by `scripts/build_ptx.py --requirement` (compiles the CUDA kernel sources; no
 # GPU needed; without it the PTX checks skip unless NDX_REQUIRE_NVRTC=1), and g++ (the
 # emulated CUDA driver the CUDA tests run on where there is no GPU).
 set -euo pipefail
@@ -23,6 +23,14 @@ cargo clippy --all-targets --features test-hooks -- -D warnings
 
 step "cargo test"
 cargo test
+
+# Python lints (unused imports, undefined names) of the FFI tests and scripts.
+step "pyflakes"
+if python3 -m pyflakes --version >/dev/null 2>&1; then
+  python3 -m pyflakes tests/python tests/cuda_emu scripts
+else
+  echo "note: pyflakes not installed (pip install pyflakes); Python lint skipped"
+fi
 
 # The call-site tests again in a build with line tables only (a common profile for
 # users who want file and line in backtraces and nothing more): inlined frames have no

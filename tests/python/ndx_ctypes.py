@@ -31,7 +31,6 @@ from ctypes import (
     Structure,
     byref,
     c_bool,
-    c_char,
     c_char_p,
     c_int32,
     c_int64,

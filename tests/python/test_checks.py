@@ -14,7 +14,6 @@ import ctypes
 import inspect
 import os
 import shutil
-import subprocess
 import sys
 from ctypes import POINTER, byref, c_char_p, c_size_t, c_void_p
 

@@ -9,7 +9,6 @@ import gc
 import inspect
 import os
 import shutil
-import subprocess
 import sys
 import threading
 import weakref
