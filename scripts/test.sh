@@ -5,9 +5,10 @@
 # pkg-config, python3 with pip (for the official dlpack.h used by one compatibility
 # test), numpy and pytest (the Python FFI tests), opencv-python-headless and
 # ml_dtypes (references for the image operators and bfloat16), pyflakes (lint of the
-# Python files), and the NVRTC wheel named by `scripts/build_ptx.py --requirement` (compiles the CUDA kernel sources; no
-# GPU needed; without it the PTX checks skip unless NDX_REQUIRE_NVRTC=1), and g++ (the
-# emulated CUDA driver the CUDA tests run on where there is no GPU).
+# Python files), and the NVRTC wheel named by `scripts/build_ptx.py --requirement`
+# (compiles the CUDA kernel sources; no GPU needed; without it the PTX checks skip
+# unless NDX_REQUIRE_NVRTC=1), and g++ (the emulated CUDA driver the CUDA tests run on
+# where there is no GPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${NDX_BUILD_DIR:-build}
