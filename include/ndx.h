@@ -1791,7 +1791,8 @@ size_t ndx_error_repro(const ndx_error_t *err,
  * host tensors) and invokes the operator with the recorded arguments in the recorded
  * eval mode, on the context's backend; `*out` is the new invocation's future, which
  * fails as the original did when the failure reproduces. A document without input
- * bytes, or malformed, is NDX_ERROR_VALUE naming what is wrong; its inputs are held to
+ * bytes, or malformed (a key repeated in one object included), is NDX_ERROR_VALUE
+ * naming what is wrong; its inputs are held to
  * the limits of an imported tensor (at most NDX_MAX_NDIM dimensions, a layout of one
  * ASCII letter per dimension) and must carry exactly the bytes their dtype and shape
  * need, checked before anything is allocated. Thread-safe.

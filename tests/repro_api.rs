@@ -388,3 +388,26 @@ fn replay_errors_say_what_would_be_accepted() {
     );
     assert_eq!(replay_error(&doc("\"-inf\"")), None);
 }
+
+/// An object naming a key twice is refused, naming the key: the JSON reader kept the
+/// last silently, so a document with two "op"s replayed whichever came second.
+#[test]
+fn replay_refuses_a_repeated_key() {
+    let value = ndx::ffi::ndx_error_kind_t::NDX_ERROR_VALUE as i32;
+    let input = "{\"dtype\": \"float32\", \"shape\": [1], \"bytes\": \"0000c07f\"}";
+    let clean = one_input_doc("neg", input);
+    assert_eq!(replay_error(&clean), None);
+    let twice_op = clean.replacen("\"op\": \"neg\"", "\"op\": \"sqrt\", \"op\": \"neg\"", 1);
+    let twice_dtype = clean.replacen("\"dtype\"", "\"dtype\": \"int8\", \"dtype\"", 1);
+    for (doc, key) in [(twice_op, "op"), (twice_dtype, "dtype")] {
+        assert_ne!(doc, clean);
+        let (kind, message) = replay_error(&doc).expect("refused");
+        assert_eq!(kind, value);
+        assert!(
+            message.starts_with(&format!(
+                "repro document: key \"{key}\" appears twice in one object at line 1"
+            )),
+            "{message}"
+        );
+    }
+}

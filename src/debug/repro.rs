@@ -429,10 +429,81 @@ fn input_of(t: &Value, i: usize) -> Result<Arc<Tensor>> {
     Ok(Arc::new(tensor))
 }
 
+/// A JSON value read as `serde_json::Value` is, except that an object naming a key
+/// twice is refused: `Value` keeps the last silently, and a document arrives attached
+/// to a bug report, so which of two "op"s or "inputs" it meant is not ours to guess.
+struct Strict(Value);
+
+impl<'de> serde::Deserialize<'de> for Strict {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Strict, D::Error> {
+        d.deserialize_any(StrictVisitor).map(Strict)
+    }
+}
+
+struct StrictVisitor;
+
+impl<'de> serde::de::Visitor<'de> for StrictVisitor {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> std::result::Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> std::result::Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_u64<E>(self, v: u64) -> std::result::Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_f64<E>(self, v: f64) -> std::result::Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_str<E>(self, v: &str) -> std::result::Result<Value, E> {
+        Ok(Value::String(v.to_owned()))
+    }
+    fn visit_string<E>(self, v: String) -> std::result::Result<Value, E> {
+        Ok(Value::String(v))
+    }
+    fn visit_unit<E>(self) -> std::result::Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+        self,
+        mut seq: A,
+    ) -> std::result::Result<Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(Strict(v)) = seq.next_element()? {
+            items.push(v);
+        }
+        Ok(Value::Array(items))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(
+        self,
+        mut map: A,
+    ) -> std::result::Result<Value, A::Error> {
+        let mut object = serde_json::Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if object.contains_key(&key) {
+                return Err(serde::de::Error::custom(format!(
+                    "key \"{key}\" appears twice in one object"
+                )));
+            }
+            let Strict(v) = map.next_value()?;
+            object.insert(key, v);
+        }
+        Ok(Value::Object(object))
+    }
+}
+
 /// Parses a document written by [`document`].
 pub fn parse(text: &str) -> Result<Replay> {
-    let doc: Value =
-        serde_json::from_str(text).map_err(|e| bad(format!("not valid JSON ({e})")))?;
+    let Strict(doc) = serde_json::from_str(text).map_err(|e| match e.classify() {
+        // Well-formed JSON that the strict reading refuses (a repeated key).
+        serde_json::error::Category::Data => bad(e.to_string()),
+        _ => bad(format!("not valid JSON ({e})")),
+    })?;
     let format = field(&doc, "ndx_repro", "the document")?.as_u64();
     if format != Some(FORMAT) {
         return Err(bad(format!(

@@ -269,6 +269,14 @@ static void test_replay_errors_say_what_is_accepted(void) {
                "args[0] ('lo') has a value that is not float (numbers, or \"nan\", \"inf\" and "
                "\"-inf\")");
   CHECK(r == NULL, "no future");
+  /* Two "op" keys: refused, not the last one replayed. */
+  const char* twice =
+      "{\"ndx_repro\": 1, \"op\": \"sqrt\", \"op\": \"neg\", \"args\": [], \"mode\": "
+      "\"sync_cpu\", \"inputs\": [{\"dtype\": \"float32\", \"shape\": [1], \"bytes\": "
+      "\"0000c07f\"}]}";
+  expect_error(ndx_repro_run(ctx, twice, &r), NDX_ERROR_VALUE,
+               "repro document: key \"op\" appears twice in one object");
+  CHECK(r == NULL, "no future");
   ndx_context_release(ctx);
 }
 
