@@ -406,7 +406,7 @@ enum ndx_arg_type_t
   NDX_ARG_INT_ARRAY = 5,
   /**
    * `ndx_args_set_float_array` (a single float or int is accepted, as an array of
-   * one).
+   * one, and an int array, each int converted).
    */
   NDX_ARG_FLOAT_ARRAY = 6,
   /**

@@ -2460,6 +2460,18 @@ fn a_host_kernel_reads_arguments_given_in_an_accepted_form_as_its_declared_type(
     };
     let got = run(&arrays);
     assert_eq!(got[..2], [Ok("[1, 2]".into()), Ok("[0.5]".into())]);
+    // An int array for a float array is converted too (it was refused at `ndx_invoke`:
+    // "argument 'fa' is an int array, expected a float array").
+    let int_array = |args| {
+        ok(ndx_args_set_int_array(
+            args,
+            c"fa".as_ptr(),
+            [3i64, -1].as_ptr(),
+            2,
+        ))
+    };
+    let got = run(&int_array);
+    assert_eq!(got[1], Ok("[3.0, -1.0]".into()));
     ndx_tensor_release(t);
 }
 

@@ -623,6 +623,36 @@ fn normalize_chw_per_channel() {
     assert_eq!(values_f32(r.0), [1.5, -0.5, 1.25, 0.0]);
 }
 
+/// An int array for `mean` / `std` (a float-array argument) is converted, as a single
+/// int is: `std = [1, 1, 1]` written with `ndx_args_set_int_array` used to fail with
+/// NDX_ERROR_TYPE "argument 'std' is an int array, expected a float array".
+#[test]
+fn normalize_takes_int_arrays() {
+    let ctx = Ctx::new(EAGER);
+    // Pixels (4, 7) and (0, 2); mean [1, 2], std [2, 5]: 1.5, 1, -0.5, 0.
+    let img = T::host(&[4u8, 7, 0, 2], U8, &[1, 2, 2], Some(c"HWC"));
+    let a = Args::new().ints(c"mean", &[1, 2]).ints(c"std", &[2, 5]);
+    let r = run(&ctx, c"normalize", &[img.input()], Some(&a));
+    assert_eq!(r.meta(), (F32, vec![1, 2, 2], "HWC".to_string()));
+    assert_eq!(values_f32(r.0), [1.5, 1.0, -0.5, 0.0]);
+    // Mixed: a float array with an int array, and a zero in the int array is refused.
+    let mixed = Args::new()
+        .floats(c"mean", &[1.0, 2.0])
+        .ints(c"std", &[2, 5]);
+    let r = run(&ctx, c"normalize", &[img.input()], Some(&mixed));
+    assert_eq!(values_f32(r.0), [1.5, 1.0, -0.5, 0.0]);
+    let zero = Args::new().ints(c"mean", &[0]).ints(c"std", &[1, 0]);
+    expect_invoke_err(
+        &ctx,
+        c"normalize",
+        &[img.input()],
+        Some(&zero),
+        0,
+        NDX_ERROR_VALUE,
+        "'std'",
+    );
+}
+
 // ---- a ragged batch -------------------------------------------------------------------------
 
 fn u8_spec(values: &[u8], shape: &[i64]) -> Spec {

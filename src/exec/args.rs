@@ -102,7 +102,7 @@ pub enum ArgType {
     Str = 4,
     /// `ArgValue::Ints`.
     Ints = 5,
-    /// `ArgValue::Floats`.
+    /// `ArgValue::Floats` (a float, an int or an int array is accepted and converted).
     Floats = 6,
     /// `ArgValue::DType`.
     DType = 7,

@@ -92,7 +92,7 @@ pub enum ndx_arg_type_t {
     /// `ndx_args_set_int_array` (a single int is accepted, as an array of one).
     NDX_ARG_INT_ARRAY = 5,
     /// `ndx_args_set_float_array` (a single float or int is accepted, as an array of
-    /// one).
+    /// one, and an int array, each int converted).
     NDX_ARG_FLOAT_ARRAY = 6,
     /// `ndx_args_set_dtype`.
     NDX_ARG_DTYPE = 7,

@@ -204,6 +204,7 @@ pub(crate) fn normalize_params(m: &TMeta, args: &Args) -> Result<(usize, Vec<f64
             Some(ArgValue::Floats(v)) => v.clone(),
             Some(ArgValue::Float(v)) => vec![*v],
             Some(ArgValue::Int(v)) => vec![*v as f64],
+            Some(ArgValue::Ints(v)) => v.iter().map(|&x| x as f64).collect(),
             _ => {
                 return Err(Error::value(format!(
                     "normalize needs float-array argument '{n}'"

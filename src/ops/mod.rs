@@ -130,7 +130,8 @@ pub struct OpDef {
 
 impl OpDef {
     /// `args` with each value that its schema type accepts in another form (an int for
-    /// a float, a single int or float for an array) converted to that type, so that
+    /// a float, a single int or float for an array, an int array for a float array)
+    /// converted to that type, so that
     /// kernels see the declared type: a host kernel reads an NDX_ARG_INT_ARRAY argument
     /// given as one int with `ndx_args_get_int_array`. Unknown names and wrong types are
     /// left for [`OpDef::validate_args`] to refuse.
@@ -145,6 +146,9 @@ impl OpDef {
                     (Some(ArgType::Ints), ArgValue::Int(v)) => ArgValue::Ints(vec![v]),
                     (Some(ArgType::Floats), ArgValue::Float(v)) => ArgValue::Floats(vec![v]),
                     (Some(ArgType::Floats), ArgValue::Int(v)) => ArgValue::Floats(vec![v as f64]),
+                    (Some(ArgType::Floats), ArgValue::Ints(v)) => {
+                        ArgValue::Floats(v.into_iter().map(|x| x as f64).collect())
+                    }
                     (_, v) => v,
                 };
                 (name, value)
@@ -173,7 +177,10 @@ impl OpDef {
                 || (spec.ty == ArgType::Float && matches!(value, ArgValue::Int(_)))
                 || (spec.ty == ArgType::Ints && matches!(value, ArgValue::Int(_)))
                 || (spec.ty == ArgType::Floats
-                    && matches!(value, ArgValue::Float(_) | ArgValue::Int(_)));
+                    && matches!(
+                        value,
+                        ArgValue::Float(_) | ArgValue::Int(_) | ArgValue::Ints(_)
+                    ));
             if !ok {
                 return Err(Error::type_error(format!(
                     "operator '{}': argument '{name}' is {}, expected {}",

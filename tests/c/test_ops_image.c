@@ -483,6 +483,21 @@ static NDX_TEST_NOINLINE void test_gray_and_normalize(void) {
   }
   ndx_tensor_release(r);
 
+  /* The same with int arrays for mean and std (a float-array argument converts them, as
+   * it does a single int; they were refused: "is an int array, expected a float array"). */
+  ndx_args_t* mi = new_args();
+  const int64_t imean[2] = {1, 2}, istd[2] = {2, 4};
+  CHECK_OK(ndx_args_set_int_array(mi, "mean", imean, 2));
+  CHECK_OK(ndx_args_set_int_array(mi, "std", istd, 2));
+  r = run_op(ctx, "normalize", cin, 1, mi);
+  if (r) {
+    const float expect[4] = {1.5f, -0.5f, 1.25f, 0.0f};
+    check_meta(r, NDX_DTYPE_FLOAT32, 3, s212, "CHW");
+    CHECK_BYTES(r, expect, sizeof expect);
+  }
+  ndx_tensor_release(r);
+  ndx_args_free(mi);
+
   ndx_args_free(ms);
   ndx_tensor_release(img);
   ndx_tensor_release(img2);
