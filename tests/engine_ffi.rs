@@ -2520,6 +2520,55 @@ fn slice_length_mismatches_count_only_the_arguments_given() {
     ndx_tensor_release(t);
 }
 
+/// A negative size in `reshape`'s shape and a negative `pad` width were refused as
+/// "reshape: dimension -2 is negative in shape [24, -2]" and "pad: width -1 is
+/// negative": neither named the argument's entry nor what it may be. They name the
+/// argument, the index (for pad, which side of which axis), the value and the range.
+#[test]
+fn negative_shape_and_pad_entries_name_the_argument_index_and_range() {
+    let ctx = common::Ctx::new(ndx_eval_mode_t::NDX_EVAL_SYNC_CPU as i32);
+    let t = common::host_tensor(&[0f32; 6], ndx_dtype_t::NDX_DTYPE_FLOAT32, &[2, 3]);
+    let input = [ndx_input_t {
+        tensor: t,
+        batch: std::ptr::null(),
+    }];
+    let refused = |op: &CStr, name: &CStr, values: &[i64], fragment: &str| {
+        let mut args = std::ptr::null_mut();
+        ok(ndx_args_new(&mut args));
+        ok(ndx_args_set_int_array(
+            args,
+            name.as_ptr(),
+            values.as_ptr(),
+            values.len(),
+        ));
+        let e =
+            common::invoke_with(&ctx, op, &input, args, &Default::default()).expect_err("refused");
+        common::expect_err(e, ndx_error_kind_t::NDX_ERROR_VALUE, fragment);
+        ndx_args_free(args);
+    };
+    refused(
+        c"reshape",
+        c"shape",
+        &[6, -2],
+        "reshape: argument 'shape' [6, -2] has -2 at index 1; expected a size >= 0, or -1 for \
+         the one size to infer",
+    );
+    refused(
+        c"pad",
+        c"widths",
+        &[0, 1, 2, -1],
+        "pad: argument 'widths' [0, 1, 2, -1] has -1 at index 3 (the width after axis 1); \
+         expected a width >= 0",
+    );
+    refused(
+        c"pad",
+        c"widths",
+        &[-5, 0, 0, 0],
+        "has -5 at index 0 (the width before axis 0)",
+    );
+    ndx_tensor_release(t);
+}
+
 /// Writes one frame whose line is -1 (a host's "unknown") converted to `uint32_t`.
 unsafe extern "C" fn minus_one_line(
     _: *mut c_void,

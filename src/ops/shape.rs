@@ -50,9 +50,10 @@ fn reshape_view(shape: &[i64], args: &Args) -> Result<Vec<i64>> {
             dims(&target)
         )));
     }
-    if let Some(&d) = target.iter().find(|&&d| d < -1) {
+    if let Some((i, &d)) = target.iter().enumerate().find(|(_, d)| **d < -1) {
         return Err(Error::value(format!(
-            "reshape: dimension {d} is negative in shape {}",
+            "reshape: argument 'shape' {} has {d} at index {i}; expected a size >= 0, or -1 \
+             for the one size to infer",
             dims(&target)
         )));
     }
@@ -303,8 +304,14 @@ fn pad_widths(shape: &[i64], args: &Args) -> Result<Vec<(i64, i64)>> {
             shape.len()
         )));
     }
-    if let Some(&v) = w.iter().find(|&&v| v < 0) {
-        return Err(Error::value(format!("pad: width {v} is negative")));
+    if let Some((i, &v)) = w.iter().enumerate().find(|(_, v)| **v < 0) {
+        return Err(Error::value(format!(
+            "pad: argument 'widths' {} has {v} at index {i} (the width {} axis {}); \
+             expected a width >= 0",
+            dims(&w),
+            if i % 2 == 0 { "before" } else { "after" },
+            i / 2
+        )));
     }
     let widths: Vec<(i64, i64)> = w.chunks(2).map(|c| (c[0], c[1])).collect();
     let padded: Option<Vec<i64>> = shape

@@ -785,6 +785,34 @@ static void test_slice_length_mismatch_message(void) {
   ndx_context_release(ctx);
 }
 
+/* A negative size in reshape's shape and a negative pad width said "dimension -2 is
+ * negative in shape [2, -2]" and "pad: width -1 is negative": they name the argument,
+ * the index (for pad, which side of which axis), the value and the range allowed. */
+static void test_negative_shape_and_pad_entries_message(void) {
+  ndx_context_t* ctx = ndx_test_new_context(NULL);
+  const int64_t shape[2] = {2, 2};
+  const int32_t data[4] = {1, 2, 3, 4};
+  ndx_tensor_t* t = ndx_test_tensor(data, NDX_DTYPE_INT32, 2, shape);
+  ndx_input_t in = ndx_test_in(t);
+  ndx_future_t* f = NULL;
+  ndx_args_t* a = NULL;
+  CHECK_OK(ndx_args_new(&a));
+  const int64_t target[2] = {2, -2}, widths[4] = {0, 1, 2, -1};
+  CHECK_OK(ndx_args_set_int_array(a, "shape", target, 2));
+  expect_error(ndx_invoke(ctx, "reshape", &in, 1, a, NULL, &f), NDX_ERROR_VALUE,
+               "reshape: argument 'shape' [2, -2] has -2 at index 1; expected a size >= 0, "
+               "or -1 for the one size to infer");
+  ndx_args_free(a);
+  CHECK_OK(ndx_args_new(&a));
+  CHECK_OK(ndx_args_set_int_array(a, "widths", widths, 4));
+  expect_error(ndx_invoke(ctx, "pad", &in, 1, a, NULL, &f), NDX_ERROR_VALUE,
+               "pad: argument 'widths' [0, 1, 2, -1] has -1 at index 3 (the width after "
+               "axis 1); expected a width >= 0");
+  ndx_args_free(a);
+  ndx_tensor_release(t);
+  ndx_context_release(ctx);
+}
+
 /* Array lengths no array can have (their byte size passes PTRDIFF_MAX) are refused
  * with NDX_ERROR_VALUE naming the length, and a copy_to capacity of SIZE_MAX copies
  * the tensor; they once aborted the process (Rust's slice::from_raw_parts
@@ -877,5 +905,6 @@ int main(void) {
   test_args_copied_at_invoke();
   test_host_kernel_reads_declared_types();
   test_slice_length_mismatch_message();
+  test_negative_shape_and_pad_entries_message();
   return NDX_TEST_SUMMARY("test_host");
 }
