@@ -653,6 +653,27 @@ fn normalize_takes_int_arrays() {
     );
 }
 
+/// A zero in `std` said only "'std' contains 0"; the message names the argument, the
+/// index and value of its first zero, and what was expected.
+#[test]
+fn normalize_zero_std_names_its_index() {
+    let ctx = Ctx::new(EAGER);
+    let img = T::host(&[4u8, 7, 0, 2, 1, 1], U8, &[1, 2, 3], Some(c"HWC"));
+    let a = Args::new()
+        .floats(c"mean", &[0.0])
+        .floats(c"std", &[1.0, -0.0, 0.0]);
+    expect_invoke_err(
+        &ctx,
+        c"normalize",
+        &[img.input()],
+        Some(&a),
+        0,
+        NDX_ERROR_VALUE,
+        "normalize: argument 'std' [1.0, -0.0, 0.0] has -0.0 at index 1; expected a non-zero \
+         value",
+    );
+}
+
 // ---- a ragged batch -------------------------------------------------------------------------
 
 fn u8_spec(values: &[u8], shape: &[i64]) -> Spec {

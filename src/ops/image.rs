@@ -219,6 +219,12 @@ pub(crate) fn normalize_params(m: &TMeta, args: &Args) -> Result<(usize, Vec<f64
         }
     };
     let (mut mean, mut std) = (get("mean")?, get("std")?);
+    if let Some(i) = std.iter().position(|&v| v == 0.0) {
+        return Err(Error::value(format!(
+            "normalize: argument 'std' {std:?} has {:?} at index {i}; expected a non-zero value",
+            std[i]
+        )));
+    }
     // One given per channel and the other once: repeat that one (c values exist).
     if mean.len() != std.len() {
         let (one, many) = if mean.len() == 1 {
@@ -227,9 +233,6 @@ pub(crate) fn normalize_params(m: &TMeta, args: &Args) -> Result<(usize, Vec<f64
             (&mut std, mean.len())
         };
         *one = vec![one[0]; many];
-    }
-    if std.contains(&0.0) {
-        return Err(Error::value("normalize: 'std' contains 0"));
     }
     Ok((c_ax, mean, std))
 }

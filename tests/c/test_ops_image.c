@@ -498,6 +498,17 @@ static NDX_TEST_NOINLINE void test_gray_and_normalize(void) {
   ndx_tensor_release(r);
   ndx_args_free(mi);
 
+  /* A zero in std: the message names the argument, the index and value of the zero
+   * (it said only "'std' contains 0"). */
+  ndx_args_t* mz = new_args();
+  const double zstd[2] = {2.0, 0.0};
+  CHECK_OK(ndx_args_set_float_array(mz, "mean", mean, 2));
+  CHECK_OK(ndx_args_set_float_array(mz, "std", zstd, 2));
+  expect_invoke_error(ctx, "normalize", cin, 1, mz, 0, NDX_ERROR_VALUE,
+                      "normalize: argument 'std' [2.0, 0.0] has 0.0 at index 1; expected a "
+                      "non-zero value");
+  ndx_args_free(mz);
+
   ndx_args_free(ms);
   ndx_tensor_release(img);
   ndx_tensor_release(img2);

@@ -77,7 +77,7 @@ Errors, all at `ndx_invoke`:
     missing argument -> ValueError, a float one -> TypeError.
   every image operator: an input without layout "HWC"/"CHW" or not 3-d -> ValueError
     ('layout "HWC" or "CHW"'); an unknown argument -> ValueError; no or two inputs.
-  normalize: std containing 0 -> ValueError ("'std' contains 0"); a count other than
+  normalize: std containing 0 -> ValueError ("argument 'std' [...] has 0.0 at index i"); a count other than
     1 or C -> ValueError ("'mean' has 2 values, the image has 3 channels").
   resize: bool -> TypeError ("resize", "bool"); h or w <= 0 -> ValueError ("resize
     to"); an unknown interp -> ValueError ("interp"); an empty (0-pixel) image ->
@@ -952,8 +952,12 @@ def test_normalize_large(ctx):
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("std", [[0.0], [-0.0], [1.0, 0.0, 2.0], [0.0, 0.0, 0.0]], ids=str)
 def test_normalize_std_zero(ctx, std, layout):
+    """The message names the argument, its first zero's index and value (it said only
+    "'std' contains 0")."""
     img = np.ones(image_shape(layout, 2, 3, 3), np.float32)
-    expect_error(ctx, "normalize", [img], norm_args([0.0], std), ndx.NDX_ERROR_VALUE, "'std' contains 0", layout=layout)
+    i = next(k for k, v in enumerate(std) if v == 0.0)
+    needle = f"argument 'std' {std!r} has {std[i]!r} at index {i}; expected a non-zero value"
+    expect_error(ctx, "normalize", [img], norm_args([0.0], std), ndx.NDX_ERROR_VALUE, needle, layout=layout)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
