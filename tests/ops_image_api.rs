@@ -386,6 +386,26 @@ fn crop_takes_the_window_and_keeps_the_layout() {
         NDX_ERROR_VALUE,
         "not inside the 4x3 image",
     );
+    // The message says which rule the window breaks (it named only the window).
+    for (window, why) in [
+        (outside, "x + w = 5 is past the width 4"),
+        (too_low, "y + h = 4 is past the height 3"),
+        (Args::crop(-2, 0, 1, 1), "x = -2; expected a value >= 0"),
+        (Args::crop(0, -1, 1, 1), "y = -1; expected a value >= 0"),
+        (Args::crop(0, 0, 0, 1), "w = 0; expected a size >= 1"),
+        (Args::crop(0, 0, 1, -3), "h = -3; expected a size >= 1"),
+        (Args::crop(2, 0, i64::MAX, 1), "x + w overflows int64"),
+    ] {
+        expect_invoke_err(
+            &ctx,
+            c"crop",
+            &[img.input()],
+            Some(&window),
+            0,
+            NDX_ERROR_VALUE,
+            &format!("is not inside the 4x3 image: {why}"),
+        );
+    }
     // No layout.
     expect_invoke_err(
         &ctx,

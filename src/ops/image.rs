@@ -178,15 +178,29 @@ fn crop_window(m: &TMeta, args: &Args) -> Result<(usize, usize, [i64; 4])> {
     let get = |n: &str| required_int(args, "crop", n);
     let (x, y, w, h) = (get("x")?, get("y")?, get("w")?, get("h")?);
     let (img_h, img_w) = (m.shape[h_ax], m.shape[w_ax]);
-    let inside = x >= 0
-        && y >= 0
-        && w > 0
-        && h > 0
-        && x.checked_add(w).is_some_and(|e| e <= img_w)
-        && y.checked_add(h).is_some_and(|e| e <= img_h);
-    if !inside {
+    // The first rule the window breaks, if any.
+    let past =
+        |at: i64, at_name: &str, len: i64, len_name: &str, size: i64, size_name: &str| match at
+            .checked_add(len)
+        {
+            Some(end) if end <= size => None,
+            Some(end) => Some(format!(
+                "{at_name} + {len_name} = {end} is past the {size_name} {size}"
+            )),
+            None => Some(format!("{at_name} + {len_name} overflows int64")),
+        };
+    let broken = if x < 0 || y < 0 {
+        let (n, v) = if x < 0 { ("x", x) } else { ("y", y) };
+        Some(format!("{n} = {v}; expected a value >= 0"))
+    } else if w < 1 || h < 1 {
+        let (n, v) = if w < 1 { ("w", w) } else { ("h", h) };
+        Some(format!("{n} = {v}; expected a size >= 1"))
+    } else {
+        past(x, "x", w, "w", img_w, "width").or_else(|| past(y, "y", h, "h", img_h, "height"))
+    };
+    if let Some(why) = broken {
         return Err(Error::value(format!(
-            "crop window x={x} y={y} w={w} h={h} is not inside the {img_w}x{img_h} image"
+            "crop window x={x} y={y} w={w} h={h} is not inside the {img_w}x{img_h} image: {why}"
         )));
     }
     Ok((h_ax, w_ax, [x, y, w, h]))

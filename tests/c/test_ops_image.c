@@ -316,6 +316,16 @@ static NDX_TEST_NOINLINE void test_crop(void) {
   ndx_args_t* too_low = crop_args(0, 2, 1, 2);
   expect_invoke_error(ctx, "crop", in, 1, too_low, 0, NDX_ERROR_VALUE,
                       "not inside the 4x3 image");
+  /* The message says which rule the window breaks (it named only the window). */
+  expect_invoke_error(ctx, "crop", in, 1, outside, 0, NDX_ERROR_VALUE,
+                      "is not inside the 4x3 image: x + w = 5 is past the width 4");
+  expect_invoke_error(ctx, "crop", in, 1, too_low, 0, NDX_ERROR_VALUE,
+                      "is not inside the 4x3 image: y + h = 4 is past the height 3");
+  ndx_args_t* empty = crop_args(0, 0, 2, 0);
+  expect_invoke_error(ctx, "crop", in, 1, empty, 0, NDX_ERROR_VALUE,
+                      "crop window x=0 y=0 w=2 h=0 is not inside the 4x3 image: h = 0; "
+                      "expected a size >= 1");
+  ndx_args_free(empty);
   /* An image without a layout. */
   expect_invoke_error(ctx, "crop", in_plain, 1, ok, 0, NDX_ERROR_VALUE,
                       "layout \"HWC\" or \"CHW\"");
