@@ -23,6 +23,8 @@ use ndx::ffi::*;
 const U8: i32 = ndx_dtype_t::NDX_DTYPE_UINT8 as i32;
 const I8: i32 = ndx_dtype_t::NDX_DTYPE_INT8 as i32;
 const I32: i32 = ndx_dtype_t::NDX_DTYPE_INT32 as i32;
+const I64: i32 = ndx_dtype_t::NDX_DTYPE_INT64 as i32;
+const U64: i32 = ndx_dtype_t::NDX_DTYPE_UINT64 as i32;
 const F16: i32 = ndx_dtype_t::NDX_DTYPE_FLOAT16 as i32;
 const F32: i32 = ndx_dtype_t::NDX_DTYPE_FLOAT32 as i32;
 const BOOL: i32 = ndx_dtype_t::NDX_DTYPE_BOOL as i32;
@@ -692,6 +694,82 @@ fn normalize_zero_std_names_its_index() {
         "normalize: argument 'std' [1.0, -0.0, 0.0] has -0.0 at index 1; expected a non-zero \
          value",
     );
+}
+
+/// A reduction whose output keeps the input's rank keeps its layout: `argmax` /
+/// `argmin` with keepdims gave no layout where `max` with keepdims gave "HWC" (so the
+/// per-pixel argmax of an HWC image was no image for `resize`), and `sum` over no axis
+/// (`axes = []`, the tensor unchanged in shape) dropped it unless keepdims was set.
+#[test]
+fn reductions_that_keep_the_rank_keep_the_layout() {
+    let ctx = Ctx::new(EAGER);
+    // Pixels (1, 9, 3), (7, 2, 7), (0, 0, 5), (4, 4, 4).
+    let img = T::host(
+        &[1u8, 9, 3, 7, 2, 7, 0, 0, 5, 4, 4, 4],
+        U8,
+        &[2, 2, 3],
+        Some(c"HWC"),
+    );
+    let keep = |a: Args, on: bool| {
+        ok(ndx_args_set_bool(a.0, c"keepdims".as_ptr(), on));
+        a
+    };
+    let i64_bytes = |v: &[i64]| v.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>();
+
+    let am = run(
+        &ctx,
+        c"argmax",
+        &[img.input()],
+        Some(&keep(Args::new().int(c"axis", 2), true)),
+    );
+    assert_eq!(am.meta(), (I64, vec![2, 2, 1], "HWC".to_string()));
+    assert_eq!(am.bytes(), i64_bytes(&[1, 0, 2, 0]));
+    let an = run(
+        &ctx,
+        c"argmin",
+        &[img.input()],
+        Some(&keep(Args::new(), true)),
+    );
+    assert_eq!(an.meta(), (I64, vec![1, 1, 1], "HWC".to_string()));
+    assert_eq!(an.bytes(), i64_bytes(&[6]));
+    let flat = run(
+        &ctx,
+        c"argmax",
+        &[img.input()],
+        Some(&keep(Args::new().int(c"axis", -1), false)),
+    );
+    assert_eq!(flat.meta(), (I64, vec![2, 2], String::new()));
+    // The argmax image is an image: resize takes it.
+    let r = run(
+        &ctx,
+        c"resize",
+        &[am.input()],
+        Some(&Args::resize(1, 2, Some(c"nearest"))),
+    );
+    assert_eq!(r.meta(), (I64, vec![1, 2, 1], "HWC".to_string()));
+
+    let none = run(
+        &ctx,
+        c"sum",
+        &[img.input()],
+        Some(&Args::new().ints(c"axes", &[])),
+    );
+    assert_eq!(none.meta(), (U64, vec![2, 2, 3], "HWC".to_string()));
+    let mx = run(
+        &ctx,
+        c"max",
+        &[img.input()],
+        Some(&keep(Args::new().ints(c"axes", &[2]), true)),
+    );
+    assert_eq!(mx.meta(), (U8, vec![2, 2, 1], "HWC".to_string()));
+    assert_eq!(mx.bytes(), [9, 7, 5, 4]);
+    let sm = run(
+        &ctx,
+        c"sum",
+        &[img.input()],
+        Some(&Args::new().ints(c"axes", &[2])),
+    );
+    assert_eq!(sm.meta().2, "");
 }
 
 // ---- a ragged batch -------------------------------------------------------------------------

@@ -324,14 +324,20 @@ fn arg_extreme<S: Elem>(max: bool, v: &[S]) -> i64 {
         .unwrap_or(0) as i64
 }
 
+/// The layout of a reduction's output: the input's where the output keeps its rank
+/// (`keepdims`, or no axis reduced), else none.
+fn kept_layout(layout: &str, axes: &[usize], keepdims: bool) -> String {
+    if keepdims || axes.is_empty() {
+        layout.to_string()
+    } else {
+        String::new()
+    }
+}
+
 /// Reduces `t` over `axes`.
 fn reduce(red: Red, t: &Tensor, axes: &[usize], keepdims: bool) -> Result<Tensor> {
     let out_shape = reduced_shape(t.shape(), axes, keepdims);
-    let layout = if keepdims {
-        t.layout().to_string()
-    } else {
-        String::new()
-    };
+    let layout = kept_layout(t.layout(), axes, keepdims);
     if !t.is_compact()
         && !broadcast(t)
         && let Some(r) = reduce_in_memory_order(red, t, axes, &out_shape, &layout)
@@ -804,7 +810,8 @@ fn argreduce(max: bool, t: &Tensor, axis: Option<usize>, keepdims: bool) -> Resu
         }
         }
     }, bool => unreachable!("bool cast above"));
-    make::<i64>(&out_shape, "", |out| {
+    let layout = if keepdims { t.layout() } else { "" };
+    make::<i64>(&out_shape, layout, |out| {
         out.copy_from_slice(&best);
         Ok(())
     })
@@ -1499,11 +1506,7 @@ pub fn ops() -> Vec<OpDef> {
             Ok(vec![TMeta {
                 dtype: red.dtype(m.dtype),
                 shape: reduced_shape(&m.shape, &axes, keepdims),
-                layout: if keepdims {
-                    m.layout.clone()
-                } else {
-                    String::new()
-                },
+                layout: kept_layout(&m.layout, &axes, keepdims),
             }])
         })),
         kernel: Kernel::Builtin(Arc::new(move |i: &[&Tensor], args: &Args| {
@@ -1529,7 +1532,11 @@ pub fn ops() -> Vec<OpDef> {
                 Ok(vec![TMeta {
                     dtype: DType::I64,
                     shape,
-                    layout: String::new(),
+                    layout: if keepdims {
+                        m.layout.clone()
+                    } else {
+                        String::new()
+                    },
                 }])
             })),
             kernel: Kernel::Builtin(Arc::new(move |i: &[&Tensor], args: &Args| {

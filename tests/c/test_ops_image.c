@@ -617,6 +617,40 @@ static NDX_TEST_NOINLINE void test_batch(void) {
         deleted[1]);
 }
 
+/* ---- reductions of images -------------------------------------------------------------------- */
+
+/* A reduction that keeps the rank keeps the layout: argmax with keepdims gave no layout
+ * (max with keepdims gave "HWC"), and sum over no axis dropped it without keepdims. */
+static NDX_TEST_NOINLINE void test_reduction_layouts(void) {
+  ndx_context_t* ctx = make_ctx(NDX_EVAL_EAGER);
+  const int64_t s223[3] = {2, 2, 3}, s221[3] = {2, 2, 1};
+  const uint8_t px[12] = {1, 9, 3, 7, 2, 7, 0, 0, 5, 4, 4, 4};
+  ndx_tensor_t* img = mk(px, NDX_DTYPE_UINT8, 3, s223, "HWC");
+  ndx_input_t in[1] = {ndx_test_in(img)};
+
+  ndx_args_t* a = new_args();
+  CHECK_OK(ndx_args_set_int(a, "axis", 2));
+  CHECK_OK(ndx_args_set_bool(a, "keepdims", true));
+  ndx_tensor_t* r = run_op(ctx, "argmax", in, 1, a);
+  if (r) {
+    const int64_t expect[4] = {1, 0, 2, 0};
+    check_meta(r, NDX_DTYPE_INT64, 3, s221, "HWC");
+    CHECK_BYTES(r, expect, sizeof expect);
+  }
+  ndx_tensor_release(r);
+  ndx_args_free(a);
+
+  ndx_args_t* none = new_args();
+  CHECK_OK(ndx_args_set_int_array(none, "axes", NULL, 0));
+  r = run_op(ctx, "sum", in, 1, none);
+  if (r) check_meta(r, NDX_DTYPE_UINT64, 3, s223, "HWC");
+  ndx_tensor_release(r);
+  ndx_args_free(none);
+
+  ndx_tensor_release(img);
+  ndx_context_release(ctx);
+}
+
 /* ---- eval modes ---------------------------------------------------------------------------- */
 
 static NDX_TEST_NOINLINE void test_modes(void) {
@@ -816,6 +850,7 @@ int main(void) {
   test_batch();
   test_batch_to_tensor_layouts();
   test_batch_to_tensor_memories();
+  test_reduction_layouts();
   test_modes();
   test_memory();
   return NDX_TEST_SUMMARY("test_ops_image");
