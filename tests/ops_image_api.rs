@@ -772,6 +772,30 @@ fn reductions_that_keep_the_rank_keep_the_layout() {
     assert_eq!(sm.meta().2, "");
 }
 
+/// An elementwise result took the layout of its first input that had one, so an "HWC"
+/// image plus a "CHW" tensor of the same shape claimed to be "HWC". Inputs of the
+/// output's shape whose layouts differ now give no layout; where they agree, or only
+/// one has one, it is kept.
+#[test]
+fn elementwise_layouts_that_disagree_give_none() {
+    let ctx = Ctx::new(EAGER);
+    let v = [1u8, 2, 3, 4, 5, 6];
+    let hwc = T::host(&v, U8, &[1, 2, 3], Some(c"HWC"));
+    let chw = T::host(&v, U8, &[1, 2, 3], Some(c"CHW"));
+    let plain = T::host(&v, U8, &[1, 2, 3], None);
+    let layout = |op: &CStr, ins: &[&T]| {
+        let inputs: Vec<ndx_input_t> = ins.iter().map(|t| t.input()).collect();
+        run(&ctx, op, &inputs, None).meta().2
+    };
+    assert_eq!(layout(c"add", &[&hwc, &chw]), "");
+    assert_eq!(layout(c"add", &[&chw, &hwc]), "");
+    assert_eq!(layout(c"eq", &[&hwc, &chw]), "");
+    assert_eq!(layout(c"add", &[&hwc, &hwc]), "HWC");
+    assert_eq!(layout(c"add", &[&plain, &chw]), "CHW");
+    assert_eq!(layout(c"where", &[&plain, &hwc, &hwc]), "HWC");
+    assert_eq!(layout(c"where", &[&chw, &hwc, &hwc]), "");
+}
+
 // ---- a ragged batch -------------------------------------------------------------------------
 
 fn u8_spec(values: &[u8], shape: &[i64]) -> Spec {

@@ -161,11 +161,17 @@ fn no_bool(op: &str, d: DType) -> Result<()> {
     Ok(())
 }
 
+/// The output's layout: that of the inputs of the output's shape that have one, when
+/// they agree; none when they differ (`"HWC"` with `"CHW"`), or when none has one.
 fn layout_of(inputs: &[&TMeta], shape: &[i64]) -> String {
-    inputs
+    let mut given = inputs
         .iter()
-        .find(|m| m.shape == shape && !m.layout.is_empty())
-        .map_or(String::new(), |m| m.layout.clone())
+        .filter(|m| m.shape == shape && !m.layout.is_empty())
+        .map(|m| m.layout.as_str());
+    match given.next() {
+        Some(first) if given.all(|l| l == first) => first.to_string(),
+        _ => String::new(),
+    }
 }
 
 fn broadcast_all(inputs: &[&TMeta]) -> Result<Vec<i64>> {

@@ -620,7 +620,8 @@ static NDX_TEST_NOINLINE void test_batch(void) {
 /* ---- reductions of images -------------------------------------------------------------------- */
 
 /* A reduction that keeps the rank keeps the layout: argmax with keepdims gave no layout
- * (max with keepdims gave "HWC"), and sum over no axis dropped it without keepdims. */
+ * (max with keepdims gave "HWC"), and sum over no axis dropped it without keepdims.
+ * (And the layouts of elementwise results, below.) */
 static NDX_TEST_NOINLINE void test_reduction_layouts(void) {
   ndx_context_t* ctx = make_ctx(NDX_EVAL_EAGER);
   const int64_t s223[3] = {2, 2, 3}, s221[3] = {2, 2, 1};
@@ -646,6 +647,19 @@ static NDX_TEST_NOINLINE void test_reduction_layouts(void) {
   if (r) check_meta(r, NDX_DTYPE_UINT64, 3, s223, "HWC");
   ndx_tensor_release(r);
   ndx_args_free(none);
+
+  /* Elementwise: an "HWC" image plus a "CHW" tensor of its shape claimed "HWC" (the
+   * first input's layout); layouts that disagree now give none. */
+  ndx_tensor_t* chw = mk(px, NDX_DTYPE_UINT8, 3, s223, "CHW");
+  ndx_input_t both[2] = {ndx_test_in(img), ndx_test_in(chw)};
+  r = run_op(ctx, "add", both, 2, NULL);
+  if (r) check_meta(r, NDX_DTYPE_UINT8, 3, s223, "");
+  ndx_tensor_release(r);
+  ndx_input_t same[2] = {ndx_test_in(img), ndx_test_in(img)};
+  r = run_op(ctx, "add", same, 2, NULL);
+  if (r) check_meta(r, NDX_DTYPE_UINT8, 3, s223, "HWC");
+  ndx_tensor_release(r);
+  ndx_tensor_release(chw);
 
   ndx_tensor_release(img);
   ndx_context_release(ctx);
