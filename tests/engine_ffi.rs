@@ -2569,6 +2569,63 @@ fn negative_shape_and_pad_entries_name_the_argument_index_and_range() {
     ndx_tensor_release(t);
 }
 
+/// `max` / `argmax` over no element said only "zero-size reduction: operator 'max' has
+/// no identity for an empty set of elements", naming neither the axes nor the shape.
+/// It names both (the work fails, as documented, when it runs).
+#[test]
+fn an_empty_reduction_names_its_axes_and_shape() {
+    let ctx = common::Ctx::new(ndx_eval_mode_t::NDX_EVAL_SYNC_CPU as i32);
+    let t = common::host_tensor(&[0f32; 0], ndx_dtype_t::NDX_DTYPE_FLOAT32, &[2, 0]);
+    let input = [ndx_input_t {
+        tensor: t,
+        batch: std::ptr::null(),
+    }];
+    let fails = |op: &CStr, set: &dyn Fn(*mut ndx_args_t), fragment: &str| {
+        let mut args = std::ptr::null_mut();
+        ok(ndx_args_new(&mut args));
+        set(args);
+        let f = common::invoke_with(&ctx, op, &input, args, &Default::default())
+            .unwrap_or_else(|e| panic!("{:?}", common::take_error(e)));
+        common::expect_err(
+            ndx_future_wait(f, -1),
+            ndx_error_kind_t::NDX_ERROR_VALUE,
+            fragment,
+        );
+        ndx_future_release(f);
+        ndx_args_free(args);
+    };
+    fails(
+        c"max",
+        &|a| {
+            ok(ndx_args_set_int_array(
+                a,
+                c"axes".as_ptr(),
+                [-1i64].as_ptr(),
+                1,
+            ))
+        },
+        "zero-size reduction: operator 'max' has no identity for an empty set of elements \
+         (it reduces axes [1] of shape [2, 0]: 0 elements, expected at least 1)",
+    );
+    fails(
+        c"min",
+        &|_| {},
+        "(it reduces every axis of shape [2, 0]: 0 elements",
+    );
+    fails(
+        c"argmax",
+        &|a| ok(ndx_args_set_int(a, c"axis".as_ptr(), 1)),
+        "operator 'argmax' has no identity for an empty set of elements (it reduces axis 1 \
+         of shape [2, 0]: 0 elements, expected at least 1)",
+    );
+    fails(
+        c"argmin",
+        &|_| {},
+        "(it reduces the flattened tensor of shape [2, 0]: 0 elements",
+    );
+    ndx_tensor_release(t);
+}
+
 /// Writes one frame whose line is -1 (a host's "unknown") converted to `uint32_t`.
 unsafe extern "C" fn minus_one_line(
     _: *mut c_void,

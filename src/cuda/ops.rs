@@ -934,6 +934,11 @@ fn cast(job: &Job, t: &Tensor, to: DType) -> Result<Tensor> {
 
 fn reduce(job: &Job, op: &str, t: &Tensor, args: &Args, meta: &TMeta) -> Result<Tensor> {
     let (mut axes, _) = crate::ops::reduce::axes_arg(t.shape(), args)?;
+    // What the caller reduces, for the error of a `max` over nothing.
+    let asked = (
+        t.shape().to_vec(),
+        crate::ops::reduce::axes_named(&axes, t.ndim()),
+    );
     let t = if axes.windows(2).any(|w| w[1] != w[0] + 1) {
         // Gather: a view with the kept axes first (in order) and the reduced ones
         // last, made compact. Its elements are in the output's order, each followed by
@@ -958,9 +963,7 @@ fn reduce(job: &Job, op: &str, t: &Tensor, args: &Args, meta: &TMeta) -> Result<
     let prod = |s: &[i64]| s.iter().map(|&d| d as u64).product::<u64>();
     let (outer, r, inner) = (prod(&shape[..lo]), prod(&shape[lo..hi]), prod(&shape[hi..]));
     if op == "max" && r == 0 && outer * inner > 0 {
-        return Err(Error::value(format!(
-            "zero-size reduction: operator '{op}' has no identity for an empty set of elements"
-        )));
+        return Err(crate::ops::reduce::empty_reduction(op, &asked.0, &asked.1));
     }
     let out = empty(job.device, meta.dtype, &meta.shape, &meta.layout)?;
     if outer * inner == 0 {

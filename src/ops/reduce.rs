@@ -143,6 +143,26 @@ fn zero_size(op: &str) -> Error {
     ))
 }
 
+/// [`zero_size`] naming what was reduced: `over` ("axes [1]", "axis 0", "every axis")
+/// of a tensor of `shape`, which holds no element there.
+pub(crate) fn empty_reduction(op: &str, shape: &[i64], over: &str) -> Error {
+    Error::value(format!(
+        "zero-size reduction: operator '{op}' has no identity for an empty set of elements \
+         (it reduces {over} of shape {}: 0 elements, expected at least 1)",
+        dims(shape)
+    ))
+}
+
+/// How [`empty_reduction`] names reduced `axes`.
+pub(crate) fn axes_named(axes: &[usize], ndim: usize) -> String {
+    if axes.len() == ndim {
+        "every axis".to_string()
+    } else {
+        let a: Vec<i64> = axes.iter().map(|&a| a as i64).collect();
+        format!("axes {}", dims(&a))
+    }
+}
+
 /// A compact `shape` reduced over `axes` seen as `[outer, len, inner]` reduced over
 /// its middle axis, when the axes are consecutive (or none); `None` otherwise.
 fn middle(shape: &[i64], axes: &[usize]) -> Option<(usize, usize, usize)> {
@@ -438,7 +458,11 @@ fn reduce_into(
     if count == 0 && matches!(red, Red::Min | Red::Max) {
         let n_out: usize = out_shape.iter().map(|&d| d as usize).product();
         if n_out > 0 {
-            return Err(zero_size(red.name()));
+            return Err(empty_reduction(
+                red.name(),
+                t.shape(),
+                &axes_named(axes, t.ndim()),
+            ));
         }
     }
     if matches!(red, Red::All | Red::Any)
@@ -771,7 +795,11 @@ fn argreduce(max: bool, t: &Tensor, axis: Option<usize>, keepdims: bool) -> Resu
         None => (t.numel(), 1),
     };
     if len == 0 {
-        return Err(zero_size(name));
+        let over = match axis {
+            Some(a) => format!("axis {a}"),
+            None => "the flattened tensor".to_string(),
+        };
+        return Err(empty_reduction(name, shape, &over));
     }
     let src = if t.dtype() == DType::Bool {
         kernels::cast(t, DType::U8)?

@@ -813,6 +813,39 @@ static void test_negative_shape_and_pad_entries_message(void) {
   ndx_context_release(ctx);
 }
 
+/* max / argmax over no element said only "zero-size reduction: operator 'max' has no
+ * identity for an empty set of elements"; the error names the axes and the shape. */
+static void test_empty_reduction_message(void) {
+  ndx_context_t* ctx = ndx_test_new_context(NULL);
+  const int64_t shape[2] = {2, 0};
+  const float none[1] = {0};
+  ndx_tensor_t* t = ndx_test_tensor(none, NDX_DTYPE_FLOAT32, 2, shape);
+  ndx_input_t in = ndx_test_in(t);
+  ndx_args_t* a = NULL;
+  CHECK_OK(ndx_args_new(&a));
+  const int64_t axes[1] = {1};
+  CHECK_OK(ndx_args_set_int_array(a, "axes", axes, 1));
+  ndx_future_t* f = NULL;
+  if (CHECK_OK(ndx_invoke(ctx, "max", &in, 1, a, NULL, &f))) {
+    expect_error(ndx_future_wait(f, -1), NDX_ERROR_VALUE,
+                 "operator 'max' has no identity for an empty set of elements (it reduces "
+                 "axes [1] of shape [2, 0]: 0 elements, expected at least 1)");
+  }
+  ndx_future_release(f);
+  ndx_args_free(a);
+  CHECK_OK(ndx_args_new(&a));
+  CHECK_OK(ndx_args_set_int(a, "axis", 1));
+  f = NULL;
+  if (CHECK_OK(ndx_invoke(ctx, "argmax", &in, 1, a, NULL, &f))) {
+    expect_error(ndx_future_wait(f, -1), NDX_ERROR_VALUE,
+                 "(it reduces axis 1 of shape [2, 0]: 0 elements, expected at least 1)");
+  }
+  ndx_future_release(f);
+  ndx_args_free(a);
+  ndx_tensor_release(t);
+  ndx_context_release(ctx);
+}
+
 /* Array lengths no array can have (their byte size passes PTRDIFF_MAX) are refused
  * with NDX_ERROR_VALUE naming the length, and a copy_to capacity of SIZE_MAX copies
  * the tensor; they once aborted the process (Rust's slice::from_raw_parts
@@ -906,5 +939,6 @@ int main(void) {
   test_host_kernel_reads_declared_types();
   test_slice_length_mismatch_message();
   test_negative_shape_and_pad_entries_message();
+  test_empty_reduction_message();
   return NDX_TEST_SUMMARY("test_host");
 }
