@@ -474,6 +474,36 @@ fn results_shapes_and_call_time_validation() {
         e.message(),
         "operator 'sum': argument 'keepdims' is an int, expected a bool"
     );
+    // A type that also takes other forms names them: "expected a float" refused a
+    // string for pad's value, which an int would have satisfied.
+    for (op, name, given, expected) in [
+        (
+            "sum",
+            "axes",
+            ArgValue::Float(1.0),
+            "an int array or an int",
+        ),
+        ("pad", "value", ArgValue::Bool(true), "a float or an int"),
+        (
+            "clamp",
+            "lo",
+            ArgValue::Str(c"0".into()),
+            "a float or an int",
+        ),
+        (
+            "normalize",
+            "mean",
+            ArgValue::Bool(false),
+            "a float array (or a float, an int or an int array)",
+        ),
+    ] {
+        let e = err(op, vec![a.clone()], Args::new().with(name, given));
+        assert_eq!(e.kind(), ErrorKind::Type);
+        assert!(
+            e.message().ends_with(&format!("expected {expected}")),
+            "{op}: {e}"
+        );
+    }
     let e = err(
         "sum",
         vec![a.clone()],

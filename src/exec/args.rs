@@ -128,6 +128,17 @@ impl ArgType {
         format!("{article} {name}")
     }
 
+    /// What a value of this type may be given as, for messages: [`ArgType::a`] with
+    /// the other forms accepted and converted ("a float or an int").
+    pub fn accepted(self) -> String {
+        match self {
+            ArgType::Float => "a float or an int".to_string(),
+            ArgType::Ints => "an int array or an int".to_string(),
+            ArgType::Floats => "a float array (or a float, an int or an int array)".to_string(),
+            other => other.a(),
+        }
+    }
+
     /// A name for messages.
     pub fn name(self) -> &'static str {
         match self {

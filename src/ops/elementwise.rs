@@ -899,7 +899,7 @@ fn clamp_bounds(args: &Args) -> Result<(Option<Num>, Option<Num>)> {
             Some(crate::exec::ArgValue::Float(v)) => Ok(Some(Num::Float(*v))),
             Some(crate::exec::ArgValue::Int(v)) => Ok(Some(Num::Int(*v))),
             Some(v) => Err(Error::type_error(format!(
-                "argument '{name}' is {}, expected a float",
+                "argument '{name}' is {}, expected a float or an int",
                 v.arg_type().a()
             ))),
         }

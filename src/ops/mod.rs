@@ -186,7 +186,7 @@ impl OpDef {
                     "operator '{}': argument '{name}' is {}, expected {}",
                     self.name,
                     value.arg_type().a(),
-                    spec.ty.a()
+                    spec.ty.accepted()
                 )));
             }
         }

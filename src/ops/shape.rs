@@ -341,7 +341,7 @@ fn pad_value(args: &Args) -> Result<Num> {
         Some(ArgValue::Float(v)) => Ok(Num::Float(*v)),
         Some(ArgValue::Int(v)) => Ok(Num::Int(*v)),
         Some(v) => Err(Error::type_error(format!(
-            "argument 'value' is {}, expected a float",
+            "argument 'value' is {}, expected a float or an int",
             v.arg_type().a()
         ))),
     }

@@ -803,6 +803,14 @@ static void test_negative_shape_and_pad_entries_message(void) {
                "reshape: argument 'shape' [2, -2] has -2 at index 1; expected a size >= 0, "
                "or -1 for the one size to infer");
   ndx_args_free(a);
+  /* A wrong type names every form accepted (it said "expected a float"). */
+  CHECK_OK(ndx_args_new(&a));
+  const int64_t zeros[4] = {0, 0, 0, 0};
+  CHECK_OK(ndx_args_set_int_array(a, "widths", zeros, 4));
+  CHECK_OK(ndx_args_set_string(a, "value", "1"));
+  expect_error(ndx_invoke(ctx, "pad", &in, 1, a, NULL, &f), NDX_ERROR_TYPE,
+               "operator 'pad': argument 'value' is a string, expected a float or an int");
+  ndx_args_free(a);
   CHECK_OK(ndx_args_new(&a));
   CHECK_OK(ndx_args_set_int_array(a, "widths", widths, 4));
   expect_error(ndx_invoke(ctx, "pad", &in, 1, a, NULL, &f), NDX_ERROR_VALUE,
