@@ -2566,6 +2566,21 @@ fn negative_shape_and_pad_entries_name_the_argument_index_and_range() {
         &[-5, 0, 0, 0],
         "has -5 at index 0 (the width before axis 0)",
     );
+    // slice's step 0 said "slice: step for axis 1 is 0".
+    let mut args = std::ptr::null_mut();
+    ok(ndx_args_new(&mut args));
+    for (name, v) in [(c"start", [0i64, 0]), (c"end", [1, 1]), (c"step", [1, 0])] {
+        ok(ndx_args_set_int_array(args, name.as_ptr(), v.as_ptr(), 2));
+    }
+    let e = common::invoke_with(&ctx, c"slice", &input, args, &Default::default())
+        .expect_err("refused");
+    common::expect_err(
+        e,
+        ndx_error_kind_t::NDX_ERROR_VALUE,
+        "slice: argument 'step' [1, 0] has 0 at index 1 (the step along axis 1); expected a \
+         non-zero step",
+    );
+    ndx_args_free(args);
     ndx_tensor_release(t);
 }
 

@@ -215,7 +215,11 @@ fn slice_view(shape: &[i64], strides: &[i64], args: &Args) -> Result<View> {
         };
         debug_assert!(axes.contains(&axis));
         if step[k] == 0 {
-            return Err(Error::value(format!("slice: step for axis {axis} is 0")));
+            return Err(Error::value(format!(
+                "slice: argument 'step' {} has 0 at index {k} (the step along axis {axis}); \
+                 expected a non-zero step",
+                dims(&step)
+            )));
         }
         flag_out_of_range(axis, start[k], end[k], shape[axis]);
         let (s, count) = slice_indices(start[k], end[k], step[k], shape[axis]);

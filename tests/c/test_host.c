@@ -817,6 +817,16 @@ static void test_negative_shape_and_pad_entries_message(void) {
                "pad: argument 'widths' [0, 1, 2, -1] has -1 at index 3 (the width after "
                "axis 1); expected a width >= 0");
   ndx_args_free(a);
+  /* slice's step 0 said "slice: step for axis 0 is 0". */
+  CHECK_OK(ndx_args_new(&a));
+  const int64_t zero[1] = {0}, one[1] = {1};
+  CHECK_OK(ndx_args_set_int_array(a, "start", zero, 1));
+  CHECK_OK(ndx_args_set_int_array(a, "end", one, 1));
+  CHECK_OK(ndx_args_set_int_array(a, "step", zero, 1));
+  expect_error(ndx_invoke(ctx, "slice", &in, 1, a, NULL, &f), NDX_ERROR_VALUE,
+               "slice: argument 'step' [0] has 0 at index 0 (the step along axis 0); expected "
+               "a non-zero step");
+  ndx_args_free(a);
   ndx_tensor_release(t);
   ndx_context_release(ctx);
 }
