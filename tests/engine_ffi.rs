@@ -2550,14 +2550,14 @@ fn negative_shape_and_pad_entries_name_the_argument_index_and_range() {
         c"reshape",
         c"shape",
         &[6, -2],
-        "reshape: argument 'shape' [6, -2] has -2 at index 1; expected a size >= 0, or -1 for \
+        "operator 'reshape': argument 'shape' [6, -2] has -2 at index 1; expected a size >= 0, or -1 for \
          the one size to infer",
     );
     refused(
         c"pad",
         c"widths",
         &[0, 1, 2, -1],
-        "pad: argument 'widths' [0, 1, 2, -1] has -1 at index 3 (the width after axis 1); \
+        "operator 'pad': argument 'widths' [0, 1, 2, -1] has -1 at index 3 (the width after axis 1); \
          expected a width >= 0",
     );
     refused(
@@ -2577,7 +2577,7 @@ fn negative_shape_and_pad_entries_name_the_argument_index_and_range() {
     common::expect_err(
         e,
         ndx_error_kind_t::NDX_ERROR_VALUE,
-        "slice: argument 'step' [1, 0] has 0 at index 1 (the step along axis 1); expected a \
+        "operator 'slice': argument 'step' [1, 0] has 0 at index 1 (the step along axis 1); expected a \
          non-zero step",
     );
     ndx_args_free(args);

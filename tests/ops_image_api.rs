@@ -691,7 +691,7 @@ fn normalize_zero_std_names_its_index() {
         Some(&a),
         0,
         NDX_ERROR_VALUE,
-        "normalize: argument 'std' [1.0, -0.0, 0.0] has -0.0 at index 1; expected a non-zero \
+        "operator 'normalize': argument 'std' [1.0, -0.0, 0.0] has -0.0 at index 1; expected a non-zero \
          value",
     );
 }

@@ -515,7 +515,7 @@ static NDX_TEST_NOINLINE void test_gray_and_normalize(void) {
   CHECK_OK(ndx_args_set_float_array(mz, "mean", mean, 2));
   CHECK_OK(ndx_args_set_float_array(mz, "std", zstd, 2));
   expect_invoke_error(ctx, "normalize", cin, 1, mz, 0, NDX_ERROR_VALUE,
-                      "normalize: argument 'std' [2.0, 0.0] has 0.0 at index 1; expected a "
+                      "operator 'normalize': argument 'std' [2.0, 0.0] has 0.0 at index 1; expected a "
                       "non-zero value");
   ndx_args_free(mz);
 
