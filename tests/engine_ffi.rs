@@ -260,6 +260,51 @@ fn unreadable_invocations_carry_the_providers_frames() {
     assert_eq!(calls, 4, "called once per refused invocation");
 }
 
+/// A repro document refused by `ndx_repro_run` (malformed, or naming an operator the
+/// context lacks) names the host caller under HOST capture, as ndx_invoke's refusals do.
+#[test]
+fn refused_repro_documents_carry_the_providers_frames() {
+    let mut calls = 0usize;
+    let ctx = context(ndx_capture_policy_t::NDX_CAPTURE_HOST);
+    ok(ndx_context_set_frame_provider(
+        ctx,
+        Some(provider),
+        (&raw mut calls).cast(),
+        None,
+    ));
+    let unknown_op = c"{\"ndx_repro\": 1, \"op\": \"my_host_op\", \"args\": [], \"mode\": \"sync_cpu\", \"inputs\": []}";
+    for (doc, fragment) in [
+        (c"not json", "not valid JSON"),
+        (
+            unknown_op,
+            "operator 'my_host_op' is unknown on this context",
+        ),
+    ] {
+        let mut f = std::ptr::null_mut();
+        let e = ndx_repro_run(ctx, doc.as_ptr(), &mut f);
+        assert!(f.is_null());
+        assert!(
+            cstr(ndx_error_message(e)).contains(fragment),
+            "{}",
+            cstr(ndx_error_message(e))
+        );
+        let fr = frames(e);
+        assert_eq!(fr.len(), 2, "{fr:?}");
+        assert_eq!(
+            fr[0],
+            (
+                "inner".into(),
+                "script.py".into(),
+                7,
+                ndx_frame_origin_t::NDX_FRAME_HOST
+            )
+        );
+        ndx_error_free(e);
+    }
+    assert_eq!(calls, 2);
+    ndx_context_release(ctx);
+}
+
 static LAST_CAPACITY: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 unsafe extern "C" fn capacity_probe(_: *mut c_void, _: *mut ndx_host_frame_t, cap: usize) -> usize {

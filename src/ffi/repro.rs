@@ -53,24 +53,29 @@ pub extern "C" fn ndx_repro_run(
     let caller_ip = caller_return_address();
     boundary_out("ndx_repro_run", out, std::ptr::null_mut(), || {
         let ctx = clone_arc(ctx, "ctx")?;
-        let replay = repro::parse(&host_str(json, "json")?)?;
-        if ctx.registry().get(&replay.op).is_none() {
-            return Err(Error::value(format!(
-                "the repro document's operator '{}' is unknown on this context: a host \
-                 operator must be registered (ndx_register_op) before its failures replay",
-                replay.op
-            )));
-        }
+        let call = || CallSite {
+            location: None,
+            caller_ip,
+        };
+        let replay = (|| {
+            let replay = repro::parse(&host_str(json, "json")?)?;
+            if ctx.registry().get(&replay.op).is_none() {
+                return Err(Error::value(format!(
+                    "the repro document's operator '{}' is unknown on this context: a host \
+                     operator must be registered (ndx_register_op) before its failures replay",
+                    replay.op
+                )));
+            }
+            Ok(replay)
+        })()
+        // A document refused names the caller as an invocation's errors do.
+        .map_err(|e| ctx.refused_at(e, call()))?;
         let inputs = replay
             .inputs
             .into_iter()
             .map(|t| Input::Tensor(std::sync::Arc::new(TensorRef::ready(t))))
             .collect();
-        let call = CallSite {
-            location: None,
-            caller_ip,
-        };
-        let node = ctx.invoke(&replay.op, inputs, replay.args, Some(replay.mode), call)?;
+        let node = ctx.invoke(&replay.op, inputs, replay.args, Some(replay.mode), call())?;
         Ok(into_handle(node))
     })
 }

@@ -280,6 +280,39 @@ static void test_replay_errors_say_what_is_accepted(void) {
   ndx_context_release(ctx);
 }
 
+/* A provider naming one host frame, bug.py:5 in replay. */
+static size_t bug_py_frame(void* user, ndx_host_frame_t* frames, size_t capacity) {
+  (void)user;
+  if (capacity == 0) return 0;
+  frames[0].function = "replay";
+  frames[0].file = "bug.py";
+  frames[0].line = 5;
+  return 1;
+}
+
+/* A refused document names the host caller under HOST capture (it carried ndx's
+ * native frames only). */
+static void test_refused_document_names_host_caller(void) {
+  ndx_context_options_t o;
+  memset(&o, 0, sizeof o);
+  o.struct_size = sizeof o;
+  o.capture_policy = NDX_CAPTURE_HOST;
+  ndx_context_t* ctx = NULL;
+  CHECK_OK(ndx_context_new(&o, &ctx));
+  CHECK_OK(ndx_context_set_frame_provider(ctx, bug_py_frame, NULL, NULL));
+  ndx_future_t* r = NULL;
+  ndx_error_t* e = ndx_repro_run(ctx, "not json", &r);
+  ndx_frame_t fr;
+  CHECK(ndx_error_frame_count(e) == 1, "%zu frames", ndx_error_frame_count(e));
+  if (CHECK(ndx_test_get_frame(e, 0, &fr), "frame 0")) {
+    CHECK_STR_EQ(fr.file, "bug.py");
+    CHECK(fr.line == 5, "line %u", (unsigned)fr.line);
+  }
+  expect_error(e, NDX_ERROR_VALUE, "repro document: not valid JSON");
+  CHECK(r == NULL, "no future");
+  ndx_context_release(ctx);
+}
+
 int main(void) {
   test_replay_of_a_kernel_failure();
   test_cap_and_bad_documents();
@@ -287,5 +320,6 @@ int main(void) {
   test_hostile_inputs();
   test_arguments_are_distinct();
   test_replay_errors_say_what_is_accepted();
+  test_refused_document_names_host_caller();
   return NDX_TEST_SUMMARY("test_repro");
 }
