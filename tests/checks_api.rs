@@ -430,6 +430,62 @@ fn large_inputs_are_counted_exactly_across_parallel_pieces() {
 }
 
 #[test]
+fn promoted_inputs_raise_the_flags_of_their_converted_values() {
+    // float32 with int32 computes in float64 (no overflow where float32 would have
+    // one), converted run by run in the fused loop: the same flags, counts and first
+    // indices as with the inputs cast first, also across parallel pieces.
+    let ctx = context(EvalMode::Eager, Policy::Collect, checks::NAN | checks::DIV);
+    let n = 1 << 20;
+    let mut a = vec![1f32; n];
+    let mut b = vec![1i32; n];
+    for i in (1000..n).step_by(4096) {
+        b[i] = 0;
+    }
+    a[7] = 3e38;
+    a[8] = f32::NAN;
+    b[8] = 0;
+    let zeros = (1000..n).step_by(4096).count() as u64;
+    let (x, y) = (
+        input(tensor(DType::F32, &a, &[n as i64])),
+        input(tensor(DType::I32, &b, &[n as i64])),
+    );
+    let r = ctx.invoke("div", vec![x.clone(), y.clone()], Args::new(), None, here());
+    let l_div = line!() - 1;
+    let q = r.unwrap();
+    // float32 times float32 overflows; float32 times int32 computes in float64 and
+    // does not (nor is NaN times 0 a new NaN).
+    let r = ctx.invoke("mul", vec![x.clone(), x.clone()], Args::new(), None, here());
+    let l_mul = line!() - 1;
+    r.unwrap();
+    ctx.invoke("mul", vec![x, y], Args::new(), None, here())
+        .unwrap();
+    let d = values::<f64>(&q);
+    assert_eq!(d.len(), n);
+    assert!(d[1000].is_infinite() && d[8].is_nan());
+    assert_eq!(d[7], f64::from(3e38f32));
+    let e = group(&ctx);
+    let got: Vec<(u32, u32, u64, u64)> = e
+        .related()
+        .iter()
+        .map(|r| {
+            let i = r.check_info().unwrap();
+            (line_of(r), i.category, i.first_index, i.count)
+        })
+        .collect();
+    // Element 8 (NaN / 0) is NaN from a NaN: a division by zero, not a new NaN.
+    assert_eq!(
+        got,
+        [
+            (l_div, checks::NAN, 1000, zeros),
+            (l_div, checks::DIV, 8, zeros + 1),
+            (l_mul, checks::NAN, 7, 1),
+        ],
+        "{}",
+        e.traceback()
+    );
+}
+
+#[test]
 fn out_of_range_slices_are_index_flags_and_still_clamp() {
     let ctx = context(EvalMode::SyncCpu, Policy::Collect, checks::INDEX);
     let a = args(&[

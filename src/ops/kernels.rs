@@ -904,7 +904,7 @@ fn convert_pieces<S: Sync, D: Send>(
 }
 
 /// `out[i] = src[i]` converted as [`cast`] documents.
-fn convert_run<S: Elem, D: Elem>(src: &[S], out: &mut [D]) {
+pub(crate) fn convert_run<S: Elem, D: Elem>(src: &[S], out: &mut [D]) {
     if D::INT && S::DTYPE == DType::F32 {
         // As a slice, which converts in vectorised arithmetic.
         return D::slice_from_f32(bytemuck::cast_slice(src), out);
