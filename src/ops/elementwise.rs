@@ -382,6 +382,11 @@ fn zip_fast<T: Elem>(
     f: impl Fn(T, T) -> T + Sync + Send,
 ) -> Result<Option<Tensor>> {
     if a.dtype() != T::DTYPE || b.dtype() != T::DTYPE {
+        // Float outputs only: each output type's loops and conversions are code (over
+        // 1 MB for all ten), and integer promotions are cheap to cast first.
+        if T::INT {
+            return Ok(None);
+        }
         return zip_fast_mixed(a, b, shape, layout, division, f);
     }
     let (full_a, full_b) = (a.shape() == shape, b.shape() == shape);
@@ -480,8 +485,8 @@ fn widened<T: Elem>(t: &Tensor) -> Result<Option<Widened<'_, T>>> {
     }, bool => Ok(None))
 }
 
-/// [`zip_fast`] for inputs whose element types are not the output's (a promotion),
-/// both of the output's shape: each piece converts runs of both inputs into buffers,
+/// [`zip_fast`] for inputs whose element types are not the (float) output's, both of
+/// the output's shape: each piece converts runs of both inputs into buffers,
 /// exactly as casting them first would, and combines those, rather than casting each
 /// whole input to a new tensor first (float32 + int32 to float64, 1M elements: two
 /// 8 MB temporaries written and read again). The same checks as [`zip_fast`]'s, on the
