@@ -984,8 +984,10 @@ typedef struct {
  * with the invocation's site. Outputs must hold data (an invocation inside a kernel:
  * NDX_EVAL_SYNC_CPU). Where ndx can see the contract broken — an input returned
  * without a reference of its own, one tensor in several slots with too few
- * references, the output of a pending invocation — the invocation fails with
- * NDX_ERROR_BACKEND saying so.
+ * references, the output of a pending invocation, the output of a DEFERRED or EAGER
+ * invocation the kernel made (on this thread), complete or not by the time it
+ * returns, so the same kernel fails alike whatever the timing — the invocation fails
+ * with NDX_ERROR_BACKEND saying so.
  */
 typedef ndx_error_t *(*ndx_kernel_fn_t)(void *user,
                                         const ndx_tensor_t *const *inputs,

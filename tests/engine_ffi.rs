@@ -1342,6 +1342,90 @@ unsafe extern "C" fn return_pending_output(
     e
 }
 
+/// A host kernel that invokes an EAGER `neg` on its context (`user`), polls it until
+/// it completed (for at most 10 s) and returns its output.
+unsafe extern "C" fn return_completed_eager_output(
+    user: *mut c_void,
+    inputs: *const *const ndx_tensor_t,
+    _: usize,
+    _: *const ndx_args_t,
+    outputs: *mut *mut ndx_tensor_t,
+    _: usize,
+) -> *mut ndx_error_t {
+    let opts = ndx_invoke_options_t {
+        mode: ndx_eval_mode_t::NDX_EVAL_EAGER as i32,
+        ..Default::default()
+    };
+    let input = ndx_input_t {
+        // SAFETY: one input (the schema's).
+        tensor: unsafe { *inputs },
+        batch: std::ptr::null(),
+    };
+    let mut f = std::ptr::null_mut();
+    let e = ndx_invoke(
+        user.cast(),
+        c"neg".as_ptr(),
+        &input,
+        1,
+        std::ptr::null(),
+        &opts,
+        &mut f,
+    );
+    if !e.is_null() {
+        return e;
+    }
+    let start = std::time::Instant::now();
+    while ndx_future_poll(f) == ndx_future_status_t::NDX_FUTURE_PENDING as i32
+        && start.elapsed() < std::time::Duration::from_secs(10)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let e = ndx_future_tensor(f, 0, outputs);
+    ndx_future_release(f);
+    e
+}
+
+/// The output of an EAGER invocation a host kernel made is refused as its output even
+/// when that invocation has completed by the time the kernel returns: whether it has is
+/// a matter of timing, so the same kernel failed in one run and passed in the next
+/// (and always failed with a DEFERRED invocation). Now it fails alike in every run and
+/// in every mode of the host operator's invocation.
+#[test]
+fn a_kernels_output_from_its_own_eager_invocation_is_refused_complete_or_not() {
+    for mode in 1..=4 {
+        let ctx = common::Ctx::new(mode);
+        ok(ndx_register_op(
+            ctx.0,
+            c"eager_inside".as_ptr(),
+            &one_in_one_out(0, std::ptr::null(), std::ptr::null()),
+            Some(return_completed_eager_output),
+            ctx.0.cast(),
+            None,
+        ));
+        let t = scalar();
+        let f = invoke_one(
+            ctx.0,
+            c"eager_inside",
+            ndx_input_t {
+                tensor: t,
+                batch: std::ptr::null(),
+            },
+        );
+        let e = ndx_future_wait(f, -1);
+        ndx_future_release(f);
+        common::expect_err(
+            e,
+            ndx_error_kind_t::NDX_ERROR_BACKEND,
+            "host operator 'eager_inside' returned as outputs[0] the output of 'neg' (#2), \
+             which it invoked in NDX_EVAL_EAGER (complete or not when it returned); a \
+             kernel's outputs must hold data (invoke with NDX_EVAL_SYNC_CPU inside a kernel)",
+        );
+        assert_eq!(common::values_f32(t), [1.0], "mode {mode}");
+        ndx_tensor_release(t);
+        ok(ndx_context_evaluate(ctx.0));
+    }
+}
+
 /// A host kernel's outputs that break its contract where ndx can tell fail the
 /// invocation with an error that says what went wrong, in every mode: an input
 /// returned without a reference of its own (which freed it under the output:

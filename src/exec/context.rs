@@ -606,6 +606,9 @@ impl ContextInner {
             outputs,
         });
         self.stats.lock().invoked(mode);
+        if matches!(mode, EvalMode::Deferred | EvalMode::Eager) {
+            super::node::note_async_invocation(&node);
+        }
         match mode {
             EvalMode::Deferred => self.tracker.lock().recorded.push(node.clone()),
             EvalMode::Eager => node.submit_as(Why {

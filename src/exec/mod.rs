@@ -12,6 +12,7 @@ pub use context::{
     Backend, CallSite, CapturePolicy, Context, ContextInner, EvalMode, FrameProvider, Settings,
     new_context, output_batch, output_tensor,
 };
+pub(crate) use node::in_kernel_scope;
 pub use node::{Callback, Data, Input, Node, OutMeta, Phase, Status};
 pub use pool::on_worker;
 pub use value::{BatchRef, TensorRef};

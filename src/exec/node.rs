@@ -138,6 +138,46 @@ pub(crate) fn as_callback<R>(f: impl FnOnce() -> R) -> R {
     r
 }
 
+thread_local! {
+    /// While a host kernel runs on this thread (`in_kernel_scope`): the DEFERRED and
+    /// EAGER invocations it made, directly or through code it called.
+    static KERNEL_ASYNC: RefCell<Option<Vec<Weak<Node>>>> = const { RefCell::new(None) };
+}
+
+/// Runs a host kernel `f` and returns, with its result, the DEFERRED and EAGER
+/// invocations made on this thread while it ran (not those of a host kernel it ran
+/// inline through a SYNC invocation: each kernel has its own scope). Whether such an
+/// invocation has completed by the time the kernel returns is a matter of timing, so
+/// its outputs are refused as the kernel's outputs complete or not, in every mode.
+pub(crate) fn in_kernel_scope<R>(f: impl FnOnce() -> R) -> (R, Vec<Weak<Node>>) {
+    let previous = KERNEL_ASYNC.with(|k| k.replace(Some(Vec::new())));
+    // Restores the enclosing scope also when `f` unwinds.
+    struct Restore(Option<Option<Vec<Weak<Node>>>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            if let Some(previous) = self.0.take() {
+                KERNEL_ASYNC.with(|k| k.replace(previous));
+            }
+        }
+    }
+    let mut restore = Restore(Some(previous));
+    let r = f();
+    let made = KERNEL_ASYNC
+        .with(|k| k.replace(restore.0.take().flatten()))
+        .unwrap_or_default();
+    (r, made)
+}
+
+/// Notes a DEFERRED or EAGER invocation for the host kernel running on this thread,
+/// if any (see `in_kernel_scope`).
+pub(crate) fn note_async_invocation(node: &Arc<Node>) {
+    KERNEL_ASYNC.with(|k| {
+        if let Some(made) = k.borrow_mut().as_mut() {
+            made.push(Arc::downgrade(node));
+        }
+    });
+}
+
 /// A completion callback bound to its future, ready to run.
 type Ready = Box<dyn FnOnce()>;
 

@@ -303,8 +303,10 @@ pub type ndx_future_callback_t =
 /// with the invocation's site. Outputs must hold data (an invocation inside a kernel:
 /// NDX_EVAL_SYNC_CPU). Where ndx can see the contract broken — an input returned
 /// without a reference of its own, one tensor in several slots with too few
-/// references, the output of a pending invocation — the invocation fails with
-/// NDX_ERROR_BACKEND saying so.
+/// references, the output of a pending invocation, the output of a DEFERRED or EAGER
+/// invocation the kernel made (on this thread), complete or not by the time it
+/// returns, so the same kernel fails alike whatever the timing — the invocation fails
+/// with NDX_ERROR_BACKEND saying so.
 pub type ndx_kernel_fn_t = Option<
     unsafe extern "C" fn(
         user: *mut c_void,
@@ -1532,7 +1534,7 @@ impl HostKernel for CKernel {
         let mut outputs: Vec<*mut ndx_tensor_t> = vec![std::ptr::null_mut(); n_outputs];
         let args_ptr = (args as *const Args).cast::<ndx_args_t>();
         // SAFETY: the embedder's kernel with borrowed inputs and writable output slots.
-        let err = unsafe {
+        let (err, made_async) = crate::exec::in_kernel_scope(|| unsafe {
             (self.f)(
                 data.user,
                 // NULL for no inputs, not a dangling non-NULL pointer.
@@ -1546,7 +1548,7 @@ impl HostKernel for CKernel {
                 outputs.as_mut_ptr(),
                 n_outputs,
             )
-        };
+        });
         let short = self.short_references(&handles, &outputs);
         for h in handles {
             if !short.iter().any(|s| s.handle == h) {
@@ -1591,12 +1593,29 @@ impl HostKernel for CKernel {
                         ),
                     )
                 })?;
-                if let Some(up) = t.producer().filter(|up| !up.is_done()) {
+                // The output of a DEFERRED or EAGER invocation the kernel made is
+                // refused even when it has completed by now: that is a matter of
+                // timing, and the same kernel must fail alike in every run and mode.
+                let made_here = |up: &Arc<crate::exec::Node>| {
+                    made_async
+                        .iter()
+                        .any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(up)))
+                };
+                if let Some(up) = t.producer().filter(|up| !up.is_done() || made_here(up)) {
+                    let state = if made_here(up) {
+                        let mode = match up.mode() {
+                            crate::exec::EvalMode::Deferred => "NDX_EVAL_DEFERRED",
+                            _ => "NDX_EVAL_EAGER",
+                        };
+                        format!("which it invoked in {mode} (complete or not when it returned)")
+                    } else {
+                        "which is still pending".to_string()
+                    };
                     return Err(Error::new(
                         crate::error::ErrorKind::Backend,
                         format!(
                             "host operator '{}' returned as outputs[{i}] the output of '{}' \
-                             (#{}), which is still pending; a kernel's outputs must hold data \
+                             (#{}), {state}; a kernel's outputs must hold data \
                              (invoke with NDX_EVAL_SYNC_CPU inside a kernel)",
                             self.name,
                             up.op_name(),

@@ -2,6 +2,8 @@
  * ndx_tensor_wrap_host (borrows, with a user deleter), ndx_dtype_name, the NULL-handle
  * and NULL-out contracts of every accessor (out-params are reset on error),
  * retain/release of NULL, and the import options' struct_size check. */
+#include <time.h>
+
 #include "ndx_test.h"
 
 static const int64_t k_itemsize[14] = {0, 1, 1, 2, 4, 8, 1, 2, 4, 8, 2, 2, 4, 8};
@@ -761,6 +763,59 @@ static void test_host_kernel_reads_declared_types(void) {
   ndx_context_release(ctx);
 }
 
+/* A kernel that invokes an EAGER neg on its context (user), polls it until it completed
+ * (for at most about 10 s of CPU time) and returns its output. */
+static ndx_error_t* eager_inside(void* user, const ndx_tensor_t* const* inputs, size_t n_inputs,
+                                 const ndx_args_t* args, ndx_tensor_t** outputs,
+                                 size_t n_outputs) {
+  (void)n_inputs; (void)args; (void)n_outputs;
+  ndx_invoke_options_t opts;
+  memset(&opts, 0, sizeof opts);
+  opts.struct_size = sizeof opts;
+  opts.mode = NDX_EVAL_EAGER;
+  ndx_input_t in = ndx_test_in(inputs[0]);
+  ndx_future_t* f = NULL;
+  ndx_error_t* e = ndx_invoke((const ndx_context_t*)user, "neg", &in, 1, NULL, &opts, &f);
+  if (e != NULL) return e;
+  clock_t start = clock();
+  while (ndx_future_poll(f) == NDX_FUTURE_PENDING &&
+         clock() - start < 10 * (clock_t)CLOCKS_PER_SEC) {
+  }
+  e = ndx_future_tensor(f, 0, &outputs[0]);
+  ndx_future_release(f);
+  return e;
+}
+
+/* A kernel that returned the output of an EAGER invocation it made passed when that
+ * invocation had completed by the time it returned, and failed when not (as it always
+ * did with a DEFERRED one): timing decided. It fails alike now, in every mode of the
+ * host operator's invocation. */
+static void test_kernel_output_of_its_own_eager_invocation(void) {
+  for (int32_t mode = NDX_EVAL_SYNC_CPU; mode <= NDX_EVAL_EAGER; mode++) {
+    ndx_context_options_t o;
+    memset(&o, 0, sizeof o);
+    o.struct_size = sizeof o;
+    o.eval_mode = mode;
+    ndx_context_t* ctx = ndx_test_new_context(&o);
+    ndx_op_schema_t s = one_in_one_out(0, NULL, NULL);
+    CHECK_OK(ndx_register_op(ctx, "eager_inside", &s, eager_inside, ctx, NULL));
+    const float v = 1;
+    ndx_tensor_t* t = ndx_test_tensor(&v, NDX_DTYPE_FLOAT32, 0, NULL);
+    ndx_input_t in = ndx_test_in(t);
+    ndx_future_t* f = NULL;
+    if (CHECK_OK(ndx_invoke(ctx, "eager_inside", &in, 1, NULL, NULL, &f))) {
+      expect_error(ndx_future_wait(f, -1), NDX_ERROR_BACKEND,
+                   "host operator 'eager_inside' returned as outputs[0] the output of 'neg' "
+                   "(#2), which it invoked in NDX_EVAL_EAGER (complete or not when it "
+                   "returned)");
+    }
+    ndx_future_release(f);
+    CHECK_OK(ndx_context_evaluate(ctx));
+    ndx_tensor_release(t);
+    ndx_context_release(ctx);
+  }
+}
+
 /* slice with start, end, step and axes of different lengths said "got 2, 1, 2 and 2":
  * counts for a step and axes never given. Only the given ones are counted, by name. */
 static void test_slice_length_mismatch_message(void) {
@@ -955,6 +1010,7 @@ int main(void) {
   test_names_must_be_utf8();
   test_args_copied_at_invoke();
   test_host_kernel_reads_declared_types();
+  test_kernel_output_of_its_own_eager_invocation();
   test_slice_length_mismatch_message();
   test_negative_shape_and_pad_entries_message();
   test_empty_reduction_message();
