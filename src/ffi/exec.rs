@@ -216,6 +216,9 @@ pub struct ndx_invoke_options_t {
 /// strides give each index its own element; it may be strided, and it may be an input
 /// of the same invocation (the result is then computed aside and copied in). Out
 /// tensors must hold data: a still-pending output of another invocation is refused.
+/// That is looked at when `ndx_invoke` runs: the output of an EAGER invocation that
+/// nothing waited for is refused or accepted by whether its work happens to have
+/// completed by then, so wait for it (`ndx_future_wait`) before passing it here.
 /// An out batch must have as many samples as the invocation's input batches, checked
 /// at `ndx_invoke` also for a host operator (whose outputs' dtype and shape are known,
 /// and checked, only once it has run: a mismatch there fails its future).
@@ -226,7 +229,10 @@ pub struct ndx_invoke_options_t {
 /// DEFERRED): do not read, write or pass it to other invocations until the future
 /// completes; use `ndx_future_tensor` of this invocation to chain, which orders the
 /// reader after the write. The future's output is a view of the out tensor. ndx holds
-/// a reference to it until then; the caller keeps its own.
+/// a reference to it until then; the caller keeps its own. When the invocation fails
+/// while running (an integer division by zero, say), the out tensor may have been
+/// partly written (the elements, or the batch samples, computed before the failure),
+/// alike in every mode.
 #[repr(C)]
 pub struct ndx_output_t {
     /// An out tensor, or NULL.
