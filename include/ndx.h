@@ -1421,9 +1421,12 @@ ndx_error_t *ndx_context_set_capture_policy(const ndx_context_t *ctx,
 /**
  * Sets the backend for later invocations: "default"; "noexcept" (every execution
  * failure becomes NDX_ERROR_BACKEND "unexpected error when running OP" with the
- * original as cause); "debug" (every invocation is checked after it ran: each
- * output's dtype, shape/rank and layout against the schema — a built-in's inferred
- * metadata, a host operator's `output_dtypes`/`output_ndims`/`output_layouts` — no
+ * original as cause, check failures included; an invocation that fails because an
+ * input failed is not wrapped again: its own "input N of 'OP' (#S) failed" link takes
+ * the kind of its cause, NDX_ERROR_BACKEND, where the default backend gives it the
+ * original's kind; alike in every eval mode); "debug" (every invocation is checked
+ * after it ran: each output's dtype, shape/rank and layout against the schema — a
+ * built-in's inferred metadata, a host operator's `output_dtypes`/`output_ndims`/`output_layouts` — no
  * output sharing an input's memory (host or device addresses) unless the schema has
  * NDX_OP_OUTPUTS_MAY_ALIAS, and every input's bytes unchanged; a violation fails the
  * invocation with NDX_ERROR_BACKEND "debug backend: operator 'OP' ..." at its site;
@@ -1439,7 +1442,8 @@ ndx_error_t *ndx_context_set_capture_policy(const ndx_context_t *ctx,
  * misspelt OP cannot leave a test of error handling running without its fault. On
  * failure the previous backend stays. Thread-safe.
  */
-ndx_error_t *ndx_context_set_backend(const ndx_context_t *ctx, const char *name);
+ndx_error_t *ndx_context_set_backend(const ndx_context_t *ctx,
+                                     const char *name);
 
 /**
  * Registers the host language's frame provider (NULL `provider` removes it). It is
