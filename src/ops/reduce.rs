@@ -370,9 +370,18 @@ fn reduce(red: Red, t: &Tensor, axes: &[usize], keepdims: bool) -> Result<Tensor
 /// A reduction whose result does not depend on the order of the elements (`all`,
 /// `any`, integer sums and products, integer minimums and maximums; float ones
 /// unless the result is NaN or zero, where the first NaN or the first zero's sign
-/// decides) of a view that its memory order makes compact (a transposed view, a
-/// view with reduced axes reversed): the compact tensor reduced over the same axes,
-/// read in place. `None` where that does not apply.
+/// decides), or hardly does (sums and means of float16, bfloat16 and float32, see
+/// below), of a view that its memory order makes compact (a transposed view, a view
+/// with reduced axes reversed): the compact tensor reduced over the same axes, read
+/// in place. `None` where that does not apply.
+///
+/// A narrow float's sum over the axes that are last in memory (all of them, say)
+/// adds in `f64` in the order of memory rather than the logical one: the order changes the `f64` sum by far less than half a unit of the
+/// narrow result (about `n · 2^-53` of the sum of magnitudes, against `2^-24`), so
+/// the rounded result is the logical order's unless that sum lies within this of a
+/// rounding boundary. A NaN result (whose payload the order decides) is computed in
+/// the logical order instead. `float64` sums keep the logical order, whose rounding
+/// they would show.
 fn reduce_in_memory_order(
     red: Red,
     t: &Tensor,
@@ -386,14 +395,51 @@ fn reduce_in_memory_order(
     }
     let d = t.dtype();
     let float = matches!(d, DType::F16 | DType::BF16 | DType::F32 | DType::F64);
+    let narrow = matches!(d, DType::F16 | DType::BF16 | DType::F32);
     let order_free = match red {
         Red::All | Red::Any | Red::Min | Red::Max => true,
-        Red::Sum | Red::Prod => !float,
-        Red::Mean => false,
+        Red::Sum => !float || narrow,
+        Red::Prod => !float,
+        Red::Mean => narrow,
     };
     if !order_free {
         return None;
     }
+    let (c, perm) = memory_order(t, axes)?;
+    let mut c_axes: Vec<usize> = (0..perm.len())
+        .filter(|&i| axes.contains(&perm[i]))
+        .collect();
+    c_axes.sort_unstable();
+    // A narrow float's sum over axes that are not the last ones in memory would fold
+    // one row of outputs at a time in order, which reads no better than the strided
+    // paths (rows of outputs in lanes, see `sum_rows`).
+    if matches!(red, Red::Sum | Red::Mean) && float && !is_suffix(&c_axes, c.ndim()) {
+        return None;
+    }
+    let r = match reduce_into(red, &c, &c_axes, out_shape.to_vec(), layout) {
+        Ok(r) => r,
+        Err(e) => return Some(Err(e)),
+    };
+    // A float minimum (maximum) of NaN or zero: the logical order decides which; a
+    // float sum or mean of NaN: the logical order decides its payload.
+    if float {
+        let extreme = matches!(red, Red::Min | Red::Max);
+        let decided = with_elem!(r.dtype(), S => typed::<S>(&r).is_ok_and(|v| {
+            v.iter().all(|&x| !Elem::is_nan(x) && (!extreme || x != S::from_i128(0)))
+        }), bool => true);
+        if !decided {
+            return None;
+        }
+    }
+    Some(Ok(r))
+}
+
+/// `t` with its axes by decreasing stride and the reduced ones (among `axes`)
+/// reversed where their stride is negative, and the permutation (axis `q` of the
+/// result is axis `perm[q]` of `t`): a view whose row-major order is the order of
+/// memory. `None` unless it is compact (dense memory) with the kept axes in their
+/// order (the outputs') and none of them reversed.
+fn memory_order(t: &Tensor, axes: &[usize]) -> Option<(Tensor, Vec<usize>)> {
     // Axes by decreasing stride, reduced ones reversed where their stride is negative;
     // the kept axes must stay in their order (the outputs' order).
     let (shape, strides) = (t.shape(), t.strides());
@@ -425,24 +471,7 @@ fn reduce_in_memory_order(
     if !c.is_compact() {
         return None;
     }
-    let mut c_axes: Vec<usize> = (0..perm.len())
-        .filter(|&i| axes.contains(&perm[i]))
-        .collect();
-    c_axes.sort_unstable();
-    let r = match reduce_into(red, &c, &c_axes, out_shape.to_vec(), layout) {
-        Ok(r) => r,
-        Err(e) => return Some(Err(e)),
-    };
-    // A float minimum (maximum) of NaN or zero: the logical order decides which.
-    if matches!(red, Red::Min | Red::Max) && float {
-        let decided = with_elem!(d, S => typed::<S>(&r).is_ok_and(|v| {
-            v.iter().all(|&x| !Elem::is_nan(x) && x != S::from_i128(0))
-        }), bool => true);
-        if !decided {
-            return None;
-        }
-    }
-    Some(Ok(r))
+    Some((c, perm))
 }
 
 /// [`reduce`] into an output of `out_shape` (with `layout`).
@@ -810,6 +839,18 @@ fn argreduce(max: bool, t: &Tensor, axis: Option<usize>, keepdims: bool) -> Resu
         Some(a) => vec![a],
         None => (0..shape.len()).collect(),
     };
+    if axis.is_none()
+        && !src.is_compact()
+        && !broadcast(&src)
+        && let Some(k) = with_elem!(src.dtype(), S => arg_in_memory_order::<S>(max, &src),
+            bool => unreachable!("bool cast above"))
+    {
+        let k = k?;
+        return make::<i64>(&out_shape, "", |out| {
+            out.fill(k);
+            Ok(())
+        });
+    }
     let best = with_elem!(src.dtype(), S => {
         if !src.is_compact()
             && !broadcast(&src)
@@ -843,6 +884,80 @@ fn argreduce(max: bool, t: &Tensor, axis: Option<usize>, keepdims: bool) -> Resu
         out.copy_from_slice(&best);
         Ok(())
     })
+}
+
+/// The flat (row-major) index of the first minimum (maximum) of `t`, or of its first
+/// NaN, for a view that its memory order makes compact (see [`memory_order`]; a
+/// transposed or flipped view), reading it twice in the order of memory: once for the
+/// extreme (whose value does not depend on the order; NaN if there is one), once for
+/// the elements equal to it (any NaN for NaN; zeros of either sign for a zero, as
+/// the sequential scan keeps the first of those), of which the smallest logical index
+/// wins. `None` where that does not apply.
+fn arg_in_memory_order<S: Elem>(max: bool, t: &Tensor) -> Option<Result<i64>> {
+    if t.numel() == 0 {
+        return None;
+    }
+    let all: Vec<usize> = (0..t.ndim()).collect();
+    let (c, perm) = memory_order(t, &all)?;
+    let (items, origin) = c.host_items::<S>()?;
+    Some(t.storage().wait_host_readable().map(|()| {
+        let v = &items[origin..origin + c.numel()];
+        let m = par::map_pieces(v.len(), 1, |r| extreme(max, &v[r]))
+            .into_iter()
+            .reduce(|a, b| if replaces(max, a, b) { b } else { a })
+            .unwrap_or(v[0]);
+        let nan = Elem::is_nan(m);
+        // The logical index of element 0 of `c` and its step along each axis of `c`.
+        let (shape, strides) = (t.shape(), t.strides());
+        let mut row_major = vec![0i64; shape.len()];
+        let mut acc = 1i64;
+        for a in (0..shape.len()).rev() {
+            row_major[a] = acc;
+            acc *= shape[a];
+        }
+        let mut first = 0i64;
+        let steps: Vec<i64> = perm
+            .iter()
+            .map(|&a| {
+                if strides[a] < 0 && shape[a] > 1 {
+                    first += (shape[a] - 1) * row_major[a];
+                    -row_major[a]
+                } else {
+                    row_major[a]
+                }
+            })
+            .collect();
+        let cshape = c.shape();
+        let last = cshape.len() - 1;
+        let (inner, step) = (cshape[last] as usize, steps[last]);
+        let hit = |x: S| if nan { Elem::is_nan(x) } else { x == m };
+        par::map_pieces(v.len() / inner, inner, |rows| {
+            let mut best = i64::MAX;
+            for row in rows {
+                let r = &v[row * inner..(row + 1) * inner];
+                // The row's smallest logical index: its first hit, or its last one
+                // where the logical index falls along the row.
+                let k = if step >= 0 {
+                    r.iter().position(|&x| hit(x))
+                } else {
+                    r.iter().rposition(|&x| hit(x))
+                };
+                let Some(k) = k else { continue };
+                let mut at = first + k as i64 * step;
+                let mut rest = row;
+                for q in (0..last).rev() {
+                    let n = cshape[q] as usize;
+                    at += (rest % n) as i64 * steps[q];
+                    rest /= n;
+                }
+                best = best.min(at);
+            }
+            best
+        })
+        .into_iter()
+        .min()
+        .unwrap_or(0)
+    }))
 }
 
 /// Pieces of a split block (see [`fold_blocks`]) read together: a transposed view's
@@ -2150,5 +2265,293 @@ mod strided_tests {
             naive.to_bits(),
             "the values show the order"
         );
+    }
+}
+
+#[cfg(test)]
+mod memory_order_tests {
+    use super::*;
+
+    /// A compact tensor of `n` values of `S` whose sums are exact in `f64` in any
+    /// order (multiples of 1/4 below 250 in magnitude; integers for integer types),
+    /// distinct enough that every output of a reduction differs from its neighbours.
+    fn exact_base<S: Elem>(n: usize) -> Tensor {
+        make::<S>(&[n as i64], "", |o| {
+            for (m, x) in o.iter_mut().enumerate() {
+                let k = (m * 37 + m / 11) % 997;
+                *x = if S::INT {
+                    S::from_f64((k % 113) as f64)
+                } else {
+                    S::from_f64(k as f64 * 0.25 - 120.0)
+                };
+            }
+            Ok(())
+        })
+        .unwrap()
+    }
+
+    /// `red` of `view` over `axes` the straightforward way: every element by its
+    /// logical index (read through the view's strides from its memory), folded in
+    /// `f64` into the output of its kept coordinates, in row-major order of the kept
+    /// axes; the result rounded to the output dtype (a mean divided first).
+    fn reference<S: Elem>(red: Red, view: &Tensor, axes: &[usize]) -> Vec<f64> {
+        let (shape, strides) = (view.shape(), view.strides());
+        let (items, origin) = view.host_items::<S>().unwrap();
+        let reduced = axis_mask(axes, shape.len());
+        let n_out: usize = (0..shape.len())
+            .filter(|&a| !reduced[a])
+            .map(|a| shape[a] as usize)
+            .product();
+        let mut acc: Vec<Option<f64>> = vec![None; n_out];
+        let mut index = vec![0i64; shape.len()];
+        for _ in 0..view.numel() {
+            let at = origin as i64 + (0..shape.len()).map(|d| index[d] * strides[d]).sum::<i64>();
+            let x = items[at as usize].to_f64();
+            let o = (0..shape.len())
+                .filter(|&a| !reduced[a])
+                .fold(0usize, |o, a| o * shape[a] as usize + index[a] as usize);
+            acc[o] = Some(match (red, acc[o]) {
+                (_, None) => x,
+                (Red::Sum | Red::Mean, Some(a)) => a + x,
+                (Red::Min, Some(a)) => a.min(x),
+                (Red::Max, Some(a)) => a.max(x),
+                _ => unreachable!(),
+            });
+            for d in (0..shape.len()).rev() {
+                index[d] += 1;
+                if index[d] < shape[d] {
+                    break;
+                }
+                index[d] = 0;
+            }
+        }
+        let count = view.numel() / n_out.max(1);
+        acc.into_iter()
+            .map(|a| {
+                let a = a.unwrap();
+                let v = if red == Red::Mean {
+                    a / count as f64
+                } else {
+                    a
+                };
+                with_elem!(red.dtype(S::DTYPE), D => D::from_f64(v).to_f64(),
+                    bool => unreachable!())
+            })
+            .collect()
+    }
+
+    fn as_f64(t: &Tensor) -> Vec<f64> {
+        with_elem!(t.dtype(), D => typed::<D>(t).unwrap().iter().map(|x| x.to_f64()).collect(),
+            bool => unreachable!())
+    }
+
+    /// Transposed, flipped and permuted 3-d views of dense memory (each compact in
+    /// memory order) and every set of axes whose kept axes keep their memory order.
+    fn views<S: Elem>() {
+        let name = S::DTYPE.name();
+        let b = exact_base::<S>(4 * 5 * 6 * 7);
+        for (what, shape, strides, origin) in cases() {
+            let view = b.restride(shape.clone(), strides, origin);
+            assert!(!view.is_compact(), "{what}");
+            let n = shape.len();
+            let mut axes_sets: Vec<Vec<usize>> = vec![(0..n).collect()];
+            axes_sets.extend((0..n).map(|a| vec![a]));
+            axes_sets.extend((0..n).flat_map(|a| (a + 1..n).map(move |b| vec![a, b])));
+            for axes in &axes_sets {
+                for red in [Red::Sum, Red::Mean, Red::Min, Red::Max] {
+                    let label = format!("{name} {what}: {red:?} over {axes:?}");
+                    let got = reduce(red, &view, axes, false).unwrap();
+                    assert_eq!(got.dtype(), red.dtype(S::DTYPE), "{label}");
+                    assert_eq!(got.shape(), reduced_shape(&shape, axes, false), "{label}");
+                    let want = reference::<S>(red, &view, axes);
+                    let got = as_f64(&got);
+                    let first_wrong = got.iter().zip(&want).position(|(g, w)| g != w);
+                    assert_eq!(first_wrong, None, "{label}: {got:?} against {want:?}");
+                    // The outputs differ, so that a wrong order of outputs shows.
+                    if want.len() > 1 && red != Red::Min && red != Red::Max {
+                        assert!(want.windows(2).any(|w| w[0] != w[1]), "{label}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// The view cases of [`views`]: (name, shape, strides, origin) over 840 elements.
+    fn cases() -> Vec<(&'static str, Vec<i64>, Vec<i64>, i64)> {
+        vec![
+            ("transposed", vec![35, 24], vec![1, 35], 0),
+            ("flipped", vec![24, 35], vec![-35, -1], 24 * 35 - 1),
+            (
+                "transposed, one axis flipped",
+                vec![35, 24],
+                vec![-1, 35],
+                34,
+            ),
+            // [4, 5, 6, 7] as [7, 4, 6, 5] (one axis reversed).
+            ("permuted 4-d", vec![7, 4, 6, 5], vec![1, 210, -7, 42], 35),
+            // [4, 5, 42] as [42, 5, 4].
+            ("reversed 3-d", vec![42, 5, 4], vec![1, 42, 210], 0),
+        ]
+    }
+
+    /// The first index of the minimum (maximum) of `v` in order, or of its first NaN.
+    fn sequential_arg<S: Elem>(max: bool, v: &[S]) -> i64 {
+        let mut best = 0;
+        for (i, &x) in v.iter().enumerate() {
+            if replaces(max, v[best], x) {
+                best = i;
+            }
+        }
+        best as i64
+    }
+
+    /// argmin/argmax of the flattened views (read in memory order) against the
+    /// sequential scan of the compact copy: the first of equal extremes planted at
+    /// memory positions whose logical order differs from theirs, the first of
+    /// several NaNs, and the first of zeros of both signs.
+    fn arg_views<S: Elem>() {
+        let name = S::DTYPE.name();
+        let n = 840;
+        let base = typed::<S>(&exact_base::<S>(n)).unwrap().to_vec();
+        let big = S::from_f64(if S::INT { 120.0 } else { 200.0 });
+        let small = S::from_f64(if S::INT { 0.0 } else { -200.0 });
+        let mut variants: Vec<(&str, Vec<S>)> = vec![("distinct", base.clone())];
+        let mut planted = base.clone();
+        for at in [700, 37, 300, 301, 839, 0] {
+            planted[at] = if at % 2 == 0 { big } else { small };
+        }
+        variants.push(("equal extremes", planted));
+        if !S::INT {
+            let mut nans = base.clone();
+            for at in [650, 12, 13, 400] {
+                nans[at] = S::from_f64(f64::NAN);
+            }
+            variants.push(("NaNs", nans));
+            let zeros: Vec<S> = (0..n)
+                .map(|m| S::from_f64([0.0, -0.0, 1.0, -0.0, 2.0][(m * 7 + m / 13) % 5]))
+                .collect();
+            variants.push(("zeros", zeros));
+        }
+        for (variant, values) in variants {
+            let b = make::<S>(&[n as i64], "", |o| {
+                o.copy_from_slice(&values);
+                Ok(())
+            })
+            .unwrap();
+            for (what, shape, strides, origin) in cases() {
+                let view = b.restride(shape, strides, origin);
+                let logical = typed::<S>(&view.to_compact().unwrap()).unwrap().to_vec();
+                for max in [false, true] {
+                    let got = argreduce(max, &view, None, false).unwrap();
+                    assert_eq!(
+                        typed::<i64>(&got).unwrap().to_vec(),
+                        [sequential_arg(max, &logical)],
+                        "{name} {what}, {variant}: arg (max {max})"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn arg_reductions_of_views_read_in_memory_order_give_the_first_logical_index() {
+        // Large enough for pieces on several threads: [600, 520] seen transposed, the
+        // extremes (and then NaNs) planted in several pieces of memory, the logical
+        // first of them in a later piece of memory than another.
+        let (r, c) = (600usize, 520usize);
+        for plant in [None, Some(f32::NAN)] {
+            let mut v: Vec<f32> = (0..r * c).map(|m| ((m * 37) % 1001) as f32).collect();
+            let x = plant.unwrap_or(5000.0);
+            let y = plant.unwrap_or(-5000.0);
+            // Memory (row, column) pairs; the view's logical index is column * 600 + row.
+            for (row, col) in [(10, 400), (590, 3), (300, 3), (100, 519)] {
+                v[row * c + col] = x;
+                v[(row + 1) * c + col - 1] = y;
+            }
+            let b = make::<f32>(&[(r * c) as i64], "", |o| {
+                o.copy_from_slice(&v);
+                Ok(())
+            })
+            .unwrap();
+            let view = b.restride(vec![c as i64, r as i64], vec![1, c as i64], 0);
+            let logical = typed::<f32>(&view.to_compact().unwrap()).unwrap().to_vec();
+            for max in [false, true] {
+                let got = argreduce(max, &view, None, false).unwrap();
+                let want = sequential_arg(max, &logical);
+                assert_eq!(
+                    typed::<i64>(&got).unwrap().to_vec(),
+                    [want],
+                    "{plant:?} {max}"
+                );
+            }
+        }
+        arg_views::<f32>();
+        arg_views::<f64>();
+        arg_views::<half::f16>();
+        arg_views::<i32>();
+        arg_views::<u8>();
+    }
+
+    #[test]
+    fn narrow_float_sums_of_views_add_in_the_order_of_memory() {
+        // A [8, 2] float32 tensor seen transposed as [2, 8]. In memory order the lanes
+        // of the sum (element i to lane i % 8) pair 2^60 with -2^60 and 1 with 0: the
+        // sum is 1. In the logical order they pair 2^60 with 1, which float64 loses:
+        // the compact copy's sum is 0.
+        let big = (60f64).exp2();
+        let mut m = [0f32; 16];
+        (m[0], m[1], m[8]) = (big as f32, 1.0, -big as f32);
+        let a = make::<f32>(&[8, 2], "", |o| {
+            o.copy_from_slice(&m);
+            Ok(())
+        })
+        .unwrap();
+        let view = a.restride(vec![2, 8], vec![1, 2], 0);
+        let compact = view.to_compact().unwrap();
+        let sum = |t: &Tensor, red: Red| vals_f32(&reduce(red, t, &[0, 1], false).unwrap());
+        assert_eq!(sum(&view, Red::Sum), [1.0]);
+        assert_eq!(sum(&view, Red::Mean), [1.0 / 16.0]);
+        assert_eq!(
+            sum(&compact, Red::Sum),
+            [0.0],
+            "the logical order loses the 1"
+        );
+        // float64 keeps the logical order: the same 0 as its compact copy.
+        let a64 = kernels::cast(&a, DType::F64).unwrap();
+        let view64 = a64.restride(vec![2, 8], vec![1, 2], 0);
+        let got = reduce(Red::Sum, &view64, &[0, 1], false).unwrap();
+        assert_eq!(typed::<f64>(&got).unwrap().to_vec(), [0.0]);
+        // A NaN result takes the logical order's NaN (its payload): the compact copy's
+        // bits, with NaNs of two payloads in lanes that the two orders join the other
+        // way round (memory elements 1 and 8: logical lanes 0 and 4, memory lanes 1
+        // and 0).
+        let nan = |k: u32| f32::from_bits(0x7fc0_0000 | k);
+        (m[1], m[8]) = (nan(1), nan(2));
+        let a = make::<f32>(&[8, 2], "", |o| {
+            o.copy_from_slice(&m);
+            Ok(())
+        })
+        .unwrap();
+        let view = a.restride(vec![2, 8], vec![1, 2], 0);
+        let compact = view.to_compact().unwrap();
+        for red in [Red::Sum, Red::Mean] {
+            let bits = |t: &Tensor| reduce(red, t, &[0, 1], false).unwrap().to_bytes().unwrap();
+            assert_eq!(bits(&view), bits(&compact), "{red:?}");
+        }
+    }
+
+    fn vals_f32(t: &Tensor) -> Vec<f32> {
+        typed::<f32>(t).unwrap().to_vec()
+    }
+
+    #[test]
+    fn reductions_of_views_compact_in_memory_order_match_the_logical_reference() {
+        views::<f32>();
+        views::<half::f16>();
+        views::<half::bf16>();
+        views::<f64>();
+        views::<i32>();
+        views::<u8>();
+        views::<i64>();
     }
 }
