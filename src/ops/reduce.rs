@@ -207,14 +207,31 @@ fn fold_middle<S: Copy + Sync, A: Copy + Send>(
         });
         return;
     }
-    // Runs of up to 512 outputs, so that each row is read in long runs.
-    row_runs(len, inner, inner.min(512), out, |accs, start| {
+    // Runs of 16 KiB of accumulators (2048 `f64`), so that each row is read in long
+    // runs; four rows at a time, so that each accumulator is loaded and stored once
+    // for four elements (each still folds its elements in order, one at a time).
+    let unit = inner.min((16384 / size_of::<A>()).max(1));
+    row_runs(len, inner, unit, out, |accs, start| {
         let n = accs.len();
         let row = |j: usize| &src[start + j * inner..start + j * inner + n];
         for (a, &v) in accs.iter_mut().zip(row(0)) {
             *a = init(v);
         }
-        for j in 1..len {
+        let mut j0 = 1;
+        while j0 + 4 <= len {
+            let j = j0;
+            for ((((a, &x0), &x1), &x2), &x3) in accs
+                .iter_mut()
+                .zip(row(j))
+                .zip(row(j + 1))
+                .zip(row(j + 2))
+                .zip(row(j + 3))
+            {
+                *a = step(step(step(step(*a, x0, j), x1, j + 1), x2, j + 2), x3, j + 3);
+            }
+            j0 += 4;
+        }
+        for j in j0..len {
             for (a, &v) in accs.iter_mut().zip(row(j)) {
                 *a = step(*a, v, j);
             }
@@ -1894,6 +1911,53 @@ mod fast_path_tests {
                     "arg {red:?} len {len} inner {inner}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn float_sums_over_leading_axes_fold_each_output_in_order() {
+        // [outer, len, inner] float64 of magnitudes that round differently in another
+        // order: runs of outputs that cross from one outer index to the next, rows
+        // folded four at a time with 0 to 3 left over, and enough work for pieces.
+        for (outer, len, inner) in [(2, 11, 2500), (3, 6, 5), (1, 9, 70_000), (2, 4, 3)] {
+            let v: Vec<f64> = (0..outer * len * inner)
+                .map(|i| {
+                    let scale = [1e12, 0.3, -1e12, 0.7, 1e-3][(i * 3 + i / 7) % 5];
+                    (i as f64 * 0.37).sin() * scale + (i % 7) as f64
+                })
+                .collect();
+            let t = make::<f64>(&[outer as i64, len as i64, inner as i64], "", |o| {
+                o.copy_from_slice(&v);
+                Ok(())
+            })
+            .unwrap();
+            let at = |o: usize, j: usize, k: usize| v[(o * len + j) * inner + k];
+            let mut want = Vec::new();
+            let mut reversed_differs = false;
+            for o in 0..outer {
+                for k in 0..inner {
+                    let s = (0..len).fold(0.0, |a, j| a + at(o, j, k));
+                    let r = (0..len).rev().fold(0.0, |a, j| a + at(o, j, k));
+                    reversed_differs |= s.to_bits() != r.to_bits();
+                    want.push(s);
+                }
+            }
+            assert!(reversed_differs, "the values show the order");
+            let what = format!("[{outer}, {len}, {inner}]");
+            let got = reduce(Red::Sum, &t, &[1], false).unwrap();
+            let got = typed::<f64>(&got).unwrap();
+            let first_wrong = got
+                .iter()
+                .zip(&want)
+                .position(|(g, w)| g.to_bits() != w.to_bits());
+            assert_eq!(first_wrong, None, "sum over {what}");
+            let mean = reduce(Red::Mean, &t, &[1], false).unwrap();
+            let mean = typed::<f64>(&mean).unwrap();
+            let first_wrong = mean
+                .iter()
+                .zip(&want)
+                .position(|(g, w)| g.to_bits() != (w / len as f64).to_bits());
+            assert_eq!(first_wrong, None, "mean over {what}");
         }
     }
 
