@@ -412,8 +412,8 @@ fn reduce(red: Red, t: &Tensor, axes: &[usize], keepdims: bool) -> Result<Tensor
 /// with reduced axes reversed): the compact tensor reduced over the same axes, read
 /// in place. `None` where that does not apply.
 ///
-/// A narrow float's sum over the axes that are last in memory (all of them, say)
-/// adds in `f64` in the order of memory rather than the logical one: the order changes the `f64` sum by far less than half a unit of the
+/// A narrow float's sum adds in `f64` in the order of memory rather than the
+/// logical one: the order changes the `f64` sum by far less than half a unit of the
 /// narrow result (about `n · 2^-53` of the sum of magnitudes, against `2^-24`), so
 /// the rounded result is the logical order's unless that sum lies within this of a
 /// rounding boundary. A NaN result (whose payload the order decides) is computed in
@@ -447,12 +447,6 @@ fn reduce_in_memory_order(
         .filter(|&i| axes.contains(&perm[i]))
         .collect();
     c_axes.sort_unstable();
-    // A narrow float's sum over axes that are not the last ones in memory would fold
-    // one row of outputs at a time in order, which reads no better than the strided
-    // paths (rows of outputs in lanes, see `sum_rows`).
-    if matches!(red, Red::Sum | Red::Mean) && float && !is_suffix(&c_axes, c.ndim()) {
-        return None;
-    }
     let r = match reduce_into(red, &c, &c_axes, out_shape.to_vec(), layout) {
         Ok(r) => r,
         Err(e) => return Some(Err(e)),
@@ -2316,6 +2310,9 @@ mod strided_tests {
                 }
             }
         }
+        // float32 views compact in memory order (all but the last case) are summed in
+        // memory order (see reduce_in_memory_order), which rounds to the same float32
+        // here; float64 ones take the rows of outputs.
         views_of::<f32>();
         views_of::<f64>();
         // 17 outputs of 2^18 + 13 elements each: pieces of 2^16 and a last one with
@@ -2605,6 +2602,20 @@ mod memory_order_tests {
         let view64 = a64.restride(vec![2, 8], vec![1, 2], 0);
         let got = reduce(Red::Sum, &view64, &[0, 1], false).unwrap();
         assert_eq!(typed::<f64>(&got).unwrap().to_vec(), [0.0]);
+        // Over the axis that comes first in memory: each output adds its column of
+        // memory in order from zero (2^60 + 1 loses the 1, then -2^60: 0), where the
+        // logical order's lanes pair 2^60 with -2^60 and keep the 1.
+        let mut m = [0f32; 16];
+        (m[0], m[2], m[8]) = (big as f32, 1.0, -big as f32);
+        let a = make::<f32>(&[8, 2], "", |o| {
+            o.copy_from_slice(&m);
+            Ok(())
+        })
+        .unwrap();
+        let view = a.restride(vec![2, 8], vec![1, 2], 0);
+        let columns = |t: &Tensor| vals_f32(&reduce(Red::Sum, t, &[1], false).unwrap());
+        assert_eq!(columns(&view), [0.0, 0.0]);
+        assert_eq!(columns(&view.to_compact().unwrap()), [1.0, 0.0]);
         // A NaN result takes the logical order's NaN (its payload): the compact copy's
         // bits, with NaNs of two payloads in lanes that the two orders join the other
         // way round (memory elements 1 and 8: logical lanes 0 and 4, memory lanes 1
