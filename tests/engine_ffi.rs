@@ -139,6 +139,29 @@ unsafe extern "C" fn provider(user: *mut c_void, out: *mut ndx_host_frame_t, cap
     }
 }
 
+/// A context of `policy` (see `context`) whose frame provider is `provider`, counting
+/// its calls in `calls`.
+fn provided_context(policy: ndx_capture_policy_t, calls: &mut usize) -> *mut ndx_context_t {
+    let ctx = context(policy);
+    ok(ndx_context_set_frame_provider(
+        ctx,
+        Some(provider),
+        (calls as *mut usize).cast(),
+        None,
+    ));
+    ctx
+}
+
+/// `provider`'s innermost frame, as `frames` lists it.
+fn inner_frame() -> (String, String, u32, ndx_frame_origin_t) {
+    (
+        "inner".into(),
+        "script.py".into(),
+        7,
+        ndx_frame_origin_t::NDX_FRAME_HOST,
+    )
+}
+
 #[test]
 fn host_frames_come_from_the_provider_in_policy_order() {
     let mut calls = 0usize;
@@ -146,24 +169,10 @@ fn host_frames_come_from_the_provider_in_policy_order() {
         ndx_capture_policy_t::NDX_CAPTURE_HOST,
         ndx_capture_policy_t::NDX_CAPTURE_ALL,
     ] {
-        let ctx = context(policy);
-        ok(ndx_context_set_frame_provider(
-            ctx,
-            Some(provider),
-            (&raw mut calls).cast(),
-            None,
-        ));
+        let ctx = provided_context(policy, &mut calls);
         let (e, _) = failing_add(ctx, std::ptr::null());
         let fr = frames(e);
-        assert_eq!(
-            fr[0],
-            (
-                "inner".into(),
-                "script.py".into(),
-                7,
-                ndx_frame_origin_t::NDX_FRAME_HOST
-            )
-        );
+        assert_eq!(fr[0], inner_frame());
         assert_eq!(
             fr[1],
             (
@@ -196,13 +205,7 @@ fn unreadable_invocations_carry_the_providers_frames() {
         ndx_capture_policy_t::NDX_CAPTURE_HOST,
         ndx_capture_policy_t::NDX_CAPTURE_ALL,
     ] {
-        let ctx = context(policy);
-        ok(ndx_context_set_frame_provider(
-            ctx,
-            Some(provider),
-            (&raw mut calls).cast(),
-            None,
-        ));
+        let ctx = provided_context(policy, &mut calls);
         let t = scalar();
         let null_input = [
             ndx_input_t {
@@ -233,16 +236,7 @@ fn unreadable_invocations_carry_the_providers_frames() {
                 cstr(ndx_error_message(e))
             );
             let fr = frames(e);
-            assert_eq!(
-                fr[0],
-                (
-                    "inner".into(),
-                    "script.py".into(),
-                    7,
-                    ndx_frame_origin_t::NDX_FRAME_HOST
-                ),
-                "{policy:?}: {fragment}"
-            );
+            assert_eq!(fr[0], inner_frame(), "{policy:?}: {fragment}");
             match policy {
                 ndx_capture_policy_t::NDX_CAPTURE_HOST => assert_eq!(fr.len(), 2, "{fr:?}"),
                 _ => assert!(
@@ -265,13 +259,7 @@ fn unreadable_invocations_carry_the_providers_frames() {
 #[test]
 fn refused_repro_documents_carry_the_providers_frames() {
     let mut calls = 0usize;
-    let ctx = context(ndx_capture_policy_t::NDX_CAPTURE_HOST);
-    ok(ndx_context_set_frame_provider(
-        ctx,
-        Some(provider),
-        (&raw mut calls).cast(),
-        None,
-    ));
+    let ctx = provided_context(ndx_capture_policy_t::NDX_CAPTURE_HOST, &mut calls);
     let unknown_op = c"{\"ndx_repro\": 1, \"op\": \"my_host_op\", \"args\": [], \"mode\": \"sync_cpu\", \"inputs\": []}";
     for (doc, fragment) in [
         (c"not json", "not valid JSON"),
@@ -290,15 +278,7 @@ fn refused_repro_documents_carry_the_providers_frames() {
         );
         let fr = frames(e);
         assert_eq!(fr.len(), 2, "{fr:?}");
-        assert_eq!(
-            fr[0],
-            (
-                "inner".into(),
-                "script.py".into(),
-                7,
-                ndx_frame_origin_t::NDX_FRAME_HOST
-            )
-        );
+        assert_eq!(fr[0], inner_frame());
         ndx_error_free(e);
     }
     assert_eq!(calls, 2);
@@ -1305,22 +1285,21 @@ unsafe extern "C" fn one_tensor_in_two_slots(
     std::ptr::null_mut()
 }
 
-/// A host kernel that returns the pending output of a DEFERRED `neg` it invoked on
-/// its context (`user`).
-unsafe extern "C" fn return_pending_output(
+/// Invokes `neg` of a host kernel's one input on its context (`user`) in `mode`.
+///
+/// # Safety
+/// `inputs` holds the kernel's one input.
+unsafe fn kernel_invokes_neg(
     user: *mut c_void,
     inputs: *const *const ndx_tensor_t,
-    _: usize,
-    _: *const ndx_args_t,
-    outputs: *mut *mut ndx_tensor_t,
-    _: usize,
-) -> *mut ndx_error_t {
+    mode: ndx_eval_mode_t,
+) -> Result<*mut ndx_future_t, *mut ndx_error_t> {
     let opts = ndx_invoke_options_t {
-        mode: ndx_eval_mode_t::NDX_EVAL_DEFERRED as i32,
+        mode: mode as i32,
         ..Default::default()
     };
     let input = ndx_input_t {
-        // SAFETY: one input (the schema's).
+        // SAFETY: one input (the caller's contract).
         tensor: unsafe { *inputs },
         batch: std::ptr::null(),
     };
@@ -1334,9 +1313,24 @@ unsafe extern "C" fn return_pending_output(
         &opts,
         &mut f,
     );
-    if !e.is_null() {
-        return e;
-    }
+    if e.is_null() { Ok(f) } else { Err(e) }
+}
+
+/// A host kernel that returns the pending output of a DEFERRED `neg` it invoked on
+/// its context (`user`).
+unsafe extern "C" fn return_pending_output(
+    user: *mut c_void,
+    inputs: *const *const ndx_tensor_t,
+    _: usize,
+    _: *const ndx_args_t,
+    outputs: *mut *mut ndx_tensor_t,
+    _: usize,
+) -> *mut ndx_error_t {
+    // SAFETY: one input (the schema's).
+    let f = match unsafe { kernel_invokes_neg(user, inputs, ndx_eval_mode_t::NDX_EVAL_DEFERRED) } {
+        Ok(f) => f,
+        Err(e) => return e,
+    };
     let e = ndx_future_tensor(f, 0, outputs);
     ndx_future_release(f);
     e
@@ -1352,28 +1346,11 @@ unsafe extern "C" fn return_completed_eager_output(
     outputs: *mut *mut ndx_tensor_t,
     _: usize,
 ) -> *mut ndx_error_t {
-    let opts = ndx_invoke_options_t {
-        mode: ndx_eval_mode_t::NDX_EVAL_EAGER as i32,
-        ..Default::default()
+    // SAFETY: one input (the schema's).
+    let f = match unsafe { kernel_invokes_neg(user, inputs, ndx_eval_mode_t::NDX_EVAL_EAGER) } {
+        Ok(f) => f,
+        Err(e) => return e,
     };
-    let input = ndx_input_t {
-        // SAFETY: one input (the schema's).
-        tensor: unsafe { *inputs },
-        batch: std::ptr::null(),
-    };
-    let mut f = std::ptr::null_mut();
-    let e = ndx_invoke(
-        user.cast(),
-        c"neg".as_ptr(),
-        &input,
-        1,
-        std::ptr::null(),
-        &opts,
-        &mut f,
-    );
-    if !e.is_null() {
-        return e;
-    }
     let start = std::time::Instant::now();
     while ndx_future_poll(f) == ndx_future_status_t::NDX_FUTURE_PENDING as i32
         && start.elapsed() < std::time::Duration::from_secs(10)

@@ -329,6 +329,19 @@ impl Watch {
                 .collect(),
         }
     }
+    /// The watch of an arithmetic kernel of `T` outputs (NAN for floats, and DIV too
+    /// for a division) and the bits its loop ORs per element.
+    fn arith<T: Elem>(division: bool) -> (Watch, impl Fn(T, T, T) -> u32 + Copy + Sync + Send) {
+        let categories: &[u32] = match (T::INT, division) {
+            (true, _) => &[],
+            (false, false) => &[checks::NAN],
+            (false, true) => &[checks::NAN, checks::DIV],
+        };
+        let watch = Watch::new(categories);
+        let nan = watch.tallies.iter().any(|(c, _)| *c == checks::NAN);
+        let div = watch.tallies.iter().any(|(c, _)| *c == checks::DIV);
+        (watch, move |x: T, y: T, o: T| watch_bits(x, y, o, nan, div))
+    }
     fn on(&self) -> bool {
         !self.tallies.is_empty()
     }
@@ -394,15 +407,7 @@ fn zip_fast<T: Elem>(
     if !((full_a || one_a) && (full_b || one_b)) || !a.is_compact() || !b.is_compact() {
         return Ok(None);
     }
-    let categories: &[u32] = match (T::INT, division) {
-        (true, _) => &[],
-        (false, false) => &[checks::NAN],
-        (false, true) => &[checks::NAN, checks::DIV],
-    };
-    let watch = Watch::new(categories);
-    let nan = watch.tallies.iter().any(|(c, _)| *c == checks::NAN);
-    let div = watch.tallies.iter().any(|(c, _)| *c == checks::DIV);
-    let bits = move |x: T, y: T, o: T| watch_bits(x, y, o, nan, div);
+    let (watch, bits) = Watch::arith::<T>(division);
     let t = if watch.on() {
         zip_fast_loop::<T, true>(a, b, shape, layout, &f, bits, &watch)?
     } else {
@@ -505,15 +510,7 @@ fn zip_fast_mixed<T: Elem>(
     let (Some(wa), Some(wb)) = (widened::<T>(a)?, widened::<T>(b)?) else {
         return Ok(None);
     };
-    let categories: &[u32] = match (T::INT, division) {
-        (true, _) => &[],
-        (false, false) => &[checks::NAN],
-        (false, true) => &[checks::NAN, checks::DIV],
-    };
-    let watch = Watch::new(categories);
-    let nan = watch.tallies.iter().any(|(c, _)| *c == checks::NAN);
-    let div = watch.tallies.iter().any(|(c, _)| *c == checks::DIV);
-    let bits = move |x: T, y: T, o: T| watch_bits(x, y, o, nan, div);
+    let (watch, bits) = Watch::arith::<T>(division);
     let t = if watch.on() {
         zip_mixed_loop::<T, true>(&wa, &wb, shape, layout, &f, bits, &watch)?
     } else {

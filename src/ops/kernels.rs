@@ -1384,25 +1384,35 @@ mod float_to_int_run_tests {
         *x
     }
 
-    /// `src` (from two starts, so that runs of 16 fall differently) to `D` by the
-    /// slice conversion equals Rust's `as` at every index.
-    fn check<D: Elem>(src: &[f32]) {
-        for start in [0, 5] {
+    /// `src` from each of `starts` (so that runs fall differently) converted to `D` by
+    /// the slice conversion `slice` equals the element conversion `one` (Rust's `as`)
+    /// at every index.
+    fn check_slice<S: Copy + std::fmt::Debug, D: Elem>(
+        src: &[S],
+        starts: [usize; 2],
+        slice: fn(&[S], &mut [D]),
+        one: fn(S) -> D,
+    ) {
+        for start in starts {
             let src = &src[start..];
             let mut out = vec![D::from_i128(7); src.len()];
-            D::slice_from_f32(src, &mut out);
+            slice(src, &mut out);
             for (i, (&v, o)) in src.iter().zip(&out).enumerate() {
-                let want = D::from_f32(v);
+                let want = one(v);
                 assert!(
                     bytemuck::bytes_of(o) == bytemuck::bytes_of(&want),
-                    "{v} ({:#010x}) at {i} to {}: {:?}, not {:?}",
-                    v.to_bits(),
+                    "{v:?} at {i} to {}: {:?}, not {:?}",
                     D::DTYPE.name(),
                     bytemuck::bytes_of(o),
                     bytemuck::bytes_of(&want)
                 );
             }
         }
+    }
+
+    /// f32 `src` to `D` in runs of 16 (two starts) equals Rust's `as`.
+    fn check<D: Elem>(src: &[f32]) {
+        check_slice(src, [0, 5], D::slice_from_f32, D::from_f32);
     }
 
     #[test]
@@ -1471,25 +1481,9 @@ mod float_to_int_run_tests {
         check::<u64>(&v);
     }
 
-    /// `src` (from two starts, so that runs of 8 fall differently) to `D` by the
-    /// slice conversion equals Rust's `as` at every index.
+    /// f64 `src` to `D` in runs of 8 (two starts) equals Rust's `as`.
     fn check_doubles<D: Elem>(src: &[f64]) {
-        for start in [0, 3] {
-            let src = &src[start..];
-            let mut out = vec![D::from_i128(7); src.len()];
-            D::slice_from_f64(src, &mut out);
-            for (i, (&v, o)) in src.iter().zip(&out).enumerate() {
-                let want = D::from_f64(v);
-                assert!(
-                    bytemuck::bytes_of(o) == bytemuck::bytes_of(&want),
-                    "{v} ({:#018x}) at {i} to {}: {:?}, not {:?}",
-                    v.to_bits(),
-                    D::DTYPE.name(),
-                    bytemuck::bytes_of(o),
-                    bytemuck::bytes_of(&want)
-                );
-            }
-        }
+        check_slice(src, [0, 3], D::slice_from_f64, D::from_f64);
     }
 
     #[test]

@@ -855,8 +855,8 @@ static void test_negative_shape_and_pad_entries_message(void) {
   const int64_t target[2] = {2, -2}, widths[4] = {0, 1, 2, -1};
   CHECK_OK(ndx_args_set_int_array(a, "shape", target, 2));
   expect_error(ndx_invoke(ctx, "reshape", &in, 1, a, NULL, &f), NDX_ERROR_VALUE,
-               "operator 'reshape': argument 'shape' [2, -2] has -2 at index 1; expected a size >= 0, "
-               "or -1 for the one size to infer");
+               "operator 'reshape': argument 'shape' [2, -2] has -2 at index 1; expected a "
+               "size >= 0, or -1 for the one size to infer");
   ndx_args_free(a);
   /* A wrong type names every form accepted (it said "expected a float"). */
   CHECK_OK(ndx_args_new(&a));
@@ -869,8 +869,8 @@ static void test_negative_shape_and_pad_entries_message(void) {
   CHECK_OK(ndx_args_new(&a));
   CHECK_OK(ndx_args_set_int_array(a, "widths", widths, 4));
   expect_error(ndx_invoke(ctx, "pad", &in, 1, a, NULL, &f), NDX_ERROR_VALUE,
-               "operator 'pad': argument 'widths' [0, 1, 2, -1] has -1 at index 3 (the width after "
-               "axis 1); expected a width >= 0");
+               "operator 'pad': argument 'widths' [0, 1, 2, -1] has -1 at index 3 (the width "
+               "after axis 1); expected a width >= 0");
   ndx_args_free(a);
   /* slice's step 0 said "slice: step for axis 0 is 0". */
   CHECK_OK(ndx_args_new(&a));
@@ -879,8 +879,8 @@ static void test_negative_shape_and_pad_entries_message(void) {
   CHECK_OK(ndx_args_set_int_array(a, "end", one, 1));
   CHECK_OK(ndx_args_set_int_array(a, "step", zero, 1));
   expect_error(ndx_invoke(ctx, "slice", &in, 1, a, NULL, &f), NDX_ERROR_VALUE,
-               "operator 'slice': argument 'step' [0] has 0 at index 0 (the step along axis 0); expected "
-               "a non-zero step");
+               "operator 'slice': argument 'step' [0] has 0 at index 0 (the step along axis 0); "
+               "expected a non-zero step");
   ndx_args_free(a);
   ndx_tensor_release(t);
   ndx_context_release(ctx);
