@@ -48,7 +48,7 @@ fn main() {
     let mut config =
         cbindgen::Config::from_file(root.join("cbindgen.toml")).expect("cbindgen.toml parses");
     config.trailer = Some(
-        "\n/** The caller's source location, for `ndx_invoke_options_t.location`:\n *  `ndx_invoke_options_t o = {sizeof o, NDX_HERE, 0};` */\n#ifdef __cplusplus\n#define NDX_HERE (ndx_location_t{__FILE__, (uint32_t)__LINE__, __func__})\n#else\n#define NDX_HERE ((ndx_location_t){__FILE__, (uint32_t)__LINE__, __func__})\n#endif\n".to_string(),
+        "\n/** The caller's source location, for `ndx_invoke_options_t.location`:\n *  `ndx_invoke_options_t o = {.struct_size = sizeof o, .location = NDX_HERE};` */\n#ifdef __cplusplus\n#define NDX_HERE (ndx_location_t{__FILE__, (uint32_t)__LINE__, __func__})\n#else\n#define NDX_HERE ((ndx_location_t){__FILE__, (uint32_t)__LINE__, __func__})\n#endif\n".to_string(),
     );
     config.after_includes = Some(format!(
         "\n#define NDX_VERSION_MAJOR {major}\n#define NDX_VERSION_MINOR {minor}\n#define NDX_VERSION_PATCH {patch}\n#define NDX_VERSION_STRING \"{major}.{minor}.{patch}\"\n\n/** The stream value meaning \"do not order\" (DLPack's -1): for\n *  ndx_import_options_t.stream the imported CUDA memory is ready as is; for\n *  ndx_tensor_to_dlpack_versioned_stream the consumer synchronises by itself. */\n#define NDX_STREAM_NO_SYNC ((void *)(intptr_t)-1)\n"

@@ -2103,7 +2103,7 @@ ndx_error_t *ndx_batch_to_tensor(const ndx_batch_t *batch, ndx_tensor_t **out);
 
 
 /** The caller's source location, for `ndx_invoke_options_t.location`:
- *  `ndx_invoke_options_t o = {sizeof o, NDX_HERE, 0};` */
+ *  `ndx_invoke_options_t o = {.struct_size = sizeof o, .location = NDX_HERE};` */
 #ifdef __cplusplus
 #define NDX_HERE (ndx_location_t{__FILE__, (uint32_t)__LINE__, __func__})
 #else
