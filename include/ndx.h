@@ -1277,7 +1277,9 @@ size_t ndx_error_frame_count(const ndx_error_t *error);
  *
  * `out->struct_size` must be set; the strings in `*out` are borrowed from `error`.
  * Fails with NDX_ERROR_VALUE for NULL arguments or a `struct_size` that is too small,
- * and NDX_ERROR_INDEX when `index >= ndx_error_frame_count(error)`.
+ * and NDX_ERROR_INDEX when `index >= ndx_error_frame_count(error)`; on failure with a
+ * usable `out` (non-NULL, `struct_size` large enough) every field after `struct_size`
+ * is zeroed (NULL strings, line 0), never left as it was.
  */
 ndx_error_t *ndx_error_frame(const ndx_error_t *error, size_t index, ndx_frame_t *out);
 
@@ -1744,7 +1746,9 @@ ndx_error_t *ndx_context_explain(const ndx_context_t *ctx, ndx_explain_t **out);
 void ndx_explain_free(ndx_explain_t *explain);
 
 /**
- * The snapshot's totals into `*out` (`out->struct_size` set by the caller).
+ * The snapshot's totals into `*out` (`out->struct_size` set by the caller). On
+ * failure with a usable `out` (non-NULL, `struct_size` large enough) every field
+ * after `struct_size` is zeroed; so for `ndx_explain_graph` and `ndx_explain_break`.
  */
 ndx_error_t *ndx_explain_summary(const ndx_explain_t *explain, ndx_explain_summary_t *out);
 

@@ -344,3 +344,114 @@ fn a_very_long_cause_chain_is_cloned_and_freed_without_recursion() {
         .join()
         .expect("the chain is freed without overflowing the stack");
 }
+
+/// A sized out-struct (`ndx_frame_t`, the explain records) is never left stale on
+/// failure: once `out` and its `struct_size` are usable, every field after
+/// `struct_size` reads zero when the call fails (a NULL handle, an index out of
+/// range), as the header's "out-params are NULL/0 on error" promises.
+#[test]
+fn sized_out_params_are_zeroed_on_failure() {
+    let (e, _) = make_error_here();
+    let mut f = frame(e, 0);
+    assert!(!f.function.is_null() && f.ip != 0, "frame 0 is filled");
+    let n = ndx_error_frame_count(e);
+    expect_err(
+        ndx_error_frame(e, n, &mut f),
+        ndx_error_kind_t::NDX_ERROR_INDEX,
+        &format!("frame index {n} is out of range"),
+    );
+    assert_eq!(f.struct_size, std::mem::size_of::<ndx_frame_t>());
+    assert!(
+        f.function.is_null() && f.file.is_null(),
+        "stale strings kept"
+    );
+    assert_eq!((f.line, f.column, f.ip), (0, 0, 0), "stale numbers kept");
+    let mut f = frame(e, 0);
+    expect_err(
+        ndx_error_frame(std::ptr::null(), 0, &mut f),
+        ndx_error_kind_t::NDX_ERROR_VALUE,
+        "argument 'error' is NULL",
+    );
+    assert!(
+        f.function.is_null() && f.ip == 0,
+        "stale frame after a NULL error"
+    );
+    ndx_error_free(e);
+
+    let mut ctx: *mut ndx_context_t = std::ptr::null_mut();
+    assert!(ndx_context_new(std::ptr::null(), &mut ctx).is_null());
+    let mut ex: *mut ndx_explain_t = std::ptr::null_mut();
+    assert!(ndx_context_explain(ctx, &mut ex).is_null());
+    let stale = 7u64;
+    let mut s = ndx_explain_summary_t {
+        struct_size: std::mem::size_of::<ndx_explain_summary_t>(),
+        graphs: stale,
+        breaks: stale,
+        ops: stale,
+        graph_ops: stale,
+        sync_cpu: stale,
+        sync_full: stale,
+        deferred: stale,
+        eager: stale,
+        checks_raised: stale,
+    };
+    expect_err(
+        ndx_explain_summary(std::ptr::null(), &mut s),
+        ndx_error_kind_t::NDX_ERROR_VALUE,
+        "NULL",
+    );
+    assert_eq!(
+        [
+            s.graphs,
+            s.breaks,
+            s.ops,
+            s.graph_ops,
+            s.eager,
+            s.checks_raised
+        ],
+        [0; 6],
+        "stale summary"
+    );
+    let mut g = ndx_explain_graph_t {
+        struct_size: std::mem::size_of::<ndx_explain_graph_t>(),
+        reason: 3,
+        ops: stale,
+        time_ns: 7,
+        seq: stale,
+    };
+    expect_err(
+        ndx_explain_graph(ex, 0, &mut g),
+        ndx_error_kind_t::NDX_ERROR_INDEX,
+        "graph index 0 is out of range",
+    );
+    assert_eq!(
+        (g.reason, g.ops, g.time_ns, g.seq),
+        (0, 0, 0, 0),
+        "stale graph"
+    );
+    let mut b = ndx_graph_break_t {
+        struct_size: std::mem::size_of::<ndx_graph_break_t>(),
+        reason: 3,
+        graph: 7,
+        seq: stale,
+        file: c"stale.c".as_ptr(),
+        line: 7,
+        function: c"stale".as_ptr(),
+    };
+    expect_err(
+        ndx_explain_break(ex, 0, &mut b),
+        ndx_error_kind_t::NDX_ERROR_INDEX,
+        "break index 0 is out of range",
+    );
+    assert!(
+        b.file.is_null() && b.function.is_null(),
+        "stale break strings"
+    );
+    assert_eq!(
+        (b.reason, b.graph, b.seq, b.line),
+        (0, 0, 0, 0),
+        "stale break"
+    );
+    ndx_explain_free(ex);
+    ndx_context_release(ctx);
+}

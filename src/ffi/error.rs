@@ -174,7 +174,9 @@ pub extern "C" fn ndx_error_frame_count(error: *const ndx_error_t) -> usize {
 ///
 /// `out->struct_size` must be set; the strings in `*out` are borrowed from `error`.
 /// Fails with NDX_ERROR_VALUE for NULL arguments or a `struct_size` that is too small,
-/// and NDX_ERROR_INDEX when `index >= ndx_error_frame_count(error)`.
+/// and NDX_ERROR_INDEX when `index >= ndx_error_frame_count(error)`; on failure with a
+/// usable `out` (non-NULL, `struct_size` large enough) every field after `struct_size`
+/// is zeroed (NULL strings, line 0), never left as it was.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_error_frame(
     error: *const ndx_error_t,
@@ -182,27 +184,29 @@ pub extern "C" fn ndx_error_frame(
     out: *mut ndx_frame_t,
 ) -> *mut ndx_error_t {
     boundary("ndx_error_frame", || {
-        let e = error_ref(error).ok_or_else(|| Error::value("argument 'error' is NULL"))?;
-        let frames = e.frames();
-        let f = frames.get(index).ok_or_else(|| {
-            Error::index(format!(
-                "frame index {index} is out of range: the error has {} frames",
-                frames.len()
-            ))
-        })?;
-        let frame = |struct_size| ndx_frame_t {
-            struct_size,
-            function: f.c_function().map_or(std::ptr::null(), |c| c.as_ptr()),
-            file: f.c_file().map_or(std::ptr::null(), |c| c.as_ptr()),
-            line: f.line(),
-            column: f.column(),
-            ip: f.ip(),
-            origin: match f.origin() {
-                FrameOrigin::Native => ndx_frame_origin_t::NDX_FRAME_NATIVE,
-                FrameOrigin::Host => ndx_frame_origin_t::NDX_FRAME_HOST,
-            },
-        };
-        super::write_sized(out, frame, "ndx_frame_t")
+        super::write_sized(out, "ndx_frame_t", |struct_size| {
+            let e = error_ref(error).ok_or_else(|| Error::value("argument 'error' is NULL"))?;
+            let frames = e.frames();
+            let f = frames.get(index).ok_or_else(|| {
+                Error::index(format!(
+                    "frame index {index} is out of range: the error has {} frame{}",
+                    frames.len(),
+                    if frames.len() == 1 { "" } else { "s" }
+                ))
+            })?;
+            Ok(ndx_frame_t {
+                struct_size,
+                function: f.c_function().map_or(std::ptr::null(), |c| c.as_ptr()),
+                file: f.c_file().map_or(std::ptr::null(), |c| c.as_ptr()),
+                line: f.line(),
+                column: f.column(),
+                ip: f.ip(),
+                origin: match f.origin() {
+                    FrameOrigin::Native => ndx_frame_origin_t::NDX_FRAME_NATIVE,
+                    FrameOrigin::Host => ndx_frame_origin_t::NDX_FRAME_HOST,
+                },
+            })
+        })
     })
 }
 

@@ -141,18 +141,19 @@ pub extern "C" fn ndx_explain_free(explain: *mut ndx_explain_t) {
     )
 }
 
-/// The snapshot's totals into `*out` (`out->struct_size` set by the caller).
+/// The snapshot's totals into `*out` (`out->struct_size` set by the caller). On
+/// failure with a usable `out` (non-NULL, `struct_size` large enough) every field
+/// after `struct_size` is zeroed; so for `ndx_explain_graph` and `ndx_explain_break`.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_explain_summary(
     explain: *const ndx_explain_t,
     out: *mut ndx_explain_summary_t,
 ) -> *mut ndx_error_t {
     boundary("ndx_explain_summary", || {
-        let ex = explain_ref(explain)?;
-        let m = ex.by_mode;
-        write_sized(
-            out,
-            |struct_size| ndx_explain_summary_t {
+        write_sized(out, "ndx_explain_summary_t", |struct_size| {
+            let ex = explain_ref(explain)?;
+            let m = ex.by_mode;
+            Ok(ndx_explain_summary_t {
                 struct_size,
                 graphs: ex.graphs_total,
                 breaks: ex.breaks_total,
@@ -163,9 +164,8 @@ pub extern "C" fn ndx_explain_summary(
                 deferred: m[2],
                 eager: m[3],
                 checks_raised: ex.checks_raised,
-            },
-            "ndx_explain_summary_t",
-        )
+            })
+        })
     })
 }
 
@@ -188,24 +188,22 @@ pub extern "C" fn ndx_explain_graph(
     out: *mut ndx_explain_graph_t,
 ) -> *mut ndx_error_t {
     boundary("ndx_explain_graph", || {
-        let ex = explain_ref(explain)?;
-        let g = ex.graphs.get(index).ok_or_else(|| {
-            Error::index(format!(
-                "graph index {index} is out of range: the snapshot has {} graphs",
-                ex.graphs.len()
-            ))
-        })?;
-        write_sized(
-            out,
-            |struct_size| ndx_explain_graph_t {
+        write_sized(out, "ndx_explain_graph_t", |struct_size| {
+            let ex = explain_ref(explain)?;
+            let g = ex.graphs.get(index).ok_or_else(|| {
+                Error::index(format!(
+                    "graph index {index} is out of range: the snapshot has {} graphs",
+                    ex.graphs.len()
+                ))
+            })?;
+            Ok(ndx_explain_graph_t {
                 struct_size,
                 reason: reason_abi(g.reason) as i32,
                 ops: g.ops,
                 time_ns: g.time_ns.map_or(-1, |t| t as i64),
                 seq: g.seq,
-            },
-            "ndx_explain_graph_t",
-        )
+            })
+        })
     })
 }
 
@@ -228,17 +226,16 @@ pub extern "C" fn ndx_explain_break(
     out: *mut ndx_graph_break_t,
 ) -> *mut ndx_error_t {
     boundary("ndx_explain_break", || {
-        let ex = explain_ref(explain)?;
-        let b = ex.breaks.get(index).ok_or_else(|| {
-            Error::index(format!(
-                "break index {index} is out of range: the snapshot has {} breaks",
-                ex.breaks.len()
-            ))
-        })?;
-        let f = b.site.frames().first();
-        write_sized(
-            out,
-            |struct_size| ndx_graph_break_t {
+        write_sized(out, "ndx_graph_break_t", |struct_size| {
+            let ex = explain_ref(explain)?;
+            let b = ex.breaks.get(index).ok_or_else(|| {
+                Error::index(format!(
+                    "break index {index} is out of range: the snapshot has {} breaks",
+                    ex.breaks.len()
+                ))
+            })?;
+            let f = b.site.frames().first();
+            Ok(ndx_graph_break_t {
                 struct_size,
                 reason: reason_abi(b.reason) as i32,
                 graph: b.graph,
@@ -250,9 +247,8 @@ pub extern "C" fn ndx_explain_break(
                 function: f
                     .and_then(|f| f.c_function())
                     .map_or(std::ptr::null(), |c| c.as_ptr()),
-            },
-            "ndx_graph_break_t",
-        )
+            })
+        })
     })
 }
 

@@ -217,26 +217,39 @@ pub extern "C" fn ndx_test_panic(message: *const c_char) -> *mut ndx_error_t {
     })
 }
 
-/// Writes `value` to a caller struct whose first field is its size, refusing a size
-/// smaller than ours.
+/// Writes `value`'s result to a caller struct whose first field is its size, refusing
+/// a NULL `out` or a size smaller than ours. Once `out` is known good, every field
+/// after `struct_size` is zeroed first, so a failure of `value` (a NULL handle, an
+/// index out of range) never leaves the caller's struct half-filled or stale.
 pub(crate) fn write_sized<T>(
     out: *mut T,
-    value: impl FnOnce(usize) -> T,
     what: &str,
+    value: impl FnOnce(usize) -> Result<T>,
 ) -> Result<()> {
+    let ours = std::mem::size_of::<T>();
+    // Errors about the arguments before `out` (a NULL handle, an index out of range)
+    // are reported first, in parameter order: `value` only reads, so it can run to
+    // find them before `out` is refused.
     if out.is_null() {
+        value(ours)?;
         return Err(Error::value("argument 'out' is NULL"));
     }
     // SAFETY: non-NULL; its first field is `struct_size` (API contract).
     let size = unsafe { *out.cast::<usize>() };
-    let ours = std::mem::size_of::<T>();
     if size < ours {
+        value(ours)?;
         return Err(Error::value(format!(
             "out->struct_size is {size}, expected at least {ours} (sizeof({what}))"
         )));
     }
-    // SAFETY: `out` holds at least `size >= sizeof(T)` bytes.
-    unsafe { out.write(value(size)) };
+    let head = std::mem::size_of::<usize>();
+    // SAFETY: `out` holds at least `size >= sizeof(T)` bytes; the bytes after the
+    // leading `struct_size` are plain C memory the caller gave us to write (no Rust
+    // value of `T` is formed from them).
+    unsafe { out.cast::<u8>().add(head).write_bytes(0, ours - head) };
+    let v = value(size)?;
+    // SAFETY: as above.
+    unsafe { out.write(v) };
     Ok(())
 }
 

@@ -242,6 +242,29 @@ static NDX_TEST_NOINLINE void test_null_safety(void) {
   CHECK(1, "ndx_error_free(NULL) returned");
 }
 
+/* A failed ndx_error_frame never leaves a stale frame behind: with a usable `out`
+ * (non-NULL, struct_size large enough) every field after struct_size reads zero, as
+ * the header's "out-params are NULL/0 on error" promises. */
+static NDX_TEST_NOINLINE void test_frame_cleared_on_failure(void) {
+  ndx_error_t* e = ndx_error_new(NDX_ERROR_RUNTIME, "with frames", NULL);
+  size_t count = ndx_error_frame_count(e);
+  ndx_frame_t f;
+  memset(&f, 0, sizeof f);
+  f.struct_size = sizeof f;
+  CHECK_OK(ndx_error_frame(e, 0, &f));
+  CHECK(f.function != NULL && f.ip != 0, "frame 0 is filled");
+  expect_error(ndx_error_frame(e, count, &f), NDX_ERROR_INDEX, "out of range");
+  CHECK(f.struct_size == sizeof f, "struct_size kept: %zu", f.struct_size);
+  CHECK(f.function == NULL && f.file == NULL, "stale strings after an index error");
+  CHECK(f.line == 0 && f.column == 0 && f.ip == 0 && (int)f.origin == 0,
+        "stale numbers after an index error: line %u ip %zu", f.line, f.ip);
+
+  CHECK_OK(ndx_error_frame(e, 0, &f));
+  expect_error(ndx_error_frame(NULL, 0, &f), NDX_ERROR_VALUE, "argument 'error' is NULL");
+  CHECK(f.function == NULL && f.ip == 0, "stale frame after a NULL error");
+  ndx_error_free(e);
+}
+
 static NDX_TEST_NOINLINE void test_frame_arguments(void) {
   ndx_error_t* e = ndx_error_new(NDX_ERROR_RUNTIME, "with frames", NULL);
   size_t count = ndx_error_frame_count(e);
@@ -606,6 +629,7 @@ int main(void) {
   test_long_cause_chain();
   test_null_safety();
   test_frame_arguments();
+  test_frame_cleared_on_failure();
   test_native_frames();
   test_failed_call_site();
   test_cause_site();

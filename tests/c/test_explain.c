@@ -171,7 +171,41 @@ static void test_graphs_and_breaks(void) {
   ndx_context_release(ctx);
 }
 
+/* A failed summary, graph or break read never leaves stale values behind: with a
+ * usable `out` every field after struct_size reads zero. */
+static void test_records_cleared_on_failure(void) {
+  ndx_context_t* ctx = deferred_context();
+  ndx_explain_t* ex = NULL;
+  CHECK_OK(ndx_context_explain(ctx, &ex));
+
+  ndx_explain_summary_t s;
+  memset(&s, 0x5a, sizeof s);
+  s.struct_size = sizeof s;
+  expect_error(ndx_explain_summary(NULL, &s), NDX_ERROR_VALUE, "argument 'explain' is NULL");
+  CHECK(s.struct_size == sizeof s && s.graphs == 0 && s.ops == 0 && s.eager == 0 &&
+            s.checks_raised == 0,
+        "stale summary: graphs %llu", (unsigned long long)s.graphs);
+
+  ndx_explain_graph_t g;
+  memset(&g, 0x5a, sizeof g);
+  g.struct_size = sizeof g;
+  expect_error(ndx_explain_graph(ex, 0, &g), NDX_ERROR_INDEX, "graph index 0 is out of range");
+  CHECK(g.reason == 0 && g.ops == 0 && g.time_ns == 0 && g.seq == 0, "stale graph: ops %llu",
+        (unsigned long long)g.ops);
+
+  ndx_graph_break_t b;
+  memset(&b, 0x5a, sizeof b);
+  b.struct_size = sizeof b;
+  expect_error(ndx_explain_break(ex, 0, &b), NDX_ERROR_INDEX, "break index 0 is out of range");
+  CHECK(b.file == NULL && b.function == NULL && b.line == 0 && b.seq == 0 && b.graph == 0,
+        "stale break: line %u", b.line);
+
+  ndx_explain_free(ex);
+  ndx_context_release(ctx);
+}
+
 int main(void) {
   test_graphs_and_breaks();
+  test_records_cleared_on_failure();
   return NDX_TEST_SUMMARY("test_explain");
 }
