@@ -1877,10 +1877,13 @@ ndx_error_t *ndx_batch_from_dlpack(DLManagedTensor *const *tensors,
                                    ndx_batch_t **out);
 
 /**
- * A new compact host tensor holding a copy of `data`: `ndim` dimensions of `shape`,
- * with `strides` in elements (NULL for compact; negative and zero strides allowed).
- * `data` may be NULL only when the tensor has no elements. The caller keeps `data`.
- * Thread-safe.
+ * A new compact host tensor holding a copy of `data`: `ndim` (0 to `NDX_MAX_NDIM`)
+ * dimensions of `shape`, with `strides` in elements (NULL for compact; negative and
+ * zero strides allowed). `data` points at element [0, ..., 0], as DLPack's
+ * `data + byte_offset` does, not at the lowest address: with a negative stride the
+ * elements along that axis lie before it (for `{1, 2, 3, 4}` read backwards, pass
+ * shape `{4}`, strides `{-1}` and the address of the 4). `data` may be NULL only
+ * when the tensor has no elements. The caller keeps `data`. Thread-safe.
  */
 ndx_error_t *ndx_tensor_from_host(const void *data,
                                   int32_t dtype,
@@ -1891,12 +1894,15 @@ ndx_error_t *ndx_tensor_from_host(const void *data,
                                   ndx_tensor_t **out);
 
 /**
- * A tensor over the caller's host memory, without copying. On success ndx calls
- * `deleter(data, user)` (if not NULL) exactly once, when the last reference goes, on
- * the thread that releases it (as for `ndx_tensor_from_dlpack_versioned`); on failure it is not called and the caller keeps
- * `data`. ndx writes into wrapped memory only when it is passed as an out tensor
- * (`ndx_output_t`); the caller must not write into it while work that reads it is
- * pending. Thread-safe.
+ * A tensor over the caller's host memory, without copying: `data`, `dtype`, `ndim`,
+ * `shape` and `strides` as for `ndx_tensor_from_host` (`data` points at element
+ * [0, ..., 0]; every element the strides reach must lie in the caller's memory). On
+ * success ndx calls `deleter(data, user)` (if not NULL) exactly once, when the last
+ * reference goes, on the thread that releases it (as for
+ * `ndx_tensor_from_dlpack_versioned`); on failure it is not called and the caller
+ * keeps `data`. ndx writes into wrapped memory only when it is passed as an out
+ * tensor (`ndx_output_t`); the caller must not write into it while work that reads
+ * it is pending. Thread-safe.
  */
 ndx_error_t *ndx_tensor_wrap_host(void *data,
                                   int32_t dtype,
