@@ -760,13 +760,15 @@ typedef struct {
   uint32_t check_capacity;
   /**
    * Most input bytes a failing invocation's repro document carries (0: 1 MiB;
-   * negative: none, metadata only); see `ndx_error_repro`.
+   * negative: none, metadata only; unlike `ndx_context_set_repro_max_bytes`,
+   * where 0 means metadata only); see `ndx_error_repro`.
    */
   int64_t repro_max_bytes;
   /**
    * The CUDA device `to_device` copies to when its `device` argument is not given
-   * (0: device 0). Not checked here: contexts are made on machines without a GPU
-   * too; `to_device` refuses a device that does not exist at `ndx_invoke`.
+   * (0: device 0). A negative id is NDX_ERROR_VALUE; whether the device exists is
+   * not checked here (contexts are made on machines without a GPU too):
+   * `to_device` refuses a device that does not exist at `ndx_invoke`.
    */
   int32_t cuda_device;
 } ndx_context_options_t;

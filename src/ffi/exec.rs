@@ -146,11 +146,13 @@ pub struct ndx_context_options_t {
     /// and counted.
     pub check_capacity: u32,
     /// Most input bytes a failing invocation's repro document carries (0: 1 MiB;
-    /// negative: none, metadata only); see `ndx_error_repro`.
+    /// negative: none, metadata only; unlike `ndx_context_set_repro_max_bytes`,
+    /// where 0 means metadata only); see `ndx_error_repro`.
     pub repro_max_bytes: i64,
     /// The CUDA device `to_device` copies to when its `device` argument is not given
-    /// (0: device 0). Not checked here: contexts are made on machines without a GPU
-    /// too; `to_device` refuses a device that does not exist at `ndx_invoke`.
+    /// (0: device 0). A negative id is NDX_ERROR_VALUE; whether the device exists is
+    /// not checked here (contexts are made on machines without a GPU too):
+    /// `to_device` refuses a device that does not exist at `ndx_invoke`.
     pub cuda_device: i32,
 }
 

@@ -112,6 +112,18 @@ static void test_cap_and_bad_documents(void) {
   ndx_error_t* e2 = ndx_future_wait(f2, -1);
   char* doc2 = repro_of(e2);
   CHECK(doc2 && ndx_test_contains(doc2, "\"bytes\": \"01000000\""), "bytes within the cap");
+  /* The setter's 0 is metadata only (the options field's 0 is the 1 MiB default). */
+  CHECK_OK(ndx_context_set_repro_max_bytes(ctx, 0));
+  ndx_future_t* f3 = NULL;
+  CHECK_OK(ndx_invoke(ctx, "div", in, 2, NULL, NULL, &f3));
+  ndx_error_t* e3 = ndx_future_wait(f3, -1);
+  char* doc3 = repro_of(e3);
+  CHECK(doc3 && ndx_test_contains(doc3, "\"bytes\": null") &&
+            !ndx_test_contains(doc3, "01000000"),
+        "set_repro_max_bytes(0) records metadata only");
+  free(doc3);
+  ndx_error_free(e3);
+  ndx_future_release(f3);
   ndx_future_t* r = NULL;
   expect_error(ndx_repro_run(ctx, "not json", &r), NDX_ERROR_VALUE, "repro document: not valid JSON");
   expect_error(ndx_repro_run(ctx, "{\"ndx_repro\": 1}", &r), NDX_ERROR_VALUE,
