@@ -5,17 +5,22 @@
  * Conventions, for every function unless its comment says otherwise:
  * - A fallible function returns ndx_error_t*: NULL on success, otherwise an owned
  *   error to free with ndx_error_free. Results come back through out-params, which
- *   are set to NULL/0/false first, so they are never half-filled on error.
+ *   are set to NULL/0/false first (a DLDevice to kDLCPU 0; the fields after
+ *   `struct_size` of a caller's struct to zero), so they are never half-filled or
+ *   stale on error.
  * - Passing NULL where a handle is required fails with NDX_ERROR_VALUE naming the
  *   argument; nothing crashes. A panic inside ndx becomes NDX_ERROR_INTERNAL.
- * - Handles (ndx_tensor_t, ndx_batch_t) are reference counted and thread-safe: every
- *   handle a function returns is a new reference for the caller to _release
- *   (_release accepts NULL). Errors are owned values, not reference counted.
+ * - Handles (ndx_context_t, ndx_future_t, ndx_tensor_t, ndx_batch_t) are reference
+ *   counted and thread-safe: every handle a function returns is a new reference for
+ *   the caller to _release (_release accepts NULL). Errors, argument builders
+ *   (ndx_args_t) and explain snapshots are owned values, not reference counted: free
+ *   them once with their _free.
  *   Handles carry no type tag: a handle of another type, or one already released
  *   (a second _release or _free included), is undefined behaviour, as with free().
  * - Strings, arrays, frames, causes and related errors returned by accessors are
  *   borrowed from their owner and live as long as it does. Strings passed in are
- *   copied; invalid UTF-8 is replaced.
+ *   copied; invalid UTF-8 in text (messages, string arguments) is replaced, while a
+ *   name (of an operator or an argument) that is not UTF-8 is NDX_ERROR_VALUE.
  * - Text written into a caller's buffer (`buf`, `cap`) is snprintf-like: at most
  *   `cap` bytes, NUL-terminated when `cap > 0`, and the return value is the length
  *   the whole text needs. A cut text ends on a whole UTF-8 character, so it stays
