@@ -2001,12 +2001,14 @@ ndx_error_t *ndx_tensor_dtype(const ndx_tensor_t *tensor, int32_t *out);
 ndx_error_t *ndx_tensor_ndim(const ndx_tensor_t *tensor, int32_t *out);
 
 /**
- * The shape: `ndim` values, borrowed from the tensor (valid while it lives).
+ * The shape: `ndim` values, borrowed from the tensor (valid while it lives). For a
+ * 0-d tensor `*out` is a non-NULL pointer that must not be read.
  */
 ndx_error_t *ndx_tensor_shape(const ndx_tensor_t *tensor, const int64_t **out);
 
 /**
- * The strides in elements: `ndim` values, borrowed from the tensor.
+ * The strides in elements: `ndim` values, borrowed from the tensor (for a 0-d
+ * tensor, a non-NULL pointer that must not be read, as for `ndx_tensor_shape`).
  */
 ndx_error_t *ndx_tensor_strides(const ndx_tensor_t *tensor, const int64_t **out);
 

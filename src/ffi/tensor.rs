@@ -540,7 +540,8 @@ pub extern "C" fn ndx_tensor_ndim(tensor: *const ndx_tensor_t, out: *mut i32) ->
     })
 }
 
-/// The shape: `ndim` values, borrowed from the tensor (valid while it lives).
+/// The shape: `ndim` values, borrowed from the tensor (valid while it lives). For a
+/// 0-d tensor `*out` is a non-NULL pointer that must not be read.
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_tensor_shape(
     tensor: *const ndx_tensor_t,
@@ -551,7 +552,8 @@ pub extern "C" fn ndx_tensor_shape(
     })
 }
 
-/// The strides in elements: `ndim` values, borrowed from the tensor.
+/// The strides in elements: `ndim` values, borrowed from the tensor (for a 0-d
+/// tensor, a non-NULL pointer that must not be read, as for `ndx_tensor_shape`).
 #[unsafe(no_mangle)]
 pub extern "C" fn ndx_tensor_strides(
     tensor: *const ndx_tensor_t,

@@ -994,6 +994,35 @@ static void test_copy_to_overlapping_buffer(void) {
   ndx_tensor_release(t);
 }
 
+/* A 0-d tensor's shape and strides are non-NULL pointers (never to be read), so a
+ * caller that treats NULL as failure does not misread a scalar; alike for a DLPack
+ * import whose shape and strides are NULL. */
+static void test_zero_d_shape_pointer(void) {
+  float x = 3;
+  ndx_tensor_t* t = NULL;
+  const int64_t *sp = NULL, *st = NULL;
+  CHECK_OK(ndx_tensor_from_host(&x, NDX_DTYPE_FLOAT32, 0, NULL, NULL, NULL, &t));
+  CHECK_OK(ndx_tensor_shape(t, &sp));
+  CHECK_OK(ndx_tensor_strides(t, &st));
+  CHECK(sp != NULL && st != NULL, "0-d from_host: shape %p strides %p", (const void*)sp,
+        (const void*)st);
+  ndx_tensor_release(t);
+  int deleted = 0;
+  DLManagedTensorVersioned* m =
+      ndx_test_versioned(&deleted, ndx_test_dl_dtype(kDLFloat, 32, 1), 0, NULL, NULL, &x, 4);
+  m->dl_tensor.shape = NULL;
+  m->dl_tensor.strides = NULL;
+  CHECK_OK(ndx_tensor_from_dlpack_versioned(m, NULL, &t));
+  sp = NULL;
+  st = NULL;
+  CHECK_OK(ndx_tensor_shape(t, &sp));
+  CHECK_OK(ndx_tensor_strides(t, &st));
+  CHECK(sp != NULL && st != NULL, "0-d DLPack: shape %p strides %p", (const void*)sp,
+        (const void*)st);
+  ndx_tensor_release(t);
+  CHECK(deleted == 1, "deleter ran once: %d", deleted);
+}
+
 int main(void) {
   test_dtype_names();
   test_from_host_copies();
@@ -1002,6 +1031,7 @@ int main(void) {
   test_from_host_every_dtype();
   test_from_host_options();
   test_wrap_host();
+  test_zero_d_shape_pointer();
   test_accessors_null_handle();
   test_accessors_null_out();
   test_args_array_out_params();
