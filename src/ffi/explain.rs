@@ -192,8 +192,9 @@ pub extern "C" fn ndx_explain_graph(
             let ex = explain_ref(explain)?;
             let g = ex.graphs.get(index).ok_or_else(|| {
                 Error::index(format!(
-                    "graph index {index} is out of range: the snapshot has {} graphs",
-                    ex.graphs.len()
+                    "graph index {index} is out of range: the snapshot has {} graph{}",
+                    ex.graphs.len(),
+                    if ex.graphs.len() == 1 { "" } else { "s" }
                 ))
             })?;
             Ok(ndx_explain_graph_t {
@@ -230,8 +231,9 @@ pub extern "C" fn ndx_explain_break(
             let ex = explain_ref(explain)?;
             let b = ex.breaks.get(index).ok_or_else(|| {
                 Error::index(format!(
-                    "break index {index} is out of range: the snapshot has {} breaks",
-                    ex.breaks.len()
+                    "break index {index} is out of range: the snapshot has {} break{}",
+                    ex.breaks.len(),
+                    if ex.breaks.len() == 1 { "" } else { "s" }
                 ))
             })?;
             let f = b.site.frames().first();

@@ -724,7 +724,7 @@ def test_graph_and_break_index_out_of_range(context):
                 ndx.check(ndx.lib.ndx_explain_break(snap.ptr, index, byref(b)))
             err = info.value
             assert isinstance(err, ndx.NdxIndexError) and err.kind == ndx.NDX_ERROR_INDEX
-            assert err.message == f"break index {index} is out of range: the snapshot has 1 breaks", err.message
+            assert err.message == f"break index {index} is out of range: the snapshot has 1 break", err.message
             assert (b.reason, b.graph, b.seq, b.line) == (0, 0, 0, 0) and not b.file, "out zeroed"
 
 
