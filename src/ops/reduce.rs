@@ -372,13 +372,75 @@ fn extreme<S: Elem>(max: bool, v: &[S]) -> S {
     m
 }
 
-/// The index of the first minimum (maximum) of a non-empty block, or of its first NaN.
+/// The index of the first minimum (maximum) of a non-empty block, or of its first NaN:
+/// the extreme (see [`extreme`]), then the first element equal to it (NaN for NaN),
+/// looked for 64 elements at a time (without stopping inside a run of 64, so that the
+/// comparisons vectorise) before the run that has it is searched one by one.
 fn arg_extreme<S: Elem>(max: bool, v: &[S]) -> i64 {
+    fn first_hit<S: Elem>(v: &[S], hit: impl Fn(S) -> bool) -> usize {
+        let mut base = 0;
+        for c in v.chunks(64) {
+            if c.iter().fold(false, |a, &x| a | hit(x)) {
+                return base + c.iter().position(|&x| hit(x)).unwrap_or(0);
+            }
+            base += c.len();
+        }
+        0
+    }
     let m = extreme(max, v);
-    let nan = Elem::is_nan(m);
-    v.iter()
-        .position(|&x| if nan { Elem::is_nan(x) } else { x == m })
-        .unwrap_or(0) as i64
+    let k = if Elem::is_nan(m) {
+        first_hit(v, |x| Elem::is_nan(x))
+    } else {
+        first_hit(v, |x| x == m)
+    };
+    k as i64
+}
+
+/// The index `j` of the first minimum (maximum) along the middle axis of a compact
+/// `[outer, len, inner]` tensor (`inner > 1`, `len` at least 1), or of its first NaN,
+/// into `out[o * inner + k]`: each output keeps its extreme and that index side by
+/// side with the others of its run (8 KiB of each row, as [`extreme_rows`]), taking
+/// the rows in order with the plain (strict) comparison, which keeps the first of
+/// equal extremes (zeros of either sign included) and gives the sequential scan's
+/// index unless a NaN comes after the first row; runs that saw one fold again with
+/// [`replaces`].
+fn arg_middle<S: Elem>(max: bool, src: &[S], len: usize, inner: usize, out: &mut [i64]) {
+    if max {
+        arg_rows::<S, true>(src, len, inner, out);
+    } else {
+        arg_rows::<S, false>(src, len, inner, out);
+    }
+}
+
+fn arg_rows<S: Elem, const MAX: bool>(src: &[S], len: usize, inner: usize, out: &mut [i64]) {
+    let unit = inner.min((8192 / size_of::<S>()).max(1));
+    row_runs(len, inner, unit, out, |idx, start| {
+        let n = idx.len();
+        let row = |j: usize| &src[start + j * inner..start + j * inner + n];
+        let mut vals = row(0).to_vec();
+        idx.fill(0);
+        let mut nan = false;
+        for j in 1..len {
+            let jj = j as i64;
+            for ((a, k), &x) in vals.iter_mut().zip(idx.iter_mut()).zip(row(j)) {
+                nan |= Elem::is_nan(x);
+                let better = if MAX { x > *a } else { x < *a };
+                *a = if better { x } else { *a };
+                *k = if better { jj } else { *k };
+            }
+        }
+        if nan {
+            vals.copy_from_slice(row(0));
+            idx.fill(0);
+            for j in 1..len {
+                for ((a, k), &x) in vals.iter_mut().zip(idx.iter_mut()).zip(row(j)) {
+                    if replaces(MAX, *a, x) {
+                        (*a, *k) = (x, j as i64);
+                    }
+                }
+            }
+        }
+    });
 }
 
 /// The layout of a reduction's output: the input's where the output keeps its rank
@@ -885,29 +947,17 @@ fn argreduce(max: bool, t: &Tensor, axis: Option<usize>, keepdims: bool) -> Resu
     let best = with_elem!(src.dtype(), S => {
         if !src.is_compact()
             && !broadcast(&src)
+            && let Some(best) = axis.and_then(|a| arg_axis_in_memory_order::<S>(max, &src, a))
+        {
+            best?
+        } else if !src.is_compact()
+            && !broadcast(&src)
             && let Some(best) = arg_strided::<S>(max, &src, &axes, len)
         {
             best?
         } else {
-        let v = typed::<S>(&src)?;
-        let mut best = vec![0i64; t.numel() / len];
-        if best.is_empty() {
-            best
-        } else if inner == 1 {
-            let _ = par::chunks_mut(&mut best, 1, len, |first, piece| {
-                for (i, o) in piece.iter_mut().enumerate() {
-                    *o = arg_extreme(max, &v[(first + i) * len..(first + i + 1) * len]);
-                }
-                Ok(())
-            });
-            best
-        } else {
-            let mut acc: Vec<(S, i64)> = vec![(v[0], 0); best.len()];
-            fold_middle(&v, len, inner, &mut acc, |x| (x, 0), |(b, k), x, j| {
-                if replaces(max, b, x) { (x, j as i64) } else { (b, k) }
-            });
-            acc.into_iter().map(|(_, k)| k).collect()
-        }
+            let v = typed::<S>(&src)?;
+            arg_compact(max, &v, len, inner)
         }
     }, bool => unreachable!("bool cast above"));
     let layout = if keepdims { t.layout() } else { "" };
@@ -915,6 +965,52 @@ fn argreduce(max: bool, t: &Tensor, axis: Option<usize>, keepdims: bool) -> Resu
         out.copy_from_slice(&best);
         Ok(())
     })
+}
+
+/// The index along the middle axis of the first minimum (maximum), or of the first
+/// NaN, of each output of the compact `[outer, len, inner]` tensor `v` (`len` at
+/// least 1), in the order of the outputs.
+fn arg_compact<S: Elem>(max: bool, v: &[S], len: usize, inner: usize) -> Vec<i64> {
+    let mut best = vec![0i64; v.len() / len];
+    if best.is_empty() {
+        return best;
+    }
+    if inner == 1 {
+        let _ = par::chunks_mut(&mut best, 1, len, |first, piece| {
+            for (i, o) in piece.iter_mut().enumerate() {
+                *o = arg_extreme(max, &v[(first + i) * len..(first + i + 1) * len]);
+            }
+            Ok(())
+        });
+    } else {
+        arg_middle(max, v, len, inner, &mut best);
+    }
+    best
+}
+
+/// [`argreduce`] over `axis` of a view that its memory order makes compact with the
+/// kept axes in their order (see [`memory_order`]; a transposed or permuted view)
+/// and `axis` not reversed: the compact tensor reduced in place over the axis that
+/// `axis` becomes, whose index along it is the logical one and whose outputs come in
+/// the logical order. `None` where that does not apply (a reversed `axis`, whose
+/// first logical extreme is the last in memory, or memory not on the host).
+fn arg_axis_in_memory_order<S: Elem>(
+    max: bool,
+    t: &Tensor,
+    axis: usize,
+) -> Option<Result<Vec<i64>>> {
+    if t.numel() == 0 || (t.strides()[axis] < 0 && t.shape()[axis] > 1) {
+        return None;
+    }
+    let (c, perm) = memory_order(t, &[axis])?;
+    let q = perm.iter().position(|&a| a == axis)?;
+    let (_, len, inner) = middle(c.shape(), &[q])?;
+    let (items, origin) = c.host_items::<S>()?;
+    Some(
+        t.storage()
+            .wait_host_readable()
+            .map(|()| arg_compact(max, &items[origin..origin + c.numel()], len, inner)),
+    )
 }
 
 /// The flat (row-major) index of the first minimum (maximum) of `t`, or of its first
@@ -2486,10 +2582,38 @@ mod memory_order_tests {
         best as i64
     }
 
-    /// argmin/argmax of the flattened views (read in memory order) against the
-    /// sequential scan of the compact copy: the first of equal extremes planted at
-    /// memory positions whose logical order differs from theirs, the first of
-    /// several NaNs, and the first of zeros of both signs.
+    /// argmin/argmax of `view` over `axis` against the sequential scan of each output's
+    /// elements of its compact copy, taken by logical index.
+    fn check_arg_axis<S: Elem>(view: &Tensor, axis: usize, what: &str) {
+        let logical = typed::<S>(&view.to_compact().unwrap()).unwrap().to_vec();
+        let shape: Vec<usize> = view.shape().iter().map(|&d| d as usize).collect();
+        let len = shape[axis];
+        let inner: usize = shape[axis + 1..].iter().product();
+        let outer: usize = shape[..axis].iter().product();
+        for max in [false, true] {
+            let mut want = Vec::with_capacity(outer * inner);
+            for o in 0..outer {
+                for k in 0..inner {
+                    let block: Vec<S> = (0..len)
+                        .map(|j| logical[(o * len + j) * inner + k])
+                        .collect();
+                    want.push(sequential_arg(max, &block));
+                }
+            }
+            let got = argreduce(max, view, Some(axis), false).unwrap();
+            assert_eq!(
+                typed::<i64>(&got).unwrap().to_vec(),
+                want,
+                "{what}: arg over axis {axis} (max {max})"
+            );
+        }
+    }
+
+    /// argmin/argmax of the views (read in memory order), flattened and over each
+    /// axis, against the sequential scan of the compact copy: the first of equal
+    /// extremes planted at memory positions whose logical order differs from theirs,
+    /// the first of several NaNs, the first of zeros of both signs, and few distinct
+    /// values (ties in every output) with NaNs in many outputs.
     fn arg_views<S: Elem>() {
         let name = S::DTYPE.name();
         let n = 840;
@@ -2512,6 +2636,20 @@ mod memory_order_tests {
                 .map(|m| S::from_f64([0.0, -0.0, 1.0, -0.0, 2.0][(m * 7 + m / 13) % 5]))
                 .collect();
             variants.push(("zeros", zeros));
+            let ties: Vec<S> = (0..n)
+                .map(|m| match (m * 7 + m / 13) % 11 {
+                    0 | 5 => S::from_f64(f64::NAN),
+                    r => S::from_f64((r % 3) as f64),
+                })
+                .collect();
+            variants.push(("ties and NaNs", ties));
+        } else {
+            variants.push((
+                "ties",
+                (0..n)
+                    .map(|m| S::from_f64(((m * 7 + m / 13) % 3) as f64))
+                    .collect(),
+            ));
         }
         for (variant, values) in variants {
             let b = make::<S>(&[n as i64], "", |o| {
@@ -2529,6 +2667,9 @@ mod memory_order_tests {
                         [sequential_arg(max, &logical)],
                         "{name} {what}, {variant}: arg (max {max})"
                     );
+                }
+                for axis in 0..view.ndim() {
+                    check_arg_axis::<S>(&view, axis, &format!("{name} {what}, {variant}"));
                 }
             }
         }
@@ -2565,6 +2706,45 @@ mod memory_order_tests {
                     "{plant:?} {max}"
                 );
             }
+        }
+        // Over one axis: [300, 4500] seen transposed, so that the reduction over its
+        // axis 1 reads runs of 2048 outputs (the last one shorter) and that over its
+        // axis 0 rows of 4500 on several threads; equal extremes (and then NaNs)
+        // planted in one column of memory (an output of axis 1) in the first row, in
+        // rows of a group of four and in the last rows, and along one row of memory
+        // (an output of axis 0), in the last run of outputs too.
+        let (r, c) = (300usize, 4500usize);
+        for plant in [None, Some(f32::NAN)] {
+            let mut v: Vec<f32> = (0..r * c).map(|m| ((m * 37) % 1001) as f32).collect();
+            let x = plant.unwrap_or(5000.0);
+            let y = plant.unwrap_or(-5000.0);
+            for (row, col) in [
+                (0, 7),
+                (5, 7),
+                (6, 7),
+                (298, 4400),
+                (299, 4400),
+                (3, 4400),
+                (150, 2047),
+                (150, 2048),
+                (150, 4499),
+                (150, 0),
+                (17, 3000),
+                (18, 3000),
+            ] {
+                v[row * c + col] = x;
+                v[(r - 1 - row) * c + (c - 1 - col)] = y;
+            }
+            v[(r - 1) * c + 5] = -0.0;
+            v[(r - 2) * c + 5] = 0.0;
+            let b = make::<f32>(&[(r * c) as i64], "", |o| {
+                o.copy_from_slice(&v);
+                Ok(())
+            })
+            .unwrap();
+            let view = b.restride(vec![c as i64, r as i64], vec![1, c as i64], 0);
+            check_arg_axis::<f32>(&view, 0, &format!("[4500, 300] {plant:?}"));
+            check_arg_axis::<f32>(&view, 1, &format!("[4500, 300] {plant:?}"));
         }
         arg_views::<f32>();
         arg_views::<f64>();
