@@ -3976,3 +3976,482 @@ proptest! {
         extreme_once(&x);
     }
 }
+
+// ---------------------------------------------------------------------------------
+// Reductions of strided views against a reference
+// ---------------------------------------------------------------------------------
+
+/// A reduction of a view of caller memory: the view's shape, how each of its axes
+/// lies in a compact buffer, and the reduction's arguments. The values are small
+/// integers (and NaN here and there in floats), so that every sum and product is
+/// exact in `f64` whatever the order of its terms: the reference is exact.
+#[derive(Debug, Clone)]
+struct ViewReduction {
+    op: &'static str,
+    dtype: i32,
+    /// The view's shape.
+    shape: Vec<i64>,
+    /// Axis `q` of the view is axis `perm[q]` of the buffer.
+    perm: Vec<usize>,
+    /// Per view axis: 0 forward, 1 reversed, 2 every other element, 3 broadcast
+    /// (stride 0), 4 every other element reversed.
+    how: Vec<u8>,
+    /// `axes` (sum .. any: an array, or one int when `.1`) or `axis` (argmin,
+    /// argmax); None: the default.
+    axes: Option<(Vec<i64>, bool)>,
+    keepdims: Option<bool>,
+    /// Float inputs hold a NaN now and then.
+    nan: bool,
+    seed: u64,
+}
+
+const VIEW_REDUCTIONS: &[&str] = &[
+    "sum", "prod", "mean", "min", "max", "all", "any", "argmin", "argmax",
+];
+
+fn view_reduction() -> impl Strategy<Value = ViewReduction> {
+    // Mostly small extents; now and then a long axis (past the kernels' runs of 2048
+    // outputs and 8 KiB rows, and their pieces for the pool).
+    let extent = prop_oneof![12 => 1i64..5, 1 => Just(0i64), 2 => 5i64..40];
+    let shape = (0usize..=4).prop_flat_map(move |r| prop::collection::vec(extent.clone(), r));
+    let long = prop::option::weighted(0.3, (any::<prop::sample::Index>(), 500i64..5000));
+    (
+        prop::sample::select(VIEW_REDUCTIONS),
+        prop::sample::select(vec![1, 2, 4, 5, 6, 10, 11, 12, 12, 13, 13]),
+        shape,
+        long,
+        any::<bool>(),
+        prop::bool::weighted(0.2),
+        any::<u64>(),
+    )
+        .prop_flat_map(|(op, dtype, mut shape, long, keep_default, nan, seed)| {
+            if let Some((i, n)) = long
+                && !shape.is_empty()
+            {
+                let i = i.index(shape.len());
+                shape[i] = n;
+            }
+            // At most about 40000 elements.
+            while shape.iter().map(|&d| d.max(1)).product::<i64>() > 40_000 {
+                let big = (0..shape.len()).max_by_key(|&i| shape[i]).unwrap();
+                shape[big] /= 2;
+            }
+            let r = shape.len();
+            let perm = Just((0..r).collect::<Vec<_>>()).prop_shuffle();
+            let how = prop::collection::vec(
+                prop_oneof![4 => Just(0u8), 2 => Just(1u8), 1 => Just(2u8), 1 => Just(3u8), 1 => Just(4u8)],
+                r,
+            );
+            let arg = matches!(op, "argmin" | "argmax");
+            let ri = r as i64;
+            let axes = if arg {
+                prop::option::of((0..ri.max(1)).prop_flat_map(move |a| {
+                    prop_oneof![Just(a), Just(a - ri)].prop_map(|a| (vec![a], true))
+                }))
+                .prop_map(move |a| a.filter(|_| ri > 0))
+                .boxed()
+            } else {
+                prop::option::weighted(
+                    0.8,
+                    (
+                        Just((0..ri).collect::<Vec<_>>()).prop_shuffle(),
+                        0..=r,
+                        prop::collection::vec(any::<bool>(), r),
+                        any::<bool>(),
+                    )
+                        .prop_map(move |(all, k, neg, one)| {
+                            let v: Vec<i64> = all[..k]
+                                .iter()
+                                .map(|&a| if neg[a as usize] { a - ri } else { a })
+                                .collect();
+                            let one = one && v.len() == 1;
+                            (v, one)
+                        }),
+                )
+                .boxed()
+            };
+            (
+                Just(op),
+                Just(dtype),
+                Just(shape),
+                perm,
+                how,
+                axes,
+                (Just(keep_default), any::<bool>(), Just(nan), Just(seed)),
+            )
+        })
+        .prop_map(
+            |(op, dtype, shape, perm, how, axes, (keep_default, keepdims, nan, seed))| {
+                ViewReduction {
+                    op,
+                    dtype,
+                    shape,
+                    perm,
+                    how,
+                    axes,
+                    keepdims: (!keep_default).then_some(keepdims),
+                    nan,
+                    seed,
+                }
+            },
+        )
+}
+
+/// Element values of a view reduction's buffer, as exact `f64`s.
+fn view_values(c: &ViewReduction, n: usize) -> Vec<f64> {
+    let mut state = c.seed | 1;
+    let float = matches!(c.dtype, 10..=13);
+    let unsigned = c.dtype == 6;
+    (0..n)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let r = state >> 8;
+            if c.nan && float && r.is_multiple_of(50) {
+                return f64::NAN;
+            }
+            if c.dtype == 1 {
+                return (r & 1) as f64;
+            }
+            let v = if c.op == "prod" {
+                // Products stay exact: ones of either sign, a few zeros and twos.
+                match r % 100 {
+                    0..=3 => 0.0,
+                    4 => 2.0,
+                    x if x % 2 == 0 => 1.0,
+                    _ => -1.0,
+                }
+            } else {
+                (r % 7) as f64 - 3.0
+            };
+            if unsigned { v.abs() } else { v }
+        })
+        .collect()
+}
+
+fn encode(dtype: i32, v: f64) -> Vec<u8> {
+    match dtype {
+        1 | 6 => vec![v as u8],
+        2 => (v as i8).to_ne_bytes().to_vec(),
+        4 => (v as i32).to_ne_bytes().to_vec(),
+        5 => (v as i64).to_ne_bytes().to_vec(),
+        10 => half::f16::from_f64(v).to_bits().to_ne_bytes().to_vec(),
+        11 => half::bf16::from_f64(v).to_bits().to_ne_bytes().to_vec(),
+        12 => (v as f32).to_ne_bytes().to_vec(),
+        13 => v.to_ne_bytes().to_vec(),
+        _ => unreachable!("{dtype}"),
+    }
+}
+
+/// An output element: integers (and bool) as their 64-bit two's complement, floats
+/// as `f64`.
+#[derive(Debug, Clone, Copy)]
+enum Num {
+    Int(u64),
+    Float(f64),
+}
+
+impl PartialEq for Num {
+    fn eq(&self, other: &Num) -> bool {
+        match (self, other) {
+            (Num::Int(a), Num::Int(b)) => a == b,
+            (Num::Float(a), Num::Float(b)) => a == b || (a.is_nan() && b.is_nan()),
+            _ => false,
+        }
+    }
+}
+
+fn decode_all(t: *const ndx_tensor_t) -> (i32, Vec<Num>) {
+    let mut dtype = 0;
+    ok(ndx_tensor_dtype(t, &mut dtype));
+    let mut nbytes = 0usize;
+    ok(ndx_tensor_nbytes(t, &mut nbytes));
+    let mut buf = vec![0u8; nbytes];
+    ok(ndx_tensor_copy_to(t, buf.as_mut_ptr().cast(), nbytes));
+    let item = dl_of(dtype).1;
+    let v = buf
+        .chunks_exact(item)
+        .map(|c| match dtype {
+            1 | 6 => Num::Int(c[0] as u64),
+            2 => Num::Int(c[0] as i8 as i64 as u64),
+            3 => Num::Int(i16::from_ne_bytes(c.try_into().unwrap()) as i64 as u64),
+            4 => Num::Int(i32::from_ne_bytes(c.try_into().unwrap()) as i64 as u64),
+            5 => Num::Int(i64::from_ne_bytes(c.try_into().unwrap()) as u64),
+            7 => Num::Int(u16::from_ne_bytes(c.try_into().unwrap()) as u64),
+            8 => Num::Int(u32::from_ne_bytes(c.try_into().unwrap()) as u64),
+            9 => Num::Int(u64::from_ne_bytes(c.try_into().unwrap())),
+            10 => {
+                Num::Float(half::f16::from_bits(u16::from_ne_bytes(c.try_into().unwrap())).to_f64())
+            }
+            11 => Num::Float(
+                half::bf16::from_bits(u16::from_ne_bytes(c.try_into().unwrap())).to_f64(),
+            ),
+            12 => Num::Float(f32::from_ne_bytes(c.try_into().unwrap()) as f64),
+            13 => Num::Float(f64::from_ne_bytes(c.try_into().unwrap())),
+            _ => unreachable!("{dtype}"),
+        })
+        .collect();
+    (dtype, v)
+}
+
+/// A float result rounded once to `dtype`.
+fn round_to(dtype: i32, v: f64) -> Num {
+    Num::Float(match dtype {
+        10 => half::f16::from_f64(v).to_f64(),
+        11 => half::bf16::from_f64(v).to_f64(),
+        12 => v as f32 as f64,
+        _ => v,
+    })
+}
+
+/// The reference: output dtype, shape and elements, or `Err` where the reduction
+/// fails (over no elements).
+fn view_reference(c: &ViewReduction, x: &[f64]) -> Result<(i32, Vec<i64>, Vec<Num>), ()> {
+    let r = c.shape.len();
+    let arg = matches!(c.op, "argmin" | "argmax");
+    let keepdims = c.keepdims.unwrap_or(false);
+    let norm = |a: i64| (if a < 0 { a + r as i64 } else { a }) as usize;
+    let axes: Vec<usize> = match &c.axes {
+        None => (0..r).collect(),
+        Some((v, _)) => v.iter().map(|&a| norm(a)).collect(),
+    };
+    let reduced: Vec<bool> = (0..r).map(|a| axes.contains(&a)).collect();
+    // argmin/argmax without an axis reduce the flattened tensor.
+    let flat = arg && c.axes.is_none();
+    let out_shape: Vec<i64> = if flat {
+        if keepdims { vec![1; r] } else { vec![] }
+    } else {
+        (0..r)
+            .filter_map(|a| match (reduced[a], keepdims) {
+                (false, _) => Some(c.shape[a]),
+                (true, true) => Some(1),
+                (true, false) => None,
+            })
+            .collect()
+    };
+    let n_out: usize = out_shape.iter().map(|&d| d as usize).product();
+    let count: usize = if flat {
+        x.len()
+    } else {
+        axes.iter().map(|&a| c.shape[a] as usize).product()
+    };
+    let float = matches!(c.dtype, 10..=13);
+    let out_dtype = match c.op {
+        "sum" | "prod" if float => c.dtype,
+        "sum" | "prod" if c.dtype == 6 => 9,
+        "sum" | "prod" => 5,
+        "mean" if float => c.dtype,
+        "mean" => 13,
+        "all" | "any" => 1,
+        "argmin" | "argmax" => 5,
+        _ => c.dtype,
+    };
+    if arg && count == 0 {
+        return Err(());
+    }
+    if matches!(c.op, "min" | "max") && count == 0 && n_out > 0 {
+        return Err(());
+    }
+    // Each output's elements in logical order, with their index along the reduction.
+    let mut groups: Vec<Vec<(f64, i64)>> = vec![Vec::new(); n_out];
+    let mut idx = vec![0i64; r];
+    for (i, &v) in x.iter().enumerate() {
+        let mut o = 0usize;
+        let mut k = 0i64;
+        for a in 0..r {
+            if !reduced[a] && !flat {
+                o = o * c.shape[a] as usize + idx[a] as usize;
+            } else {
+                k = k * c.shape[a] + idx[a];
+            }
+        }
+        groups[o].push((v, if flat { i as i64 } else { k }));
+        for a in (0..r).rev() {
+            idx[a] += 1;
+            if idx[a] < c.shape[a] {
+                break;
+            }
+            idx[a] = 0;
+        }
+    }
+    let out = groups
+        .iter()
+        .map(|g| {
+            let vals = g.iter().map(|p| p.0);
+            let int = |v: i64| Num::Int(v as u64);
+            match c.op {
+                "sum" if float => round_to(out_dtype, vals.sum()),
+                "sum" => int(vals.map(|v| v as i64).sum()),
+                "prod" if float => round_to(out_dtype, vals.product()),
+                "prod" => int(vals.fold(1i64, |a, v| a.wrapping_mul(v as i64))),
+                "mean" => round_to(out_dtype, vals.sum::<f64>() / g.len() as f64),
+                "all" => int(vals.fold(1, |a, v| a & i64::from(v != 0.0))),
+                "any" => int(vals.fold(0, |a, v| a | i64::from(v != 0.0))),
+                "min" | "max" => {
+                    let max = c.op == "max";
+                    let m = vals.fold(None, |a: Option<f64>, v| match a {
+                        None => Some(v),
+                        Some(a) if a.is_nan() => Some(a),
+                        Some(_) if v.is_nan() => Some(v),
+                        Some(a) => Some(if max { a.max(v) } else { a.min(v) }),
+                    });
+                    let m = m.unwrap();
+                    if float { Num::Float(m) } else { int(m as i64) }
+                }
+                _ => {
+                    let max = c.op == "argmax";
+                    let mut best: Option<(f64, i64)> = None;
+                    for &(v, k) in g {
+                        best = match best {
+                            None => Some((v, k)),
+                            Some(b) if b.0.is_nan() => Some(b),
+                            Some(_) if v.is_nan() => Some((v, k)),
+                            Some(b) if (max && v > b.0) || (!max && v < b.0) => Some((v, k)),
+                            b => b,
+                        };
+                    }
+                    int(best.unwrap().1)
+                }
+            }
+        })
+        .collect();
+    Ok((out_dtype, out_shape, out))
+}
+
+fn view_reduction_once(c: &ViewReduction) {
+    let r = c.shape.len();
+    let item = dl_of(c.dtype).1;
+    // The buffer: buffer axis perm[q] holds view axis q's elements.
+    let mut bshape = vec![0i64; r];
+    for q in 0..r {
+        bshape[c.perm[q]] = match c.how[q] {
+            2 | 4 => 2 * c.shape[q],
+            3 => 1,
+            _ => c.shape[q],
+        };
+    }
+    let mut bstrides = vec![0i64; r];
+    let mut acc = 1i64;
+    for a in (0..r).rev() {
+        bstrides[a] = acc;
+        acc *= bshape[a].max(1);
+    }
+    let bnum: i64 = bshape.iter().product();
+    let numel: i64 = c.shape.iter().product();
+    let mut strides = vec![0i64; r];
+    let mut origin = 0i64;
+    for q in 0..r {
+        let s = bstrides[c.perm[q]];
+        strides[q] = match c.how[q] {
+            0 => s,
+            1 => -s,
+            2 => 2 * s,
+            3 => 0,
+            _ => -2 * s,
+        };
+        if strides[q] < 0 && numel > 0 {
+            origin += (c.shape[q] - 1) * -strides[q];
+        }
+    }
+    let bvals = view_values(c, bnum.max(0) as usize);
+    let mut bytes: Vec<u8> = bvals.iter().flat_map(|&v| encode(c.dtype, v)).collect();
+    bytes.resize(bytes.len().max(item) + 8, 0);
+    // The view's elements in logical order.
+    let mut x = Vec::with_capacity(numel as usize);
+    let mut idx = vec![0i64; r];
+    for _ in 0..numel {
+        let at = origin + (0..r).map(|q| idx[q] * strides[q]).sum::<i64>();
+        x.push(bvals[at as usize]);
+        for q in (0..r).rev() {
+            idx[q] += 1;
+            if idx[q] < c.shape[q] {
+                break;
+            }
+            idx[q] = 0;
+        }
+    }
+    let origin_bytes = if numel > 0 { origin as usize * item } else { 0 };
+    let t = wrap_host(
+        bytes[origin_bytes..].as_mut_ptr().cast(),
+        c.dtype,
+        &c.shape,
+        Some(&strides),
+        false,
+    );
+    let mut args = std::ptr::null_mut();
+    ok(ndx_args_new(&mut args));
+    let arg = matches!(c.op, "argmin" | "argmax");
+    if let Some((v, one)) = &c.axes {
+        let name = CString::new(if arg { "axis" } else { "axes" }).unwrap();
+        if *one {
+            ok(ndx_args_set_int(args, name.as_ptr(), v[0]));
+        } else {
+            ok(ndx_args_set_int_array(
+                args,
+                name.as_ptr(),
+                v.as_ptr(),
+                v.len(),
+            ));
+        }
+    }
+    if let Some(k) = c.keepdims {
+        ok(ndx_args_set_bool(args, c"keepdims".as_ptr(), k));
+    }
+    const SYNC: i32 = ndx_eval_mode_t::NDX_EVAL_SYNC_CPU as i32;
+    let ctx = quiet_ctx(SYNC);
+    let op = CString::new(c.op).unwrap();
+    let input = [ndx_input_t {
+        tensor: t,
+        batch: std::ptr::null(),
+    }];
+    let got = match invoke_with(&ctx, &op, &input, args, &invoke_options(SYNC, &[])) {
+        Err(e) => Err(caller_error(e, "ndx_invoke")),
+        Ok(f) => {
+            let e = ndx_future_wait(f, -1);
+            let r = if e.is_null() {
+                let mut out = std::ptr::null_mut();
+                ok(ndx_future_tensor(f, 0, &mut out));
+                let (dtype, v) = decode_all(out);
+                let shape = shape_of(out);
+                ndx_tensor_release(out);
+                Ok((dtype, shape, v))
+            } else {
+                Err(caller_error(e, "the reduction"))
+            };
+            ndx_future_release(f);
+            r
+        }
+    };
+    match (got, view_reference(c, &x)) {
+        (Ok(g), Ok(w)) => {
+            assert_eq!((g.0, &g.1), (w.0, &w.1), "output dtype and shape");
+            if let Some(k) = (0..g.2.len()).find(|&k| g.2[k] != w.2[k]) {
+                panic!(
+                    "element {k} of {}: {:?}, expected {:?} (strides {strides:?})",
+                    g.2.len(),
+                    g.2[k],
+                    w.2[k]
+                );
+            }
+        }
+        (Err((kind, msg)), Ok(w)) => panic!("failed (kind {kind}): {msg}; expected {:?}", w.1),
+        (Ok(g), Err(())) => panic!("succeeded with shape {:?}; expected an error", g.1),
+        (Err((kind, msg)), Err(())) => {
+            assert_eq!(kind, ndx_error_kind_t::NDX_ERROR_VALUE as i32, "{msg}");
+        }
+    }
+    ndx_args_free(args);
+    ndx_tensor_release(t);
+    drop(ctx);
+    drop(bytes);
+}
+
+proptest! {
+    #![proptest_config(config(300))]
+
+    #[test]
+    fn reductions_of_views_match_the_reference(c in view_reduction()) {
+        view_reduction_once(&c);
+    }
+}
