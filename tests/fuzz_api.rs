@@ -4319,16 +4319,28 @@ fn view_reference(c: &ViewReduction, x: &[f64]) -> Result<(i32, Vec<i64>, Vec<Nu
     Ok((out_dtype, out_shape, out))
 }
 
-fn view_reduction_once(c: &ViewReduction) {
-    let r = c.shape.len();
-    let item = dl_of(c.dtype).1;
-    // The buffer: buffer axis perm[q] holds view axis q's elements.
+/// Where a view's elements lie in a compact buffer.
+struct Placement {
+    /// The buffer's element count.
+    elements: usize,
+    /// The view's strides, and its element 0 (in elements from the buffer's start).
+    strides: Vec<i64>,
+    origin: usize,
+    /// The buffer index of each of the view's elements, in logical order.
+    logical: Vec<usize>,
+}
+
+/// A view of `shape` whose axis `q` is axis `perm[q]` of a compact buffer, laid out
+/// by `how[q]`: 0 forward, 1 reversed, 2 every other element, 3 broadcast (stride 0),
+/// 4 every other element reversed.
+fn place(shape: &[i64], perm: &[usize], how: &[u8]) -> Placement {
+    let r = shape.len();
     let mut bshape = vec![0i64; r];
     for q in 0..r {
-        bshape[c.perm[q]] = match c.how[q] {
-            2 | 4 => 2 * c.shape[q],
+        bshape[perm[q]] = match how[q] {
+            2 | 4 => 2 * shape[q],
             3 => 1,
-            _ => c.shape[q],
+            _ => shape[q],
         };
     }
     let mut bstrides = vec![0i64; r];
@@ -4337,13 +4349,12 @@ fn view_reduction_once(c: &ViewReduction) {
         bstrides[a] = acc;
         acc *= bshape[a].max(1);
     }
-    let bnum: i64 = bshape.iter().product();
-    let numel: i64 = c.shape.iter().product();
+    let numel: i64 = shape.iter().product();
     let mut strides = vec![0i64; r];
     let mut origin = 0i64;
     for q in 0..r {
-        let s = bstrides[c.perm[q]];
-        strides[q] = match c.how[q] {
+        let s = bstrides[perm[q]];
+        strides[q] = match how[q] {
             0 => s,
             1 => -s,
             2 => 2 * s,
@@ -4351,29 +4362,39 @@ fn view_reduction_once(c: &ViewReduction) {
             _ => -2 * s,
         };
         if strides[q] < 0 && numel > 0 {
-            origin += (c.shape[q] - 1) * -strides[q];
+            origin += (shape[q] - 1) * -strides[q];
         }
     }
-    let bvals = view_values(c, bnum.max(0) as usize);
-    let mut bytes: Vec<u8> = bvals.iter().flat_map(|&v| encode(c.dtype, v)).collect();
-    bytes.resize(bytes.len().max(item) + 8, 0);
-    // The view's elements in logical order.
-    let mut x = Vec::with_capacity(numel as usize);
+    let mut logical = Vec::with_capacity(numel as usize);
     let mut idx = vec![0i64; r];
     for _ in 0..numel {
-        let at = origin + (0..r).map(|q| idx[q] * strides[q]).sum::<i64>();
-        x.push(bvals[at as usize]);
+        logical.push((origin + (0..r).map(|q| idx[q] * strides[q]).sum::<i64>()) as usize);
         for q in (0..r).rev() {
             idx[q] += 1;
-            if idx[q] < c.shape[q] {
+            if idx[q] < shape[q] {
                 break;
             }
             idx[q] = 0;
         }
     }
-    let origin_bytes = if numel > 0 { origin as usize * item } else { 0 };
+    Placement {
+        elements: bshape.iter().product::<i64>() as usize,
+        strides,
+        origin: if numel > 0 { origin as usize } else { 0 },
+        logical,
+    }
+}
+
+fn view_reduction_once(c: &ViewReduction) {
+    let item = dl_of(c.dtype).1;
+    let p = place(&c.shape, &c.perm, &c.how);
+    let bvals = view_values(c, p.elements);
+    let mut bytes: Vec<u8> = bvals.iter().flat_map(|&v| encode(c.dtype, v)).collect();
+    bytes.resize(bytes.len().max(item) + 8, 0);
+    let x: Vec<f64> = p.logical.iter().map(|&i| bvals[i]).collect();
+    let strides = p.strides.clone();
     let t = wrap_host(
-        bytes[origin_bytes..].as_mut_ptr().cast(),
+        bytes[p.origin * item..].as_mut_ptr().cast(),
         c.dtype,
         &c.shape,
         Some(&strides),
@@ -4453,5 +4474,289 @@ proptest! {
     #[test]
     fn reductions_of_views_match_the_reference(c in view_reduction()) {
         view_reduction_once(&c);
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Elementwise operators on strided views against their compact copies
+// ---------------------------------------------------------------------------------
+
+/// An input of an elementwise invocation: a view of caller memory (see [`place`])
+/// and the seed of its bytes.
+#[derive(Debug, Clone)]
+struct EwInput {
+    dtype: i32,
+    shape: Vec<i64>,
+    perm: Vec<usize>,
+    how: Vec<u8>,
+    seed: u64,
+}
+
+#[derive(Debug, Clone)]
+struct EwCase {
+    op: &'static str,
+    inputs: Vec<EwInput>,
+    /// `cast`'s dtype.
+    dtype: i32,
+}
+
+const EW_OPS: &[(&str, usize)] = &[
+    ("add", 2),
+    ("sub", 2),
+    ("mul", 2),
+    ("div", 2),
+    ("floordiv", 2),
+    ("mod", 2),
+    ("pow", 2),
+    ("minimum", 2),
+    ("maximum", 2),
+    ("eq", 2),
+    ("lt", 2),
+    ("ge", 2),
+    ("logical_and", 2),
+    ("logical_xor", 2),
+    ("neg", 1),
+    ("abs", 1),
+    ("sign", 1),
+    ("relu", 1),
+    ("floor", 1),
+    ("round", 1),
+    ("sqrt", 1),
+    ("exp", 1),
+    ("tanh", 1),
+    ("sigmoid", 1),
+    ("isnan", 1),
+    ("logical_not", 1),
+    ("clamp", 1),
+    ("cast", 1),
+    ("where", 3),
+];
+
+/// An input like `(dtype, shape)`: mostly that dtype; that shape, or (unless `first`)
+/// a broadcast of it (extents of 1, leading ones dropped); any placement.
+fn ew_input(dtype: i32, shape: Vec<i64>, first: bool) -> impl Strategy<Value = EwInput> {
+    let n = shape.len();
+    let dtype = prop_oneof![3 => Just(dtype), 1 => 1i32..=13];
+    let broadcast = (prop::collection::vec(prop::bool::weighted(0.3), n), 0..=n);
+    let broadcast = if first {
+        Just(None).boxed()
+    } else {
+        prop::option::weighted(0.3, broadcast).boxed()
+    };
+    let shape = broadcast.prop_map(move |b| match b {
+        None => shape.clone(),
+        Some((ones, drop)) => shape
+            .iter()
+            .zip(&ones)
+            .map(|(&d, &one)| if one { 1 } else { d })
+            .skip(drop)
+            .collect(),
+    });
+    (dtype, shape, any::<u64>()).prop_flat_map(|(dtype, shape, seed)| {
+        let r = shape.len();
+        (
+            Just(dtype),
+            Just(shape),
+            Just((0..r).collect::<Vec<_>>()).prop_shuffle(),
+            prop::collection::vec(
+                prop_oneof![4 => Just(0u8), 2 => Just(1u8), 1 => Just(2u8), 1 => Just(3u8), 1 => Just(4u8)],
+                r,
+            ),
+            Just(seed),
+        )
+            .prop_map(|(dtype, shape, perm, how, seed)| EwInput {
+                dtype,
+                shape,
+                perm,
+                how,
+                seed,
+            })
+    })
+}
+
+fn ew_case() -> impl Strategy<Value = EwCase> {
+    let extent = prop_oneof![12 => 1i64..5, 1 => Just(0i64), 2 => 5i64..40];
+    let shape = (0usize..=4).prop_flat_map(move |r| prop::collection::vec(extent.clone(), r));
+    let long = prop::option::weighted(0.3, (any::<prop::sample::Index>(), 500i64..5000));
+    (
+        prop::sample::select(EW_OPS),
+        1i32..=13,
+        shape,
+        long,
+        1i32..=13,
+    )
+        .prop_flat_map(|((op, n), dtype, mut shape, long, cast_to)| {
+            if let Some((i, len)) = long
+                && !shape.is_empty()
+            {
+                let i = i.index(shape.len());
+                shape[i] = len;
+            }
+            while shape.iter().map(|&d| d.max(1)).product::<i64>() > 40_000 {
+                let big = (0..shape.len()).max_by_key(|&i| shape[i]).unwrap();
+                shape[big] /= 2;
+            }
+            let first = ew_input(dtype, shape.clone(), true);
+            let rest = prop::collection::vec(ew_input(dtype, shape, false), n - 1);
+            (Just(op), first, rest, Just(cast_to))
+        })
+        .prop_map(|(op, first, rest, dtype)| EwCase {
+            op,
+            inputs: std::iter::once(first).chain(rest).collect(),
+            dtype,
+        })
+}
+
+/// The bytes of a view's buffer: small integers mostly, random bits (NaNs, huge
+/// values, subnormals in floats) for one element in four; bool 0 or 1.
+fn ew_bytes(i: &EwInput, n: usize) -> Vec<u8> {
+    let item = dl_of(i.dtype).1;
+    let mut state = i.seed | 1;
+    let mut out = Vec::with_capacity(n * item + 8);
+    for _ in 0..n {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let r = state;
+        if i.dtype == 1 {
+            out.push((r & 1) as u8);
+        } else if r.is_multiple_of(4) {
+            out.extend_from_slice(&(r >> 3).to_ne_bytes()[..item]);
+        } else {
+            let v = ((r >> 8) % 7) as i64 - 3;
+            let v = if matches!(i.dtype, 6..=9) { v.abs() } else { v };
+            match i.dtype {
+                2 | 6 => out.push(v as u8),
+                3 | 7 | 10 | 11 => {
+                    let b = match i.dtype {
+                        10 => half::f16::from_f64(v as f64).to_bits(),
+                        11 => half::bf16::from_f64(v as f64).to_bits(),
+                        _ => v as u16,
+                    };
+                    out.extend_from_slice(&b.to_ne_bytes());
+                }
+                4 | 8 => out.extend_from_slice(&(v as i32).to_ne_bytes()),
+                12 => out.extend_from_slice(&(v as f32).to_ne_bytes()),
+                13 => out.extend_from_slice(&(v as f64).to_ne_bytes()),
+                _ => out.extend_from_slice(&v.to_ne_bytes()),
+            }
+        }
+    }
+    out.resize(n.max(1) * item + 8, 0);
+    out
+}
+
+/// The outcome of an invocation: its output's dtype, shape and elements, or the
+/// error kind.
+fn ew_outcome(
+    op: &str,
+    inputs: &[*mut ndx_tensor_t],
+    args: *const ndx_args_t,
+) -> Result<(i32, Vec<i64>, Vec<Num>), i32> {
+    const SYNC: i32 = ndx_eval_mode_t::NDX_EVAL_SYNC_CPU as i32;
+    let ctx = quiet_ctx(SYNC);
+    let op = CString::new(op).unwrap();
+    let list: Vec<ndx_input_t> = inputs
+        .iter()
+        .map(|&t| ndx_input_t {
+            tensor: t,
+            batch: std::ptr::null(),
+        })
+        .collect();
+    match invoke_with(&ctx, &op, &list, args, &invoke_options(SYNC, &[])) {
+        Err(e) => Err(caller_error(e, "ndx_invoke").0),
+        Ok(f) => {
+            let e = ndx_future_wait(f, -1);
+            let r = if e.is_null() {
+                let mut out = std::ptr::null_mut();
+                ok(ndx_future_tensor(f, 0, &mut out));
+                let (dtype, v) = decode_all(out);
+                let shape = shape_of(out);
+                ndx_tensor_release(out);
+                Ok((dtype, shape, v))
+            } else {
+                Err(caller_error(e, "the invocation's work").0)
+            };
+            ndx_future_release(f);
+            r
+        }
+    }
+}
+
+fn ew_once(c: &EwCase) {
+    let mut keep = Vec::new();
+    let mut views = Vec::new();
+    let mut copies = Vec::new();
+    for i in &c.inputs {
+        let item = dl_of(i.dtype).1;
+        let p = place(&i.shape, &i.perm, &i.how);
+        let mut bytes = ew_bytes(i, p.elements);
+        let compact: Vec<u8> = p
+            .logical
+            .iter()
+            .flat_map(|&k| bytes[k * item..(k + 1) * item].to_vec())
+            .collect();
+        views.push(wrap_host(
+            bytes[p.origin * item..].as_mut_ptr().cast(),
+            i.dtype,
+            &i.shape,
+            Some(&p.strides),
+            false,
+        ));
+        copies.push(T::copy(&compact, i.dtype, &i.shape));
+        keep.push(bytes);
+    }
+    let mut args = std::ptr::null_mut();
+    ok(ndx_args_new(&mut args));
+    match c.op {
+        "clamp" => {
+            ok(ndx_args_set_float(args, c"lo".as_ptr(), -1.5));
+            ok(ndx_args_set_float(args, c"hi".as_ptr(), 2.0));
+        }
+        "cast" => ok(ndx_args_set_dtype(args, c"dtype".as_ptr(), c.dtype)),
+        _ => {}
+    }
+    let got = ew_outcome(c.op, &views, args);
+    let copy_list: Vec<*mut ndx_tensor_t> = copies.iter().map(|t| t.0).collect();
+    let want = ew_outcome(c.op, &copy_list, args);
+    match (got, want) {
+        (Ok(g), Ok(w)) => {
+            assert_eq!((g.0, &g.1), (w.0, &w.1), "output dtype and shape");
+            // Bit for bit, but any NaN for a NaN.
+            let same = |a: Num, b: Num| match (a, b) {
+                (Num::Float(a), Num::Float(b)) => {
+                    (a.is_nan() && b.is_nan()) || a.to_bits() == b.to_bits()
+                }
+                (a, b) => a == b,
+            };
+            if let Some(k) = (0..g.2.len()).find(|&k| !same(g.2[k], w.2[k])) {
+                panic!(
+                    "element {k} of {}: {:?} from the views, {:?} from compact copies",
+                    g.2.len(),
+                    g.2[k],
+                    w.2[k]
+                );
+            }
+        }
+        (g, w) => assert_eq!(
+            g.map(|g| g.1),
+            w.map(|w| w.1),
+            "the views and their compact copies disagree"
+        ),
+    }
+    ndx_args_free(args);
+    for t in views {
+        ndx_tensor_release(t);
+    }
+    drop(copies);
+    drop(keep);
+}
+
+proptest! {
+    #![proptest_config(config(300))]
+
+    #[test]
+    fn elementwise_views_match_their_compact_copies(c in ew_case()) {
+        ew_once(&c);
     }
 }
