@@ -4519,7 +4519,8 @@ proptest! {
 }
 
 // ---------------------------------------------------------------------------------
-// Elementwise operators on strided views against their compact copies
+// Elementwise, shape and joining operators on strided views against their compact
+// copies
 // ---------------------------------------------------------------------------------
 
 /// An input of an elementwise invocation: a view of caller memory (see [`place`])
@@ -4571,6 +4572,17 @@ const EW_OPS: &[(&str, usize)] = &[
     ("clamp", 1),
     ("cast", 1),
     ("where", 3),
+    // Shape and joining operators, which compact a strided input first.
+    ("transpose", 1),
+    ("flip", 1),
+    ("reshape", 1),
+    ("squeeze", 1),
+    ("expand_dims", 1),
+    ("slice", 1),
+    ("pad", 1),
+    ("concat", 2),
+    ("stack", 2),
+    ("to_host", 1),
 ];
 
 /// An input like `(dtype, shape)`: mostly that dtype; that shape, or (unless `first`)
@@ -4755,6 +4767,46 @@ fn ew_once(c: &EwCase) {
             ok(ndx_args_set_float(args, c"hi".as_ptr(), 2.0));
         }
         "cast" => ok(ndx_args_set_dtype(args, c"dtype".as_ptr(), c.dtype)),
+        "reshape" => ok(ndx_args_set_int_array(
+            args,
+            c"shape".as_ptr(),
+            [-1].as_ptr(),
+            1,
+        )),
+        "expand_dims" => ok(ndx_args_set_int(args, c"axis".as_ptr(), -1)),
+        "slice" => {
+            // Every other element of axis 0 from the second on.
+            ok(ndx_args_set_int_array(
+                args,
+                c"start".as_ptr(),
+                [1].as_ptr(),
+                1,
+            ));
+            ok(ndx_args_set_int_array(
+                args,
+                c"end".as_ptr(),
+                [1 << 40].as_ptr(),
+                1,
+            ));
+            ok(ndx_args_set_int_array(
+                args,
+                c"step".as_ptr(),
+                [2].as_ptr(),
+                1,
+            ));
+        }
+        "pad" => {
+            let widths: Vec<i64> = (0..2 * c.inputs[0].shape.len() as i64)
+                .map(|i| i % 3)
+                .collect();
+            ok(ndx_args_set_int_array(
+                args,
+                c"widths".as_ptr(),
+                widths.as_ptr(),
+                widths.len(),
+            ));
+            ok(ndx_args_set_float(args, c"value".as_ptr(), 7.0));
+        }
         _ => {}
     }
     let got = ew_outcome(c.op, &views, args);
