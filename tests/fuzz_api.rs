@@ -4012,33 +4012,42 @@ const VIEW_REDUCTIONS: &[&str] = &[
     "sum", "prod", "mean", "min", "max", "all", "any", "argmin", "argmax",
 ];
 
-fn view_reduction() -> impl Strategy<Value = ViewReduction> {
-    // Mostly small extents; now and then a long axis (past the kernels' runs of 2048
-    // outputs and 8 KiB rows, and their pieces for the pool).
+/// The shape of a view: rank 0 to 4, mostly small extents (some 0); now and then a
+/// long axis (past the kernels' runs of 2048 outputs and 8 KiB rows), rarely one
+/// of 70000 and more (past the 2^18 element-operations where work is cut into
+/// pieces for the pool). At most 40000 elements, or 400000 with such an axis.
+fn view_shape() -> impl Strategy<Value = Vec<i64>> {
     let extent = prop_oneof![12 => 1i64..5, 1 => Just(0i64), 2 => 5i64..40];
     let shape = (0usize..=4).prop_flat_map(move |r| prop::collection::vec(extent.clone(), r));
-    let long = prop::option::weighted(0.3, (any::<prop::sample::Index>(), 500i64..5000));
+    let len = prop_oneof![10 => 500i64..5000, 1 => 70_000i64..150_000];
+    let long = prop::option::weighted(0.3, (any::<prop::sample::Index>(), len));
+    (shape, long).prop_map(|(mut shape, long)| {
+        let mut cap = 40_000;
+        if let Some((i, n)) = long
+            && !shape.is_empty()
+        {
+            let i = i.index(shape.len());
+            shape[i] = n;
+            cap = if n >= 70_000 { 400_000 } else { cap };
+        }
+        while shape.iter().map(|&d| d.max(1)).product::<i64>() > cap {
+            let big = (0..shape.len()).max_by_key(|&i| shape[i]).unwrap();
+            shape[big] /= 2;
+        }
+        shape
+    })
+}
+
+fn view_reduction() -> impl Strategy<Value = ViewReduction> {
     (
         prop::sample::select(VIEW_REDUCTIONS),
         prop::sample::select(vec![1, 2, 4, 5, 6, 10, 11, 12, 12, 13, 13]),
-        shape,
-        long,
+        view_shape(),
         any::<bool>(),
         (prop::bool::weighted(0.2), prop::bool::weighted(0.3)),
         any::<u64>(),
     )
-        .prop_flat_map(|(op, dtype, mut shape, long, keep_default, (nan, random), seed)| {
-            if let Some((i, n)) = long
-                && !shape.is_empty()
-            {
-                let i = i.index(shape.len());
-                shape[i] = n;
-            }
-            // At most about 40000 elements.
-            while shape.iter().map(|&d| d.max(1)).product::<i64>() > 40_000 {
-                let big = (0..shape.len()).max_by_key(|&i| shape[i]).unwrap();
-                shape[big] /= 2;
-            }
+        .prop_flat_map(|(op, dtype, shape, keep_default, (nan, random), seed)| {
             let r = shape.len();
             let perm = Just((0..r).collect::<Vec<_>>()).prop_shuffle();
             let how = prop::collection::vec(
@@ -4628,27 +4637,13 @@ fn ew_input(dtype: i32, shape: Vec<i64>, first: bool) -> impl Strategy<Value = E
 }
 
 fn ew_case() -> impl Strategy<Value = EwCase> {
-    let extent = prop_oneof![12 => 1i64..5, 1 => Just(0i64), 2 => 5i64..40];
-    let shape = (0usize..=4).prop_flat_map(move |r| prop::collection::vec(extent.clone(), r));
-    let long = prop::option::weighted(0.3, (any::<prop::sample::Index>(), 500i64..5000));
     (
         prop::sample::select(EW_OPS),
         1i32..=13,
-        shape,
-        long,
+        view_shape(),
         1i32..=13,
     )
-        .prop_flat_map(|((op, n), dtype, mut shape, long, cast_to)| {
-            if let Some((i, len)) = long
-                && !shape.is_empty()
-            {
-                let i = i.index(shape.len());
-                shape[i] = len;
-            }
-            while shape.iter().map(|&d| d.max(1)).product::<i64>() > 40_000 {
-                let big = (0..shape.len()).max_by_key(|&i| shape[i]).unwrap();
-                shape[big] /= 2;
-            }
+        .prop_flat_map(|((op, n), dtype, shape, cast_to)| {
             let first = ew_input(dtype, shape.clone(), true);
             let rest = prop::collection::vec(ew_input(dtype, shape, false), n - 1);
             (Just(op), first, rest, Just(cast_to))
