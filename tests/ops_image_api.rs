@@ -328,6 +328,35 @@ fn concat_whose_extents_overflow_int64_fails_at_invoke() {
     ndx_tensor_release(huge);
 }
 
+/// An empty broadcast view of [0, 2^62] and a [0, 1] tensor, concatenated along the
+/// last axis: an empty output of [0, 2^62 + 1]. Its first input's block along the
+/// axis (2^62 float32) once overflowed when counted in bytes (a panic while running:
+/// NDX_ERROR_INTERNAL in debug builds). Found by extreme_arguments in fuzz_api.
+#[test]
+fn concat_of_empty_inputs_with_huge_inner_extents_is_empty() {
+    let mut one = [0f32; 1];
+    let huge = wrap_host(
+        one.as_mut_ptr().cast(),
+        F32,
+        &[0, 1 << 62],
+        Some(&[0, 0]),
+        false,
+    );
+    let small = T::host(&[] as &[f32], F32, &[0, 1], None);
+    let last = Args::new().int(c"axis", -1);
+    for mode in [SYNC_CPU, EAGER] {
+        let ctx = Ctx::new(mode);
+        let input = ndx_input_t {
+            tensor: huge,
+            batch: std::ptr::null(),
+        };
+        let r = run(&ctx, c"concat", &[input, small.input()], Some(&last));
+        assert_eq!(r.meta(), (F32, vec![0, (1 << 62) + 1], String::new()));
+        assert!(r.bytes().is_empty());
+    }
+    ndx_tensor_release(huge);
+}
+
 #[test]
 fn stack_of_two_vectors_is_a_matrix() {
     let ctx = Ctx::new(EAGER);

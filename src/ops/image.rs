@@ -85,6 +85,12 @@ fn join(
     shape: &[i64],
     layout: &str,
 ) -> Result<Tensor> {
+    let layout_c = || std::ffi::CString::new(layout).unwrap_or_default();
+    // An empty output has nothing to copy; its inputs' blocks from `axis` on (past
+    // an extent of 0 before it) may not even be countable in bytes.
+    if shape.contains(&0) {
+        return Tensor::new_host_overwritten(dtype, shape, layout_c(), |_| Ok(()));
+    }
     let item = dtype.itemsize();
     let cast: Vec<Option<Tensor>> = inputs
         .iter()
@@ -109,8 +115,7 @@ fn join(
         })
         .collect();
     let total: usize = slab.iter().sum();
-    let layout = std::ffi::CString::new(layout).unwrap_or_default();
-    Tensor::new_host_overwritten(dtype, shape, layout, |out| {
+    Tensor::new_host_overwritten(dtype, shape, layout_c(), |out| {
         if total == 0 {
             return Ok(());
         }

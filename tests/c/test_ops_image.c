@@ -226,6 +226,31 @@ static NDX_TEST_NOINLINE void test_concat(void) {
                       "operator 'concat': the extents along axis 0 add up past int64 at input 1");
   ndx_tensor_release(huge);
 
+  /* An empty broadcast view of [0, 2^62] and a [0, 1] tensor along the last axis: an empty
+   * [0, 2^62 + 1]. The first input's block along the axis (2^62 float32) once overflowed when
+   * counted in bytes while running (a panic, NDX_ERROR_INTERNAL in debug builds). */
+  float fone = 0.0f;
+  const int64_t empty_huge[2] = {0, INT64_C(1) << 62}, empty_one[2] = {0, 1};
+  ndx_tensor_t* eh = NULL;
+  CHECK_OK(ndx_tensor_wrap_host(&fone, NDX_DTYPE_FLOAT32, 2, empty_huge, zero_strides, NULL, NULL,
+                                NULL, &eh));
+  ndx_tensor_t* e1 = mk(&fone, NDX_DTYPE_FLOAT32, 2, empty_one, NULL);
+  ndx_args_t* minus1 = new_args();
+  CHECK_OK(ndx_args_set_int(minus1, "axis", -1));
+  ndx_input_t ee[2] = {ndx_test_in(eh), ndx_test_in(e1)};
+  r = run_op(ctx, "concat", ee, 2, minus1);
+  if (r) {
+    const int64_t joined[2] = {0, (INT64_C(1) << 62) + 1};
+    check_meta(r, NDX_DTYPE_FLOAT32, 2, joined, "");
+    size_t nbytes = 1;
+    CHECK_OK(ndx_tensor_nbytes(r, &nbytes));
+    CHECK(nbytes == 0, "an empty output of %zu bytes", nbytes);
+    ndx_tensor_release(r);
+  }
+  ndx_args_free(minus1);
+  ndx_tensor_release(e1);
+  ndx_tensor_release(eh);
+
   /* int8 + uint8 + float16 -> float16 (np.result_type, not a left fold to float32). */
   const int64_t s2[1] = {2};
   const int8_t v8[2] = {-1, 2};
