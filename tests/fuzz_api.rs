@@ -4439,31 +4439,7 @@ fn view_reduction_once(c: &ViewReduction) {
     if let Some(k) = c.keepdims {
         ok(ndx_args_set_bool(args, c"keepdims".as_ptr(), k));
     }
-    const SYNC: i32 = ndx_eval_mode_t::NDX_EVAL_SYNC_CPU as i32;
-    let ctx = quiet_ctx(SYNC);
-    let op = CString::new(c.op).unwrap();
-    let input = [ndx_input_t {
-        tensor: t,
-        batch: std::ptr::null(),
-    }];
-    let got = match invoke_with(&ctx, &op, &input, args, &invoke_options(SYNC, &[])) {
-        Err(e) => Err(caller_error(e, "ndx_invoke")),
-        Ok(f) => {
-            let e = ndx_future_wait(f, -1);
-            let r = if e.is_null() {
-                let mut out = std::ptr::null_mut();
-                ok(ndx_future_tensor(f, 0, &mut out));
-                let (dtype, v) = decode_all(out);
-                let shape = shape_of(out);
-                ndx_tensor_release(out);
-                Ok((dtype, shape, v))
-            } else {
-                Err(caller_error(e, "the reduction"))
-            };
-            ndx_future_release(f);
-            r
-        }
-    };
+    let got = sync_outcome(c.op, &[t], args, "the reduction");
     // Random float sums, products and means round: a compact copy of the view is
     // the reference (bit for bit in float64, whose order the view keeps; within
     // two units of the last place in narrow floats, which may add in memory order).
@@ -4514,7 +4490,6 @@ fn view_reduction_once(c: &ViewReduction) {
     }
     ndx_args_free(args);
     ndx_tensor_release(t);
-    drop(ctx);
     drop(bytes);
 }
 
@@ -4701,6 +4676,17 @@ fn ew_outcome(
     inputs: &[*mut ndx_tensor_t],
     args: *const ndx_args_t,
 ) -> Result<(i32, Vec<i64>, Vec<Num>), i32> {
+    sync_outcome(op, inputs, args, "the invocation's work").map_err(|e| e.0)
+}
+
+/// `op` on `inputs` with `args` in SYNC_CPU on a quiet context: its output's dtype,
+/// shape and elements, or the error (kind and message) of the call or of `work`.
+fn sync_outcome(
+    op: &str,
+    inputs: &[*mut ndx_tensor_t],
+    args: *const ndx_args_t,
+    work: &str,
+) -> Result<(i32, Vec<i64>, Vec<Num>), (i32, String)> {
     const SYNC: i32 = ndx_eval_mode_t::NDX_EVAL_SYNC_CPU as i32;
     let ctx = quiet_ctx(SYNC);
     let op = CString::new(op).unwrap();
@@ -4712,7 +4698,7 @@ fn ew_outcome(
         })
         .collect();
     match invoke_with(&ctx, &op, &list, args, &invoke_options(SYNC, &[])) {
-        Err(e) => Err(caller_error(e, "ndx_invoke").0),
+        Err(e) => Err(caller_error(e, "ndx_invoke")),
         Ok(f) => {
             let e = ndx_future_wait(f, -1);
             let r = if e.is_null() {
@@ -4723,7 +4709,7 @@ fn ew_outcome(
                 ndx_tensor_release(out);
                 Ok((dtype, shape, v))
             } else {
-                Err(caller_error(e, "the invocation's work").0)
+                Err(caller_error(e, work))
             };
             ndx_future_release(f);
             r

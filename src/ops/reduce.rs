@@ -282,8 +282,14 @@ fn extreme_middle<S: Elem>(max: bool, src: &[S], len: usize, inner: usize, out: 
     }
 }
 
+/// How many of a row's `inner` elements a run of the row-folding kernels takes: 8 KiB
+/// of `S` (two pages), or the whole row when it is shorter.
+fn row_unit<S>(inner: usize) -> usize {
+    inner.min((8192 / size_of::<S>()).max(1))
+}
+
 fn extreme_rows<S: Elem, const MAX: bool>(src: &[S], len: usize, inner: usize, out: &mut [S]) {
-    let unit = inner.min((8192 / size_of::<S>()).max(1));
+    let unit = row_unit::<S>(inner);
     let pick = |a: S, v: S| {
         let better = if MAX { v > a } else { v < a };
         if better { v } else { a }
@@ -413,7 +419,7 @@ fn arg_middle<S: Elem>(max: bool, src: &[S], len: usize, inner: usize, out: &mut
 }
 
 fn arg_rows<S: Elem, const MAX: bool>(src: &[S], len: usize, inner: usize, out: &mut [i64]) {
-    let unit = inner.min((8192 / size_of::<S>()).max(1));
+    let unit = row_unit::<S>(inner);
     row_runs(len, inner, unit, out, |idx, start| {
         let n = idx.len();
         let row = |j: usize| &src[start + j * inner..start + j * inner + n];
