@@ -4669,13 +4669,16 @@ fn ew_bytes(i: &EwInput, n: usize) -> Vec<u8> {
     out
 }
 
+/// An output's dtype, shape and elements.
+type Outcome = (i32, Vec<i64>, Vec<Num>);
+
 /// The outcome of an invocation: its output's dtype, shape and elements, or the
 /// error kind.
 fn ew_outcome(
     op: &str,
     inputs: &[*mut ndx_tensor_t],
     args: *const ndx_args_t,
-) -> Result<(i32, Vec<i64>, Vec<Num>), i32> {
+) -> Result<Outcome, i32> {
     sync_outcome(op, inputs, args, "the invocation's work").map_err(|e| e.0)
 }
 
@@ -4686,7 +4689,7 @@ fn sync_outcome(
     inputs: &[*mut ndx_tensor_t],
     args: *const ndx_args_t,
     work: &str,
-) -> Result<(i32, Vec<i64>, Vec<Num>), (i32, String)> {
+) -> Result<Outcome, (i32, String)> {
     const SYNC: i32 = ndx_eval_mode_t::NDX_EVAL_SYNC_CPU as i32;
     let ctx = quiet_ctx(SYNC);
     let op = CString::new(op).unwrap();
