@@ -510,7 +510,7 @@ fn resize_rejects_bad_requests_at_invoke() {
         Some(&zero_h),
         0,
         NDX_ERROR_VALUE,
-        "resize to 4x0 (w x h)",
+        "resize to h = 0, w = 4: argument 'h' is 0; expected a size >= 1",
     );
     let cubic = Args::resize(4, 4, Some(c"cubic"));
     expect_invoke_err(
@@ -975,7 +975,7 @@ fn resize_gives_the_same_bytes_deferred_and_eager() {
                 Some(&bad),
                 call_mode,
                 NDX_ERROR_VALUE,
-                "resize to 0x4",
+                "resize to h = 4, w = 0: argument 'w' is 0; expected a size >= 1",
             );
             ok(ndx_context_evaluate(ctx.0));
         }

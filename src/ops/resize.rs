@@ -48,8 +48,13 @@ pub fn plan(m: &TMeta, args: &Args) -> Result<Plan> {
     let get = |n: &str| super::image::required_int(args, "resize", n);
     let (out_h, out_w) = (get("h")?, get("w")?);
     if out_h <= 0 || out_w <= 0 {
+        let (name, value) = if out_h <= 0 {
+            ("h", out_h)
+        } else {
+            ("w", out_w)
+        };
         return Err(Error::value(format!(
-            "resize to {out_w}x{out_h} (w x h): both sizes must be at least 1"
+            "resize to h = {out_h}, w = {out_w}: argument '{name}' is {value}; expected a size >= 1"
         )));
     }
     let mut out = m.shape.clone();

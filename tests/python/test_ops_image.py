@@ -1264,7 +1264,10 @@ def test_resize_bool_rejected(ctx, layout):
 def test_resize_size_not_positive(ctx, h, w):
     for layout in LAYOUTS:
         img = np.zeros(image_shape(layout, 4, 4, 3), np.uint8)
-        expect_error(ctx, "resize", [img], resize_args(h, w), ndx.NDX_ERROR_VALUE, "resize to", layout=layout)
+        err = expect_error(ctx, "resize", [img], resize_args(h, w), ndx.NDX_ERROR_VALUE, "resize to", layout=layout)
+        # The message names the first argument that is not a size, with its value.
+        name, value = ("h", h) if h <= 0 else ("w", w)
+        assert f"resize to h = {h}, w = {w}: argument '{name}' is {value}; expected a size >= 1" in err.message
 
 
 @pytest.mark.parametrize("interp", ["cubic", "", "LINEAR", "Nearest", "area", "linear "])
