@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -198,3 +199,31 @@ def test_readme_async_snippet_points_at_the_lines_it_names(tmp_path):
     assert outer and cause, "the README's prose about the snippet changed: update this test"
     assert f"link 0: {outer.group(1)} {outer.group(2)} #{outer.group(3)} line {outer.group(4)}" in out, out
     assert f"link 1: ValueError {cause.group(1)} #{cause.group(2)} line {cause.group(3)}" in out, out
+
+
+def test_readme_frame_provider_needs_host_capture():
+    """The README: a frame provider is called only under NDX_CAPTURE_HOST or ALL; under
+    the default (NATIVE) a Python caller's error carries no frame of its own file."""
+    this = os.path.realpath(__file__)
+
+    def own_lines(capture):
+        kw = {} if capture is None else {"capture": capture}
+        ctx = ndx.Context(mode=ndx.NDX_EVAL_SYNC_CPU, **kw)
+        try:
+            provider = ctx.set_frame_provider()
+            img = ndx.tensor_from_numpy(np.zeros((2, 2, 1), np.uint8), layout="HWC")
+            bad = {"x": 1, "y": 0, "w": 2, "h": 1}  # x + w = 3 is past the width 2
+            with pytest.raises(ndx.NdxError) as info:
+                line = sys._getframe().f_lineno + 1
+                ctx.invoke("crop", [img], args=bad)
+            frames = [f for f in info.value.frames if f.file and os.path.realpath(f.file) == this]
+            return provider.calls, [f.line for f in frames], line
+        finally:
+            ctx.release()
+
+    calls, lines, _ = own_lines(None)
+    assert calls == 0 and lines == [], (calls, lines)
+    for capture in (ndx.NDX_CAPTURE_HOST, ndx.NDX_CAPTURE_ALL):
+        calls, lines, line = own_lines(capture)
+        assert calls == 1 and lines and lines[0] == line, (capture, calls, lines, line)
+    assert "NDX_CAPTURE_HOST" in readme_text()
