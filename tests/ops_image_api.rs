@@ -725,6 +725,27 @@ fn normalize_zero_std_names_its_index() {
     );
 }
 
+/// A `mean` or `std` of the wrong length said how many values it had and how many
+/// channels the image has, but not what it accepts: one value, or one per channel.
+#[test]
+fn normalize_wrong_count_says_what_it_accepts() {
+    let ctx = Ctx::new(EAGER);
+    let img = T::host(&[4u8, 7, 0, 2, 1, 1], U8, &[1, 2, 3], Some(c"HWC"));
+    let a = Args::new()
+        .floats(c"mean", &[0.0, 1.0])
+        .floats(c"std", &[1.0]);
+    expect_invoke_err(
+        &ctx,
+        c"normalize",
+        &[img.input()],
+        Some(&a),
+        0,
+        NDX_ERROR_VALUE,
+        "operator 'normalize': argument 'mean' has 2 values, the image has 3 channels; expected 1 \
+         (for every channel) or 3",
+    );
+}
+
 /// A reduction whose output keeps the input's rank keeps its layout: `argmax` /
 /// `argmin` with keepdims gave no layout where `max` with keepdims gave "HWC" (so the
 /// per-pixel argmax of an HWC image was no image for `resize`), and `sum` over no axis

@@ -233,7 +233,8 @@ pub(crate) fn normalize_params(m: &TMeta, args: &Args) -> Result<(usize, Vec<f64
         match v.len() {
             k if k == 1 || k == c => Ok(v),
             k => Err(Error::value(format!(
-                "normalize: '{n}' has {k} values, the image has {c} channels"
+                "normalize: argument '{n}' has {k} values, the image has {c} channels; expected 1 \
+                 (for every channel) or {c}"
             ))),
         }
     };

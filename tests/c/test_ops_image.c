@@ -545,6 +545,16 @@ static NDX_TEST_NOINLINE void test_gray_and_normalize(void) {
                       "non-zero value");
   ndx_args_free(mz);
 
+  /* A mean of the wrong length says what is accepted: one value, or one per channel. */
+  ndx_args_t* mc = new_args();
+  const double one[1] = {1.0}, three[3] = {1.0, 2.0, 3.0};
+  CHECK_OK(ndx_args_set_float_array(mc, "mean", three, 3));
+  CHECK_OK(ndx_args_set_float_array(mc, "std", one, 1));
+  expect_invoke_error(ctx, "normalize", cin, 1, mc, 0, NDX_ERROR_VALUE,
+                      "argument 'mean' has 3 values, the image has 2 channels; expected 1 (for "
+                      "every channel) or 2");
+  ndx_args_free(mc);
+
   ndx_args_free(ms);
   ndx_tensor_release(img);
   ndx_tensor_release(img2);
