@@ -424,6 +424,7 @@ _proto("ndx_tensor_dtype", _err, c_void_p, POINTER(c_int32))
 _proto("ndx_tensor_device", _err, c_void_p, POINTER(DLDevice))
 _proto("ndx_tensor_ndim", _err, c_void_p, POINTER(c_int32))
 _proto("ndx_tensor_shape", _err, c_void_p, POINTER(POINTER(c_int64)))
+_proto("ndx_tensor_layout", _err, c_void_p, POINTER(c_char_p))
 _proto("ndx_tensor_nbytes", _err, c_void_p, POINTER(c_size_t))
 _proto("ndx_tensor_strides", _err, c_void_p, POINTER(POINTER(c_int64)))
 _proto(
@@ -926,6 +927,13 @@ class Tensor:
         shape = POINTER(c_int64)()
         check(lib.ndx_tensor_shape(self.ptr, byref(shape)))
         return tuple(shape[i] for i in range(ndim.value))
+
+    @property
+    def layout(self) -> str:
+        """The layout string ("" when none)."""
+        out = c_char_p()
+        check(lib.ndx_tensor_layout(self.ptr, byref(out)))
+        return (out.value or b"").decode()
 
     @property
     def strides(self) -> tuple:

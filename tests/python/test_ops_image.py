@@ -4,8 +4,7 @@ resize rgb_to_gray, on random values of bool int8 uint8 int32 uint16 int64 float
 float32 float64 (resize and rgb_to_gray: the dtypes they take), compact and strided
 inputs (DLPack views: transposed, stepped, reversed, broadcast), and the errors at
 `ndx_invoke`. Outputs are checked for dtype, shape, values, compact strides and their
-layout string (read with `ndx_tensor_layout` of include/ndx.h, which the binding does
-not wrap), and the inputs for being left unchanged. The binding has no batch helper
+layout string (`Tensor.layout`, i.e. `ndx_tensor_layout`), and the inputs for being left unchanged. The binding has no batch helper
 (no `ndx_batch_*` wrapper), so batch inputs are not tested here.
 
 Run: NDX_LIBRARY=/path/to/libndx.so python3 -m pytest -q tests/python/test_ops_image.py
@@ -86,7 +85,6 @@ Errors, all at `ndx_invoke`:
     int32, bool -> TypeError ("rgb_to_gray").
 """
 
-import ctypes
 import os
 import sys
 import zlib
@@ -383,20 +381,6 @@ def ctx():
     c.release()
 
 
-# `ndx_tensor_layout` (include/ndx.h) has no wrapper in the binding: a function pointer
-# of our own (`lib[...]` makes a new one, so the binding's prototypes are untouched).
-_tensor_layout = ndx.lib["ndx_tensor_layout"]
-_tensor_layout.restype = ctypes.c_void_p
-_tensor_layout.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_char_p)]
-
-
-def layout_of(t):
-    """A tensor's layout string ("" when none)."""
-    out = ctypes.c_char_p()
-    ndx.check(_tensor_layout(t.ptr, ctypes.byref(out)))
-    return (out.value or b"").decode()
-
-
 def compact_strides(shape):
     out, acc = [], 1
     for n in reversed(shape):
@@ -431,7 +415,7 @@ def run(ctx, op, xs, args=None, layout=None, what=""):
                 assert all(s == w for s, w, n in zip(strides, want, shape) if n > 1), (
                     f"{what}: output strides {strides} of shape {shape} are not compact"
                 )
-            got_layout = layout_of(out)
+            got_layout = out.layout
             got = out.numpy()
     finally:
         fut.release()
