@@ -1535,3 +1535,83 @@ fn reductions_and_squeezes_stay_linear_in_a_very_high_rank() {
         e.kind()
     );
 }
+
+/// Runs once its gate opens (a bounded spin), passing its input through.
+struct HostGate(Arc<std::sync::atomic::AtomicBool>);
+impl HostKernel for HostGate {
+    fn run(
+        &self,
+        inputs: &[Arc<Tensor>],
+        _: &Args,
+        _: usize,
+    ) -> ndx::error::Result<Vec<Arc<Tensor>>> {
+        let end = std::time::Instant::now() + Duration::from_secs(20);
+        while !self.0.load(Ordering::SeqCst) && std::time::Instant::now() < end {
+            std::thread::yield_now();
+        }
+        Ok(vec![inputs[0].clone()])
+    }
+}
+
+/// A completion callback that panics on the worker completing its invocation stops
+/// there: the callbacks after it still run, once, and the invocation finishes, so
+/// `evaluate` and the context's release return (they waited for it forever: the panic
+/// left the completion half done).
+#[test]
+fn a_callback_that_panics_on_a_worker_leaves_the_others_and_the_context_working() {
+    let ctx = context(EvalMode::Eager, CapturePolicy::Off);
+    let gate = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    host_op(&ctx, "gate", Arc::new(HostGate(gate.clone())));
+    let f = call(&ctx, "gate", vec![i32s(&[7], &[1])]);
+    let later = Arc::new(AtomicUsize::new(0));
+    f.on_ready(Box::new(|_| {
+        panic!("a callback panicked (expected by this test)")
+    }));
+    f.on_ready(counter_callback(&later));
+    gate.store(true, Ordering::SeqCst);
+    assert_eq!(values_i32(&f), [7]);
+    let ctx = within_20s("evaluate after a callback panicked", move || {
+        ctx.evaluate().expect("nothing failed");
+        ctx
+    });
+    assert_eq!(later.load(Ordering::SeqCst), 1);
+    within_20s("the release after a callback panicked", move || drop(ctx));
+}
+
+/// Panics that unwind out of user code run by ndx (a host operator run inline by a
+/// SYNC invocation, a callback run at registration) do not leave the thread marked as
+/// running user code: its later waits are not refused as waits from inside a callback.
+#[test]
+fn a_panic_in_user_code_run_inline_leaves_the_thread_free_to_wait() {
+    struct Boom;
+    impl HostKernel for Boom {
+        fn run(
+            &self,
+            _: &[Arc<Tensor>],
+            _: &Args,
+            _: usize,
+        ) -> ndx::error::Result<Vec<Arc<Tensor>>> {
+            panic!("a host operator panicked (expected by this test)")
+        }
+    }
+    let ctx = context(EvalMode::SyncCpu, CapturePolicy::Off);
+    host_op(&ctx, "boom", Arc::new(Boom));
+    let gate = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    host_op(&ctx, "gate", Arc::new(HostGate(gate)));
+    let b = call(&ctx, "boom", vec![i32s(&[1], &[1])]);
+    assert_eq!(failure(&b).kind(), ErrorKind::Internal);
+    let f = call_in(&ctx, "gate", vec![i32s(&[2], &[1])], EvalMode::Deferred);
+    f.wait(Some(Duration::from_secs(20)))
+        .expect("a wait after a host operator panicked inline");
+    // A callback run at once on a complete future.
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        f.on_ready(Box::new(|_| {
+            panic!("a callback panicked (expected by this test)")
+        }));
+    }));
+    assert!(panicked.is_err());
+    let g = call_in(&ctx, "gate", vec![i32s(&[3], &[1])], EvalMode::Deferred);
+    g.wait(Some(Duration::from_secs(20)))
+        .expect("a wait after a callback panicked inline");
+    assert_eq!(values_i32(&g), [3]);
+}

@@ -131,11 +131,18 @@ thread_local! {
 }
 
 /// Runs `f` marked as callback/host-operator code (where blocking waits are refused).
+/// The mark is lifted also when `f` unwinds (a Rust host kernel or callback that
+/// panicked): the thread stayed marked, and every later wait on it was refused.
 pub(crate) fn as_callback<R>(f: impl FnOnce() -> R) -> R {
-    let previous = IN_CALLBACK.with(|c| c.replace(true));
-    let r = f();
-    IN_CALLBACK.with(|c| c.set(previous));
-    r
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let previous = self.0;
+            let _ = IN_CALLBACK.try_with(|c| c.set(previous));
+        }
+    }
+    let _restore = Restore(IN_CALLBACK.with(|c| c.replace(true)));
+    f()
 }
 
 thread_local! {
@@ -1662,7 +1669,20 @@ impl Node {
             // user_free runs).
             Some(ctx) if self.events => drop(ctx.push_event(Box::new(move || cb(&node)))),
             _ if self.events => drop(cb),
-            _ => as_callback(|| cb(&node)),
+            // A callback that panics stops there, reported on stderr: unwinding out of
+            // the completion left the invocation unfinished (its later callbacks not
+            // run, a release or `evaluate` waiting for it forever).
+            _ => {
+                let run = std::panic::AssertUnwindSafe(|| as_callback(|| cb(&node)));
+                if let Err(p) = std::panic::catch_unwind(run) {
+                    eprintln!(
+                        "ndx: a completion callback of invocation #{} ('{}') panicked: {}",
+                        self.seq,
+                        self.op.name,
+                        pool::panic_message(p.as_ref())
+                    );
+                }
+            }
         }
     }
 
