@@ -1014,3 +1014,238 @@ fn cancels_waits_and_evaluations_race_on_one_context() {
         }
     }
 }
+
+/// One step of a chain that callbacks drive on the workers (see
+/// `chains_driven_by_callbacks_race_tiny_waits_and_the_context_release`).
+struct Chain {
+    /// A context reference of the chain's own, released by its last callback.
+    ctx: Handle<ndx_context_t>,
+    one: Handle<ndx_tensor_t>,
+    zero: Handle<ndx_tensor_t>,
+    /// The future this step's callback is registered on: a reference the chain owns,
+    /// released inside that callback.
+    own: Handle<ndx_future_t>,
+    /// The step of `own` (its explicit line is `base + step`) and the value it makes.
+    step: u32,
+    value: i32,
+    base: u32,
+    /// Futures (a reference each) handed to the waiters, with the line they fail at
+    /// (0: they succeed with the value given).
+    waiters: mpsc::Sender<(Handle<ndx_future_t>, i32, u32)>,
+    /// The line the last step failed at, as its error says, once the chain ends.
+    done: mpsc::Sender<u32>,
+}
+
+const CHAIN_STEPS: u32 = 12;
+
+fn chain_file() -> CString {
+    CString::new("chain.c").unwrap()
+}
+
+/// Registers the step's callback on `chain.own`.
+fn chain_on(chain: Chain) {
+    let f = chain.own.0;
+    let user = Box::into_raw(Box::new(std::sync::Mutex::new(Some(chain))));
+    ok(ndx_future_on_ready(
+        f,
+        Some(chain_step),
+        user.cast(),
+        Some(chain_free),
+    ));
+}
+
+unsafe extern "C" fn chain_free(user: *mut c_void) {
+    // SAFETY: the box made by `chain_on`, freed once here.
+    drop(unsafe { Box::from_raw(user.cast::<std::sync::Mutex<Option<Chain>>>()) });
+}
+
+/// A step completed: checks it, releases its future, invokes the next step (an add,
+/// the last a division by zero) and registers itself there; the last step releases
+/// the chain's context reference, often the context's last one, on a worker.
+unsafe extern "C" fn chain_step(user: *mut c_void, f: *const ndx_future_t) {
+    // SAFETY: the live box made by `chain_on`.
+    let cell = unsafe { &*user.cast::<std::sync::Mutex<Option<Chain>>>() };
+    let Some(mut chain) = cell.lock().unwrap().take() else {
+        panic!("a callback ran twice");
+    };
+    assert_eq!(f, chain.own.0.cast_const(), "the callback's own future");
+    let e = ndx_future_error(f);
+    ndx_future_release(chain.own.0);
+    if chain.step == CHAIN_STEPS {
+        assert!(!e.is_null(), "the division by zero succeeded");
+        let line = if ndx_error_kind(e) == ndx_error_kind_t::NDX_ERROR_CANCELLED as i32 {
+            0
+        } else {
+            site_line(e)
+        };
+        ndx_error_free(e);
+        ndx_context_release(chain.ctx.0);
+        chain.done.send(line).unwrap();
+        return;
+    }
+    if !e.is_null() {
+        // Cancelled by the context's release: the chain ends here.
+        assert_eq!(
+            ndx_error_kind(e),
+            ndx_error_kind_t::NDX_ERROR_CANCELLED as i32,
+            "{:?}",
+            take_error(e)
+        );
+        ndx_context_release(chain.ctx.0);
+        chain.done.send(0).unwrap();
+        return;
+    }
+    let mut t = std::ptr::null_mut();
+    ok(ndx_future_tensor(f, 0, &mut t));
+    assert_eq!(values_i32(t), [chain.value], "step {}", chain.step);
+    let (file, function) = (chain_file(), CString::new("chain_step").unwrap());
+    let step = chain.step + 1;
+    let line = chain.base + step;
+    let last = step == CHAIN_STEPS;
+    let (op, second) = if last {
+        (c"div", chain.zero.0)
+    } else {
+        (c"add", chain.one.0)
+    };
+    let ctx = Ctx(chain.ctx.0);
+    let next = invoke_with(
+        &ctx,
+        op,
+        &[tensor_in(t), tensor_in(second)],
+        std::ptr::null(),
+        &located(EAGER, &file, &function, line),
+    );
+    std::mem::forget(ctx);
+    ndx_tensor_release(t);
+    let next = match next {
+        Ok(next) => next,
+        Err(e) => panic!("{:?}", take_error(e)),
+    };
+    ok(ndx_future_retain(next));
+    let value = chain.value + 1;
+    // The waiters may be gone once the main thread has what it needs.
+    let _ = chain
+        .waiters
+        .send((Handle(next), value, if last { line } else { 0 }));
+    chain.own = Handle(next);
+    chain.step = step;
+    chain.value = value;
+    chain_on(chain);
+}
+
+/// Several threads start chains on one EAGER context whose steps are invoked by the
+/// previous step's callback on a worker, which also releases its own future there;
+/// other threads wait on every step with tiny timeouts (racing its completion) and
+/// check its outcome; the last step fails at its own explicit line; the main thread
+/// releases its context reference at once, so the context's last release happens in
+/// a chain's callback, on a worker, with other chains' work in flight. Every step
+/// completes once with the right value (or CANCELLED), every failure names its own
+/// line, every deleter runs once.
+#[test]
+fn chains_driven_by_callbacks_race_tiny_waits_and_the_context_release() {
+    const CHAINS: u32 = 6;
+    for round in 0..12u32 {
+        let ctx = Ctx::new(EAGER);
+        let (one, c1) = import_i32(&[1]);
+        let (zero, c0) = import_i32(&[0]);
+        let (wtx, wrx) = mpsc::channel::<(Handle<ndx_future_t>, i32, u32)>();
+        let wrx = Arc::new(std::sync::Mutex::new(wrx));
+        let (dtx, drx) = mpsc::channel();
+        let waiters: Vec<_> = (0..3)
+            .map(|k| {
+                let wrx = wrx.clone();
+                thread::spawn(move || {
+                    let tiny = [0i64, 1, 1_000, 50_000][k % 4];
+                    loop {
+                        let Ok((f, value, fail_line)) = wrx.lock().unwrap().recv() else {
+                            break;
+                        };
+                        let end = std::time::Instant::now() + std::time::Duration::from_secs(20);
+                        let e = loop {
+                            let e = ndx_future_wait(f.0, tiny);
+                            if e.is_null()
+                                || ndx_error_kind(e) != ndx_error_kind_t::NDX_ERROR_TIMEOUT as i32
+                            {
+                                break e;
+                            }
+                            ndx_error_free(e);
+                            assert!(std::time::Instant::now() < end, "a step never completed");
+                        };
+                        if e.is_null() {
+                            assert_eq!(fail_line, 0, "the division by zero succeeded");
+                            let mut t = std::ptr::null_mut();
+                            ok(ndx_future_tensor(f.0, 0, &mut t));
+                            assert_eq!(values_i32(t), [value]);
+                            ndx_tensor_release(t);
+                        } else if ndx_error_kind(e) != ndx_error_kind_t::NDX_ERROR_CANCELLED as i32
+                        {
+                            assert_ne!(fail_line, 0, "{:?}", take_error(e));
+                            assert_eq!(site_line(e), fail_line, "the failure's own line");
+                            ndx_error_free(e);
+                        } else {
+                            ndx_error_free(e);
+                        }
+                        ndx_future_release(f.0);
+                    }
+                })
+            })
+            .collect();
+        let starters: Vec<_> = (0..CHAINS)
+            .map(|c| {
+                let (ch, oh, zh) = (Handle(ctx.0), Handle(one), Handle(zero));
+                let (wtx, dtx) = (wtx.clone(), dtx.clone());
+                thread::spawn(move || {
+                    ok(ndx_context_retain(ch.0));
+                    let ctx = Ctx(ch.0);
+                    let base = 1000 * (c + 1);
+                    let (file, function) = (chain_file(), CString::new("start").unwrap());
+                    let f = invoke_with(
+                        &ctx,
+                        c"add",
+                        &[tensor_in(oh.0), tensor_in(oh.0)],
+                        std::ptr::null(),
+                        &located(EAGER, &file, &function, base),
+                    )
+                    .unwrap_or_else(|e| panic!("{:?}", take_error(e)));
+                    std::mem::forget(ctx); // the chain's reference
+                    chain_on(Chain {
+                        ctx: ch,
+                        one: oh,
+                        zero: zh,
+                        own: Handle(f),
+                        step: 0,
+                        value: 2,
+                        base,
+                        waiters: wtx,
+                        done: dtx,
+                    });
+                })
+            })
+            .collect();
+        drop((wtx, dtx));
+        for s in starters {
+            s.join().expect("a starter failed");
+        }
+        if round % 2 == 0 {
+            drop(ctx); // the chains hold the last references
+        }
+        let mut lines: Vec<u32> = (0..CHAINS)
+            .map(|_| {
+                drx.recv_timeout(std::time::Duration::from_secs(20))
+                    .expect("a chain never ended")
+            })
+            .collect();
+        lines.sort_unstable();
+        if round % 2 == 1 {
+            // No release raced the chains: each failed at its own last line.
+            let want: Vec<u32> = (0..CHAINS).map(|c| 1000 * (c + 1) + CHAIN_STEPS).collect();
+            assert_eq!(lines, want, "round {round}");
+        }
+        for w in waiters {
+            w.join().expect("a waiter failed");
+        }
+        ndx_tensor_release(one);
+        ndx_tensor_release(zero);
+        assert_eq!((calls(&c1), calls(&c0)), (1, 1), "round {round}: deleter calls");
+    }
+}
