@@ -1246,6 +1246,10 @@ fn chains_driven_by_callbacks_race_tiny_waits_and_the_context_release() {
         }
         ndx_tensor_release(one);
         ndx_tensor_release(zero);
-        assert_eq!((calls(&c1), calls(&c0)), (1, 1), "round {round}: deleter calls");
+        assert_eq!(
+            (calls(&c1), calls(&c0)),
+            (1, 1),
+            "round {round}: deleter calls"
+        );
     }
 }
