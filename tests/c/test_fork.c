@@ -13,7 +13,9 @@
  * checked in full). alarm() turns a hang in the child into a failure. */
 #define _POSIX_C_SOURCE 200809L
 
+#include <pthread.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -94,6 +96,103 @@ static int child(ndx_context_t* parent_ctx, ndx_future_t* pending, ndx_tensor_t*
   return ndx_test_failed_;
 }
 
+/* ---- forks while other threads use a complete invocation -------------------------------
+ * Parent threads keep invoking SYNC_CPU consumers of a complete future's output and
+ * registering callbacks on it while the main thread forks: each child uses that output
+ * and future (invoke SYNC_CPU and EAGER, on_ready, cancel) without hanging on a lock a
+ * parent thread held at the fork. A child that hangs is ended by alarm(). */
+#define N_FORKS 150
+#define N_USERS 2
+
+static ndx_future_t* done_f;
+static ndx_tensor_t* done_t;
+static volatile int stop_users;
+
+static void count_cb(void* user, const ndx_future_t* f) {
+  (void)f;
+  __atomic_fetch_add((int*)user, 1, __ATOMIC_SEQ_CST);
+}
+
+static void* user_main(void* p) {
+  ndx_context_t* ctx = (ndx_context_t*)p;
+  int fired = 0;
+  while (!__atomic_load_n(&stop_users, __ATOMIC_SEQ_CST)) {
+    ndx_future_t* g = NULL;
+    if (invoke(ctx, "add", done_t, done_t, &g) == NULL) ndx_future_release(g);
+    ndx_error_free(ndx_future_on_ready(done_f, count_cb, &fired, NULL));
+  }
+  return NULL;
+}
+
+static int fork_child_uses_done(void) {
+  alarm(10);
+  int bad = 0;
+  static const int32_t modes[2] = {NDX_EVAL_SYNC_CPU, NDX_EVAL_EAGER};
+  for (int m = 0; m < 2; m++) {
+    ndx_context_t* ctx = make_ctx(modes[m]);
+    ndx_future_t* g = NULL;
+    ndx_error_t* e = invoke(ctx, "add", done_t, done_t, &g);
+    if (e != NULL || (e = ndx_future_wait(g, -1)) != NULL) bad = 1;
+    ndx_error_free(e);
+    ndx_future_release(g);
+    ndx_context_release(ctx);
+  }
+  int fired = 0;
+  ndx_error_t* e = ndx_future_on_ready(done_f, count_cb, &fired, NULL);
+  if (e != NULL || fired != 1) bad = 1;
+  ndx_error_free(e);
+  bool cancelled = true;
+  e = ndx_future_cancel(done_f, &cancelled);
+  if (e != NULL || cancelled) bad = 1;
+  ndx_error_free(e);
+  return bad;
+}
+
+static void forks_while_threads_use_a_complete_invocation(void) {
+  NDX_TEST_CONTEXT("forks while threads use a complete invocation");
+  ndx_context_t* ctx = make_ctx(NDX_EVAL_SYNC_CPU);
+  static const float small[4] = {1, 2, 3, 4};
+  static const int64_t small_shape[1] = {4};
+  ndx_tensor_t* s = ndx_test_tensor(small, NDX_DTYPE_FLOAT32, 1, small_shape);
+  if (!CHECK_OK(invoke(ctx, "add", s, s, &done_f))) return;
+  done_t = ndx_test_output(done_f, 0);
+  pthread_t users[N_USERS];
+  for (int i = 0; i < N_USERS; i++) pthread_create(&users[i], NULL, user_main, ctx);
+  int hung = 0, failed = 0;
+  for (int k = 0; k < N_FORKS; k++) {
+    int fds[2];
+    if (!CHECK(pipe(fds) == 0, "pipe")) break;
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+      /* Reports through the pipe, then SIGKILL: no exit-time leak check (see above). */
+      close(fds[0]);
+      char bad = (char)fork_child_uses_done();
+      if (write(fds[1], &bad, 1) != 1) _exit(3);
+      kill(getpid(), SIGKILL);
+      _exit(4);
+    }
+    close(fds[1]);
+    char bad = 0;
+    ssize_t got = pid > 0 ? read(fds[0], &bad, 1) : -1;
+    close(fds[0]);
+    int status = 0;
+    if (!CHECK(pid > 0 && waitpid(pid, &status, 0) == pid, "fork and waitpid")) break;
+    if (got != 1) hung++; /* ended by alarm() before reporting */
+    else if (bad != 0) failed++;
+  }
+  __atomic_store_n(&stop_users, 1, __ATOMIC_SEQ_CST);
+  for (int i = 0; i < N_USERS; i++) pthread_join(users[i], NULL);
+  CHECK(hung == 0, "%d of %d children hung (ended by alarm)", hung, N_FORKS);
+  CHECK(failed == 0, "%d of %d children failed", failed, N_FORKS);
+  ndx_tensor_release(done_t);
+  ndx_future_release(done_f);
+  ndx_tensor_release(s);
+  ndx_context_release(ctx);
+  NDX_TEST_CONTEXT(NULL);
+}
+
 int main(void) {
   for (int i = 0; i < N; i++) a[i] = (float)(i % 1000) * 0.5f;
   ndx_tensor_t* x = ndx_test_tensor(a, NDX_DTYPE_FLOAT32, 1, shape);
@@ -146,5 +245,6 @@ int main(void) {
   if (pending) check_result(pending, 1, "parent after the fork");
   ndx_context_release(ctx);
   ndx_tensor_release(x);
+  forks_while_threads_use_a_complete_invocation();
   return NDX_TEST_SUMMARY("test_fork");
 }
