@@ -167,6 +167,7 @@ impl Site {
         let mut ips = Vec::with_capacity(limit.min(DEFAULT_DEPTH + NAME_TRIM_SLACK));
         let mut inside = !trim_by_name;
         if limit > 0 {
+            let _unwinder = UNWINDER.lock();
             backtrace::trace(|frame| {
                 // `sp` is the frame's stack pointer: at or below the marker while the
                 // frame runs inside the entry point (the entry point's own frame
@@ -320,6 +321,17 @@ pub(crate) fn symbols_lock() -> &'static ForkLock<BTreeMap<usize, Arc<[Frame]>>>
     &SYMBOLS
 }
 
+/// Held around every call into the `backtrace` crate (a capture's walk of the stack, a
+/// lookup of an address), and around a fork (`ffi::fork`): that crate serialises its
+/// calls with a lock of its own, which a child forked while another thread was inside
+/// one found held by a thread it does not have, so its first capture hung.
+static UNWINDER: ForkLock<()> = ForkLock::new(());
+
+/// The lock around calls into the `backtrace` crate (taken around a fork: `ffi::fork`).
+pub(crate) fn unwinder_lock() -> &'static ForkLock<()> {
+    &UNWINDER
+}
+
 #[cfg(test)]
 thread_local! {
     /// Addresses this thread looked up in the debug information (cache misses).
@@ -335,6 +347,7 @@ fn symbolise(ip: usize) -> Arc<[Frame]> {
     #[cfg(test)]
     LOOKUPS.with(|n| n.set(n.get() + 1));
     let mut symbols = Vec::new();
+    let unwinder = UNWINDER.lock();
     backtrace::resolve(ip as *mut std::ffi::c_void, |sym| {
         let function = sym.name().map(|n| format!("{n:#}"));
         let file = sym.filename().map(|p| p.to_string_lossy().into_owned());
@@ -347,6 +360,7 @@ fn symbolise(ip: usize) -> Arc<[Frame]> {
             FrameOrigin::Native,
         ));
     });
+    drop(unwinder);
     if symbols.is_empty() {
         symbols.push(Frame::new(None, None, 0, 0, ip, FrameOrigin::Native));
     }

@@ -7,8 +7,9 @@
 //! - a context made before the fork refuses every call in the child (its release only
 //!   drops the reference, waiting for nothing), and an invocation that had not
 //!   completed reads as failed there: its work stayed with the parent;
-//! - the process-wide locks (the host buffer cache, the symbol cache) are taken around
-//!   the fork, so the child never finds one held by a thread it does not have;
+//! - the process-wide locks (the host buffer cache, the symbol cache, the one around
+//!   the stack unwinder) are taken around the fork, so the child never finds one held
+//!   by a thread it does not have;
 //! - CUDA initialised before the fork is not used in the child (the driver does not
 //!   support that).
 //!

@@ -568,6 +568,12 @@ impl Node {
         self.result.get().is_some()
     }
 
+    /// Holds its state lock (for tests of a fork while another thread holds it).
+    #[cfg(test)]
+    pub(crate) fn hold_state_lock(&self) -> impl Sized + '_ {
+        self.state.lock()
+    }
+
     /// Whether it had not completed when this process forked off the one that made
     /// it: it never completes here ([`super::fork`]).
     pub fn lost_in_fork(&self) -> bool {
@@ -1783,84 +1789,4 @@ fn run_inputs(inputs: &[Input], sample: Option<usize>) -> Vec<Arc<Tensor>> {
         }
     }
     tensors
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::{Arc, mpsc};
-
-    use super::super::context::{CallSite, EvalMode, Settings, new_context, output_tensor};
-    use super::{Input, Node};
-    use crate::exec::args::Args;
-
-    /// A child forked while a parent thread held the state lock of an invocation that
-    /// had completed (another thread invoking a consumer of it, say) uses its outputs as
-    /// inputs, SYNC and EAGER: nothing there waits for that lock, which stays held in
-    /// the child by a thread it does not have (the child hung in `ndx_invoke`).
-    #[test]
-    fn a_child_forked_while_a_complete_invocation_was_locked_uses_its_outputs() {
-        let settings = || Settings {
-            mode: EvalMode::SyncCpu,
-            ..Settings::default()
-        };
-        let ctx = new_context(settings(), 2);
-        let one = || Input::host(&[1i32], &[1]).unwrap();
-        let done = ctx
-            .invoke(
-                "add",
-                vec![one(), one()],
-                Args::new(),
-                None,
-                CallSite::default(),
-            )
-            .unwrap();
-        assert!(done.is_done());
-        let (locked_tx, locked_rx) = mpsc::channel();
-        let (forked_tx, forked_rx) = mpsc::channel::<()>();
-        let holder = {
-            let done: Arc<Node> = done.clone();
-            std::thread::spawn(move || {
-                let _held = done.state.lock();
-                locked_tx.send(()).unwrap();
-                let _ = forked_rx.recv();
-            })
-        };
-        locked_rx.recv().unwrap();
-        // SAFETY: the child uses ndx on one thread of its own and leaves with `_exit`;
-        // an alarm ends it if it hangs.
-        let pid = unsafe { libc::fork() };
-        assert!(pid >= 0, "fork");
-        if pid == 0 {
-            // SAFETY: plain libc calls in the child.
-            unsafe { libc::alarm(10) };
-            let ctx = new_context(settings(), 2);
-            let input = || Input::Tensor(Arc::new(output_tensor(&done, 0).unwrap()));
-            let mut good = true;
-            for mode in [EvalMode::SyncCpu, EvalMode::Eager] {
-                let n = ctx.invoke(
-                    "add",
-                    vec![input(), one()],
-                    Args::new(),
-                    Some(mode),
-                    CallSite::default(),
-                );
-                good &= n.is_ok_and(|n| {
-                    n.wait(Some(std::time::Duration::from_secs(5))).is_ok()
-                        && matches!(n.result(), Some(Ok(_)))
-                });
-            }
-            // SAFETY: leaving the child without running the harness's exit code.
-            unsafe { libc::_exit(i32::from(!good)) };
-        }
-        let mut status = 0;
-        // SAFETY: our child's pid and a valid out-pointer.
-        let waited = unsafe { libc::waitpid(pid, &mut status, 0) };
-        forked_tx.send(()).unwrap();
-        holder.join().unwrap();
-        assert_eq!(waited, pid);
-        assert!(
-            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-            "the child hung or failed (status {status:#x})"
-        );
-    }
 }

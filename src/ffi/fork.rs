@@ -1,7 +1,8 @@
 //! The `pthread_atfork` handlers behind [`crate::exec::fork`].
 //!
 //! Before a fork, the forking thread takes the process-wide locks another thread could
-//! be holding (the host buffer cache, then the symbol cache); after it, parent and child
+//! be holding (the host buffer cache, the symbol cache, then the one around the stack
+//! unwinder); after it, parent and child
 //! let them go, so the child never inherits one held by a thread it does not have. The
 //! child also counts the fork, which retires the parent's pool, contexts and pending work
 //! there.
@@ -27,13 +28,16 @@ thread_local! {
 }
 
 extern "C" fn prepare() {
-    // Held across the fork, in this order; released in the reverse order.
+    // Held across the fork, in this order; released in the reverse order. No path takes
+    // one of them while holding another.
     let cache = crate::tensor::storage::cache_lock().lock();
     let symbols = crate::error::site::symbols_lock().lock();
+    let unwinder = crate::error::site::unwinder_lock().lock();
     HELD.with(|h| {
         let mut h = h.borrow_mut();
         h.push(Box::new(cache));
         h.push(Box::new(symbols));
+        h.push(Box::new(unwinder));
     });
 }
 
@@ -59,6 +63,29 @@ extern "C" fn child() {
 mod tests {
     use std::sync::mpsc;
     use std::time::Duration;
+
+    /// Forks: the child runs `body` under a 10 s alarm (a hang ends it) and leaves with
+    /// `_exit`, 0 when `body` returned true. Returns the child's wait status.
+    fn in_child(body: impl FnOnce() -> bool) -> i32 {
+        // SAFETY: the child runs `body` on its one thread and leaves with `_exit`.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork");
+        if pid == 0 {
+            // SAFETY: a plain libc call in the child.
+            unsafe { libc::alarm(10) };
+            let good = body();
+            // SAFETY: leaving the child without running the harness's exit code.
+            unsafe { libc::_exit(i32::from(!good)) };
+        }
+        let mut status = 0;
+        // SAFETY: our child's pid and a valid out-pointer.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        status
+    }
+
+    fn exited_cleanly(status: i32) -> bool {
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0
+    }
 
     /// Forks while other threads keep taking a process-wide lock, so that some wait on
     /// it when the fork happens: the child finds it free. With a `parking_lot` mutex,
@@ -88,24 +115,16 @@ mod tests {
             .collect();
         let mut stuck = 0;
         for _ in 0..200 {
-            // SAFETY: the child only tries the locks and leaves with `_exit`.
-            let pid = unsafe { libc::fork() };
-            assert!(pid >= 0, "fork");
-            if pid == 0 {
+            let status = in_child(|| {
                 let wait = Duration::from_secs(2);
-                let free = crate::tensor::storage::cache_lock()
+                crate::tensor::storage::cache_lock()
                     .try_lock_for(wait)
                     .is_some()
                     && crate::error::site::symbols_lock()
                         .try_lock_for(wait)
-                        .is_some();
-                // SAFETY: leaving the child without running the harness's exit code.
-                unsafe { libc::_exit(i32::from(!free)) };
-            }
-            let mut status = 0;
-            // SAFETY: our child's pid and a valid out-pointer.
-            assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-            if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
+                        .is_some()
+            });
+            if !exited_cleanly(status) {
                 stuck += 1;
             }
         }
@@ -136,11 +155,8 @@ mod tests {
                 std::thread::sleep(Duration::from_millis(300));
             });
             wait_taken.recv().unwrap();
-            // SAFETY: the child only tries the lock and leaves with `_exit`.
-            let pid = unsafe { libc::fork() };
-            assert!(pid >= 0, "fork");
-            if pid == 0 {
-                let free = if which == 0 {
+            let status = in_child(|| {
+                if which == 0 {
                     crate::tensor::storage::cache_lock()
                         .try_lock_for(Duration::from_secs(2))
                         .is_some()
@@ -148,18 +164,183 @@ mod tests {
                     crate::error::site::symbols_lock()
                         .try_lock_for(Duration::from_secs(2))
                         .is_some()
-                };
-                // SAFETY: leaving the child without running the harness's exit code.
-                unsafe { libc::_exit(i32::from(!free)) };
-            }
-            let mut status = 0;
-            // SAFETY: our child's pid and a valid out-pointer.
-            assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+                }
+            });
             holder.join().unwrap();
             assert!(
-                libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+                exited_cleanly(status),
                 "lock {which} was still held in the child (status {status})"
             );
         }
+    }
+
+    /// Runs `body` in a child forked while another thread is inside `hold`, which takes
+    /// a lock and, holding it, calls the function it is given (which returns after the
+    /// fork).
+    fn fork_while_held(
+        hold: impl FnOnce(Box<dyn FnOnce() + Send>) + Send + 'static,
+        body: impl FnOnce() -> bool,
+    ) -> i32 {
+        let (locked_tx, locked_rx) = mpsc::channel();
+        let (forked_tx, forked_rx) = mpsc::channel::<()>();
+        let holder = std::thread::spawn(move || {
+            hold(Box::new(move || {
+                locked_tx.send(()).unwrap();
+                let _ = forked_rx.recv();
+            }))
+        });
+        locked_rx.recv().unwrap();
+        let status = in_child(body);
+        forked_tx.send(()).unwrap();
+        holder.join().unwrap();
+        status
+    }
+
+    fn sync_cpu_context() -> crate::exec::Context {
+        let settings = crate::exec::Settings {
+            mode: crate::exec::EvalMode::SyncCpu,
+            ..crate::exec::Settings::default()
+        };
+        crate::exec::new_context(settings, 2)
+    }
+
+    /// A child forked while a parent thread held the state lock of an invocation that
+    /// had completed (another thread invoking a consumer of it, say) uses its outputs as
+    /// inputs, SYNC and EAGER: nothing there waits for that lock, which stays held in
+    /// the child by a thread it does not have (the child hung in `ndx_invoke`).
+    #[test]
+    fn a_child_forked_while_a_complete_invocation_was_locked_uses_its_outputs() {
+        use crate::exec::{Args, CallSite, EvalMode, Input, output_tensor};
+        use std::sync::Arc;
+        crate::exec::fork::watch();
+        let ctx = sync_cpu_context();
+        let one = || Input::host(&[1i32], &[1]).unwrap();
+        let done = ctx
+            .invoke(
+                "add",
+                vec![one(), one()],
+                Args::new(),
+                None,
+                CallSite::default(),
+            )
+            .unwrap();
+        assert!(done.is_done());
+        let held = done.clone();
+        let status = fork_while_held(
+            move |forked| {
+                let _held = held.hold_state_lock();
+                forked();
+            },
+            || {
+                let ctx = sync_cpu_context();
+                let input = || Input::Tensor(Arc::new(output_tensor(&done, 0).unwrap()));
+                [EvalMode::SyncCpu, EvalMode::Eager]
+                    .into_iter()
+                    .all(|mode| {
+                        ctx.invoke(
+                            "add",
+                            vec![input(), one()],
+                            Args::new(),
+                            Some(mode),
+                            CallSite::default(),
+                        )
+                        .is_ok_and(|n| {
+                            n.wait(Some(Duration::from_secs(5))).is_ok()
+                                && matches!(n.result(), Some(Ok(_)))
+                        })
+                    })
+            },
+        );
+        assert!(
+            exited_cleanly(status),
+            "the child hung or failed (status {status:#x})"
+        );
+    }
+
+    /// A child forked while a parent thread held a host tensor's event lock (a kernel
+    /// reading that tensor looked at its event) runs kernels on that tensor: plain host
+    /// memory has no event to wait for, and its lock, held in the child by a thread the
+    /// child does not have, is not taken (the child hung in the kernel's run).
+    #[test]
+    fn a_child_forked_while_a_host_tensors_event_lock_was_held_reads_it() {
+        use crate::exec::{Args, CallSite, Input, TensorRef};
+        use std::sync::Arc;
+        crate::exec::fork::watch();
+        let t = Arc::new(
+            crate::tensor::Tensor::new_host(
+                crate::tensor::DType::I32,
+                &[1],
+                Default::default(),
+                |b| {
+                    b.copy_from_slice(&5i32.to_ne_bytes());
+                    Ok(())
+                },
+            )
+            .unwrap(),
+        );
+        let held = t.clone();
+        let status = fork_while_held(
+            move |forked| {
+                let _held = held.storage().hold_event_lock();
+                forked();
+            },
+            || {
+                let input = || Input::Tensor(Arc::new(TensorRef::ready(t.clone())));
+                sync_cpu_context()
+                    .invoke(
+                        "add",
+                        vec![input(), input()],
+                        Args::new(),
+                        None,
+                        CallSite::default(),
+                    )
+                    .is_ok_and(|n| matches!(n.result(), Some(Ok(_))))
+            },
+        );
+        assert!(
+            exited_cleanly(status),
+            "the child hung or failed (status {status:#x})"
+        );
+    }
+
+    /// A child forked while another thread was walking its stack for a call site (an
+    /// `ndx_invoke` on another thread) captures sites: the fork waits for the walk to
+    /// end. The `backtrace` crate's own lock stayed held in the child by a thread it
+    /// does not have, and the child's first `ndx_invoke` hung (found as a test that
+    /// failed one run in three while other tests invoked).
+    #[test]
+    fn a_child_forked_during_another_threads_stack_walk_captures_sites() {
+        use crate::exec::{Args, CallSite, Input};
+        crate::exec::fork::watch();
+        let (walking, wait_walking) = mpsc::channel();
+        let walker = std::thread::spawn(move || {
+            let _unwinder = crate::error::site::unwinder_lock().lock();
+            let mut walking = Some(walking);
+            backtrace::trace(|_| {
+                if let Some(w) = walking.take() {
+                    w.send(()).unwrap();
+                    std::thread::sleep(Duration::from_millis(300));
+                }
+                false
+            });
+        });
+        wait_walking.recv().unwrap();
+        let status = in_child(|| {
+            let one = || Input::host(&[1i32], &[1]).unwrap();
+            sync_cpu_context()
+                .invoke(
+                    "add",
+                    vec![one(), one()],
+                    Args::new(),
+                    None,
+                    CallSite::default(),
+                )
+                .is_ok_and(|n| matches!(n.result(), Some(Ok(_))) && !n.site().frames().is_empty())
+        });
+        walker.join().unwrap();
+        assert!(
+            exited_cleanly(status),
+            "the child hung or failed (status {status:#x})"
+        );
     }
 }

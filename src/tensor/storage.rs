@@ -399,6 +399,12 @@ impl Storage {
         self.ready.lock().clone()
     }
 
+    /// Holds its event lock (for tests of a fork while another thread holds it).
+    #[cfg(test)]
+    pub(crate) fn hold_event_lock(&self) -> impl Sized + '_ {
+        self.ready.lock()
+    }
+
     /// Blocks until the host may read this memory: for host-accessible CUDA memory
     /// (kDLCUDAManaged) imported with a producer's stream, until the producer's work
     /// before the import's event has completed. Nothing to wait for elsewhere: device
@@ -594,74 +600,6 @@ impl std::fmt::Debug for Storage {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A child forked while a parent thread held a host tensor's event lock (a kernel
-    /// reading that tensor looks at its event) runs kernels on that tensor: plain host
-    /// memory has no event to wait for, and its lock, held in the child by a thread the
-    /// child does not have, is not taken (the child hung in the kernel's run).
-    #[test]
-    fn a_child_forked_while_a_host_tensors_event_lock_was_held_reads_it() {
-        use crate::exec::{CallSite, EvalMode, Input, Settings, TensorRef, new_context};
-        use std::sync::{Arc, mpsc};
-        let t = Arc::new(
-            crate::tensor::Tensor::new_host(
-                crate::tensor::DType::I32,
-                &[1],
-                Default::default(),
-                |b| {
-                    b.copy_from_slice(&5i32.to_ne_bytes());
-                    Ok(())
-                },
-            )
-            .unwrap(),
-        );
-        crate::exec::fork::watch();
-        let (locked_tx, locked_rx) = mpsc::channel();
-        let (forked_tx, forked_rx) = mpsc::channel::<()>();
-        let holder = {
-            let t = t.clone();
-            std::thread::spawn(move || {
-                let _held = t.storage().ready.lock();
-                locked_tx.send(()).unwrap();
-                let _ = forked_rx.recv();
-            })
-        };
-        locked_rx.recv().unwrap();
-        // SAFETY: the child uses ndx on one thread of its own and leaves with `_exit`;
-        // an alarm ends it if it hangs.
-        let pid = unsafe { libc::fork() };
-        assert!(pid >= 0, "fork");
-        if pid == 0 {
-            // SAFETY: a plain libc call in the child.
-            unsafe { libc::alarm(10) };
-            let settings = Settings {
-                mode: EvalMode::SyncCpu,
-                ..Settings::default()
-            };
-            let ctx = new_context(settings, 2);
-            let input = || Input::Tensor(Arc::new(TensorRef::ready(t.clone())));
-            let n = ctx.invoke(
-                "add",
-                vec![input(), input()],
-                crate::exec::Args::new(),
-                None,
-                CallSite::default(),
-            );
-            let good = n.is_ok_and(|n| matches!(n.result(), Some(Ok(_))));
-            // SAFETY: leaving the child without running the harness's exit code.
-            unsafe { libc::_exit(i32::from(!good)) };
-        }
-        let mut status = 0;
-        // SAFETY: our child's pid and a valid out-pointer.
-        let waited = unsafe { libc::waitpid(pid, &mut status, 0) };
-        forked_tx.send(()).unwrap();
-        holder.join().unwrap();
-        assert_eq!(waited, pid);
-        assert!(
-            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-            "the child hung or failed (status {status:#x})"
-        );
-    }
 
     #[test]
     fn a_refused_host_allocation_is_a_memory_error_saying_what_was_available() {
