@@ -30,6 +30,11 @@ back to ndx's cache, so a steady-state pipeline takes no fresh pages).
         copies, `np.pad`, `np.stack`, `np.concatenate`, `astype` and `np.add`;
         round, sqrt and neg of float16 1024 x 1024 vs `np.round` / `np.sqrt` /
         `np.negative`.
+  cast float64 to int64, float32 to int64, float32 (x 1000, mostly out of range) to
+        int8: vs `astype` (NumPy's out-of-range results are unspecified; ndx saturates).
+  add, lt of stepped views with gaps (every 2nd / 4th column, every 2nd row and
+        column): vs `np.add` / `np.less` of the same views.
+  --filter TEXT runs only the lines (after the first four) whose label contains TEXT.
   resize uint8 1080x1920x3 -> 224x224, linear: ndx `resize` vs OpenCV's
         `cv2.resize(..., INTER_LINEAR)` with OpenCV's default threads (the values
         are equal bit for bit; tests/python/test_ops_image.py checks them).
@@ -60,6 +65,9 @@ def best_s(fn, repeat):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=20, help="timed runs per line (best is reported)")
+    ap.add_argument(
+        "--filter", default="", help="only the lines whose label contains this text (the first four lines always run)"
+    )
     opt = ap.parse_args()
     r = opt.repeat
     try:
@@ -136,6 +144,8 @@ def main():
          ndx_op("cast", [ndx.tensor_from_numpy(a2.T)], ndx.Args().set_dtype("dtype", ndx.NDX_DTYPE_FLOAT16)),
          lambda: np.ascontiguousarray(a2.T, dtype=np.float16)),
     ]:
+        if opt.filter not in label:
+            continue
         t_ndx, t_np = best_s(run_ndx, r), best_s(run_np, r)
         print(f"{label + ': ms vs NumPy ms':44} {t_ndx * 1e3:10.2f} {t_np * 1e3:10.2f} {t_np / t_ndx:8.2f}")
 
@@ -148,6 +158,16 @@ def main():
     ti32, tf16, tf64 = ndx.tensor_from_numpy(i32), ndx.tensor_from_numpy(f16), ndx.tensor_from_numpy(f64)
     f16abs = np.abs(f16)
     tf16abs = ndx.tensor_from_numpy(f16abs)
+    big = m[0] * 1e3
+    tbig = ndx.tensor_from_numpy(big)
+    # Stepped views with gaps: every 2nd (4th) column, every 2nd row and column.
+    wide = [rng.standard_normal((1024, 4096), dtype=np.float32) for _ in range(2)]
+    sa, sb = wide[0][:, :2048][:, ::2], wide[1][:, :2048][:, ::2]
+    qa, qb = wide[0][:, ::4], wide[1][:, ::4]
+    da, db = wide[0].astype(np.float64)[:, :2048][:, ::2], wide[1].astype(np.float64)[:, :2048][:, ::2]
+    ea, eb = wide[0].reshape(2048, 2048)[::2, ::2], wide[1].reshape(2048, 2048)[::2, ::2]
+    tsa, tsb, tqa, tqb = (ndx.tensor_from_numpy(x) for x in (sa, sb, qa, qb))
+    tda, tdb, tea, teb = (ndx.tensor_from_numpy(x) for x in (da, db, ea, eb))
     cases = [
         ("flip f32 1024^2 axis 1", ndx_op("flip", tm[:1], ndx.Args().set_int_array("axes", [1])), lambda: np.flip(m[0], 1).copy()),
         ("transpose f32 1024^2", ndx_op("transpose", tm[:1]), lambda: m[0].T.copy()),
@@ -161,6 +181,15 @@ def main():
         ("cast f32 1024^2 -> i16", ndx_op("cast", tm[:1], ndx.Args().set_dtype("dtype", ndx.NDX_DTYPE_INT16)), lambda: m[0].astype(np.int16)),
         ("cast f32 1024^2 -> i32", ndx_op("cast", tm[:1], ndx.Args().set_dtype("dtype", ndx.NDX_DTYPE_INT32)), lambda: m[0].astype(np.int32)),
         ("cast f64 1024^2 -> i32", ndx_op("cast", [tf64], ndx.Args().set_dtype("dtype", ndx.NDX_DTYPE_INT32)), lambda: f64.astype(np.int32)),
+        ("cast f64 1024^2 -> i64", ndx_op("cast", [tf64], ndx.Args().set_dtype("dtype", ndx.NDX_DTYPE_INT64)), lambda: f64.astype(np.int64)),
+        ("cast f32 1024^2 -> i64", ndx_op("cast", tm[:1], ndx.Args().set_dtype("dtype", ndx.NDX_DTYPE_INT64)), lambda: m[0].astype(np.int64)),
+        ("cast f32 1024^2 * 1e3 -> i8 (saturating)", ndx_op("cast", [tbig], ndx.Args().set_dtype("dtype", ndx.NDX_DTYPE_INT8)),
+         lambda: big.astype(np.int8)),
+        ("add f32 1024x2048[:, ::2] + same", ndx_op("add", [tsa, tsb]), lambda: np.add(sa, sb)),
+        ("add f32 1024x4096[:, ::4] + same", ndx_op("add", [tqa, tqb]), lambda: np.add(qa, qb)),
+        ("add f64 1024x2048[:, ::2] + same", ndx_op("add", [tda, tdb]), lambda: np.add(da, db)),
+        ("lt f32 1024x2048[:, ::2] + same", ndx_op("lt", [tsa, tsb]), lambda: np.less(sa, sb)),
+        ("add f32 2048^2[::2, ::2] + same", ndx_op("add", [tea, teb]), lambda: np.add(ea, eb)),
         ("add f32 + i32 1024^2", ndx_op("add", [tm[0], ti32]), lambda: np.add(m[0], i32)),
         ("add f32 + f16 1024^2", ndx_op("add", [tm[0], tf16]), lambda: np.add(m[0], f16)),
         ("round f16 1024^2", ndx_op("round", [tf16]), lambda: np.round(f16)),
@@ -179,6 +208,8 @@ def main():
     except ImportError:
         pass
     for label, run_ndx, run_np in cases:
+        if opt.filter not in label:
+            continue
         t_ndx, t_np = best_s(run_ndx, r), best_s(run_np, r)
         print(f"{label + ': ms vs NumPy ms':44} {t_ndx * 1e3:10.2f} {t_np * 1e3:10.2f} {t_np / t_ndx:8.2f}")
 
