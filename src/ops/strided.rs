@@ -72,6 +72,20 @@ impl<'a, T: Elem> View<'a, T> {
     }
 }
 
+impl<'a, T: Elem> View<'a, T> {
+    /// The `n` elements from index `i` of the data stepping by `step` (at least 1): a
+    /// row [`for_each_row`] gave, bounds-checked once rather than per element.
+    #[inline(always)]
+    pub(crate) fn stepped(&self, i: isize, n: usize, step: usize) -> impl Iterator<Item = &T> {
+        let end = if n == 0 {
+            i as usize
+        } else {
+            i as usize + (n - 1) * step + 1
+        };
+        self.data[i as usize..end].iter().step_by(step)
+    }
+}
+
 /// How a [`View`]'s offsets follow the output index.
 #[derive(Clone, Copy)]
 pub(crate) struct Walk<'a> {
