@@ -232,10 +232,8 @@ fn f32_to_int<D: Elem>(src: &[f32], dst: &mut [D]) {
     let len = src.len().min(dst.len());
     let (src, dst) = (&src[..len], &mut dst[..len]);
     if size_of::<D>() > 4 {
-        for (d, &v) in dst.iter_mut().zip(src) {
-            *d = D::from_f32(v);
-        }
-        return;
+        // Widening to f64 is exact, and converts to D as the f32 does.
+        return to_int64(src, dst, f64::from);
     }
     // D's limits rounded to f32: exact up to 16 bits; 2^31 and 2^32 for i32 and u32's
     // largest values.
@@ -377,10 +375,7 @@ fn f64_to_int<D: Elem>(src: &[f64], dst: &mut [D]) {
     let len = src.len().min(dst.len());
     let (src, dst) = (&src[..len], &mut dst[..len]);
     if size_of::<D>() > 4 {
-        for (d, &v) in dst.iter_mut().zip(src) {
-            *d = D::from_f64(v);
-        }
-        return;
+        return to_int64(src, dst, |v| v);
     }
     // D's limits as i32 (u32's largest value is past every truncation below 2^31).
     let (min, max) = (
@@ -415,6 +410,52 @@ fn f64_to_int<D: Elem>(src: &[f64], dst: &mut [D]) {
     }
     for (d, &v) in dst_end.iter_mut().zip(src_end) {
         *d = D::from_f64(v);
+    }
+}
+
+/// `dst[i] = wide(src[i]) as D` for a 64-bit integer `D` (`wide` gives an exact
+/// f64): runs of 8 whose magnitudes are all below 2^51 take the truncation in
+/// vectorised arithmetic (the floor of the magnitude, negated, or 0 for an unsigned
+/// `D`, where the value is negative); other runs and the end convert with Rust's `as`
+/// (which the compiler does not vectorise).
+#[inline(always)]
+fn to_int64<S: Copy, D: Elem>(src: &[S], dst: &mut [D], wide: impl Fn(S) -> f64) {
+    debug_assert!(D::INT && size_of::<D>() == 8);
+    let signed = D::from_f64(-1.0).to_i128() < 0;
+    let (src_runs, src_end) = src.as_chunks::<8>();
+    let (dst_runs, dst_end) = dst.as_chunks_mut::<8>();
+    for (s, d) in src_runs.iter().zip(dst_runs) {
+        let mut n = [0u64; 8];
+        let mut bits = [0u64; 8];
+        for i in 0..8 {
+            let v = wide(s[i]);
+            // The nearest integer to the magnitude in the low 51 bits of `r`, less
+            // one where that rounded up.
+            let a = v.abs();
+            let r = a + M64;
+            let u = r
+                .to_bits()
+                .wrapping_sub(u64::from(r - M64 > a))
+                .wrapping_sub(M64_BITS);
+            let neg = if signed { u.wrapping_neg() } else { 0 };
+            n[i] = if v < 0.0 { neg } else { u };
+            bits[i] = r.to_bits();
+        }
+        // Every magnitude below 2^51 (none NaN) made a sum in [1.5 * 2^52, 2^53),
+        // whose bits above the low 51 are those of M64; any other sum is larger, or
+        // NaN, and sets another bit of those.
+        if bits.iter().fold(0, |a, &b| a | b) >> 51 == M64_BITS >> 51 {
+            for (d, &n) in d.iter_mut().zip(&n) {
+                *d = D::from_i128(i128::from(n as i64));
+            }
+        } else {
+            for (d, &v) in d.iter_mut().zip(s) {
+                *d = D::from_f64(wide(v));
+            }
+        }
+    }
+    for (d, &v) in dst_end.iter_mut().zip(src_end) {
+        *d = D::from_f64(wide(v));
     }
 }
 
@@ -1393,8 +1434,10 @@ mod float_to_int_run_tests {
         slice: fn(&[S], &mut [D]),
         one: fn(S) -> D,
     ) {
-        for start in starts {
-            let src = &src[start..];
+        // Every length up to 17 (no run, one, one and an end), then two starts.
+        let short = (0..=17).map(|n| (0, n));
+        for (start, n) in short.chain(starts.map(|s| (s, src.len() - s))) {
+            let src = &src[start..start + n];
             let mut out = vec![D::from_i128(7); src.len()];
             slice(src, &mut out);
             for (i, (&v, o)) in src.iter().zip(&out).enumerate() {
@@ -1406,6 +1449,73 @@ mod float_to_int_run_tests {
                     bytemuck::bytes_of(o),
                     bytemuck::bytes_of(&want)
                 );
+            }
+        }
+    }
+
+    /// `cast` of stepped and reversed views of float32 and float64 to int64 and
+    /// uint64 equals Rust's `as` of each element the view shows, for lengths around
+    /// the runs' ends, with values at the edges of the short way (2^51) and of the
+    /// targets' ranges among them.
+    #[test]
+    fn casts_of_views_to_64_bit_integers_equal_rusts_as() {
+        let edges = [
+            f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            -0.0,
+            f64::from_bits(1),
+            -0.5,
+            2.5,
+            -2.5,
+            2f64.powi(51),
+            2f64.powi(51) - 0.5,
+            -(2f64.powi(51) - 1.0),
+            2f64.powi(63),
+            -(2f64.powi(63)),
+            2f64.powi(64),
+            -1.0,
+        ];
+        let mut x = 0x5851_f42d_4c95_7f2d_u64;
+        for n in [0usize, 1, 7, 8, 9, 15, 16, 17, 1003] {
+            let vals: Vec<f64> = (0..3 * n + 1)
+                .map(|i| {
+                    let r = next(&mut x);
+                    if i % 5 == 2 {
+                        edges[(r % edges.len() as u64) as usize]
+                    } else {
+                        (r >> 11) as f64 / 2f64.powi(40) - 2048.0
+                    }
+                })
+                .collect();
+            let f64s =
+                Tensor::new_host(DType::F64, &[vals.len() as i64], Default::default(), |b| {
+                    b.copy_from_slice(bytemuck::cast_slice(&vals));
+                    Ok(())
+                })
+                .unwrap();
+            let f32s = cast(&f64s, DType::F32).unwrap();
+            let n = n as i64;
+            // Every 3rd element forward, and every 2nd backward from the end.
+            let views = [
+                (vec![n], vec![3], 0),
+                (vec![n], vec![-2], 2 * (n - 1).max(0)),
+            ];
+            for (shape, strides, origin) in views {
+                for src in [&f64s, &f32s] {
+                    let v = src.restride(shape.clone(), strides.clone(), origin);
+                    let wide = cast(&v, DType::F64).unwrap();
+                    let want = typed::<f64>(&wide).unwrap();
+                    let i = cast(&v, DType::I64).unwrap();
+                    let u = cast(&v, DType::U64).unwrap();
+                    let (i, u) = (typed::<i64>(&i).unwrap(), typed::<u64>(&u).unwrap());
+                    for (k, &w) in want.iter().enumerate() {
+                        let what =
+                            format!("{w:?} at {k} of {n}, {} {strides:?}", src.dtype().name());
+                        assert_eq!(i[k], w as i64, "int64: {what}");
+                        assert_eq!(u[k], w as u64, "uint64: {what}");
+                    }
+                }
             }
         }
     }
@@ -1429,10 +1539,10 @@ mod float_to_int_run_tests {
                 f32::from_bits(x.to_bits().wrapping_sub(1)),
             ]);
         }
-        // Every float within 64 steps of each power of two up to 2^33 (2^22, where the
-        // short way ends, and the 32-bit limits), both signs.
-        for e in 0..=33 {
-            let p = (1u64 << e) as f32;
+        // Every float within 64 steps of each power of two up to 2^64 (2^22 and 2^51,
+        // where the short ways end, and the 32- and 64-bit limits), both signs.
+        for e in 0..=64 {
+            let p = 2f32.powi(e);
             for x in [p, -p] {
                 v.extend((-64..=64).map(|d| f32::from_bits(x.to_bits().wrapping_add_signed(d))));
             }
@@ -1498,10 +1608,11 @@ mod float_to_int_run_tests {
                 f64::from_bits(x.to_bits().wrapping_sub(1)),
             ]);
         }
-        // Around each power of two up to 2^34 (2^31, where the short way ends, and the
-        // 32-bit limits), both signs: neighbouring floats and integers with fractions.
-        for e in 0..=34 {
-            let p = (1u64 << e) as f64;
+        // Around each power of two up to 2^64 (2^31 and 2^51, where the short ways end,
+        // and the 32- and 64-bit limits), both signs: neighbouring floats and integers
+        // with fractions.
+        for e in 0..=64 {
+            let p = 2f64.powi(e);
             for x in [p, -p] {
                 v.extend((-64..=64).map(|d| f64::from_bits(x.to_bits().wrapping_add_signed(d))));
                 v.extend((-8..=8).map(|d| x + f64::from(d) * 0.375));
