@@ -303,6 +303,59 @@ mod tests {
         );
     }
 
+    /// A child forked while a parent thread held a host tensor's event lock (another
+    /// thread exporting it through DLPack looked at its event) exports that tensor:
+    /// plain host memory has no event to order a consumer after, and its lock, held in
+    /// the child by a thread the child does not have, is not taken (the child hung in
+    /// `ndx_tensor_to_dlpack_versioned`).
+    #[test]
+    fn a_child_forked_while_a_host_tensors_event_lock_was_held_exports_it() {
+        use crate::exec::TensorRef;
+        use std::sync::Arc;
+        crate::exec::fork::watch();
+        let t = Arc::new(
+            crate::tensor::Tensor::new_host(
+                crate::tensor::DType::I32,
+                &[1],
+                Default::default(),
+                |b| {
+                    b.copy_from_slice(&7i32.to_ne_bytes());
+                    Ok(())
+                },
+            )
+            .unwrap(),
+        );
+        let held = t.clone();
+        let status = fork_while_held(
+            move |forked| {
+                let _held = held.storage().hold_event_lock();
+                forked();
+            },
+            || {
+                let handle = crate::ffi::handle::into_handle::<crate::ffi::ndx_tensor_t>(Arc::new(
+                    TensorRef::ready(t.clone()),
+                ));
+                let mut out = std::ptr::null_mut();
+                let e = crate::ffi::tensor::ndx_tensor_to_dlpack_versioned(handle, &mut out);
+                let good = e.is_null() && !out.is_null() && {
+                    // SAFETY: an export ndx just made: its data is one i32, and its
+                    // deleter is called once.
+                    unsafe {
+                        let value = *(*out).dl_tensor.data.cast::<i32>();
+                        ((*out).deleter.unwrap())(out);
+                        value == 7
+                    }
+                };
+                crate::ffi::tensor::ndx_tensor_release(handle);
+                good
+            },
+        );
+        assert!(
+            exited_cleanly(status),
+            "the child hung or failed (status {status:#x})"
+        );
+    }
+
     /// A child forked while another thread was walking its stack for a call site (an
     /// `ndx_invoke` on another thread) captures sites: the fork waits for the walk to
     /// end. The `backtrace` crate's own lock stayed held in the child by a thread it

@@ -396,6 +396,11 @@ impl Storage {
     }
     /// The event after which CUDA memory is valid, if any is pending.
     pub fn ready_event(&self) -> Option<std::sync::Arc<crate::cuda::Event>> {
+        // Plain host memory never has one: not locked (every export of it asks; see
+        // `wait_host_readable`).
+        if self.device.kind == crate::tensor::DeviceKind::Cpu {
+            return None;
+        }
         self.ready.lock().clone()
     }
 
