@@ -149,6 +149,9 @@ pub struct Site {
     /// How many times the frames were symbolised (tests of laziness).
     #[cfg(test)]
     resolutions: std::sync::atomic::AtomicUsize,
+    /// Run inside the next symbolisation (tests of a fork during one).
+    #[cfg(test)]
+    in_resolve: std::sync::Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
 impl Site {
@@ -199,6 +202,8 @@ impl Site {
             resolved: OnceLock::new(),
             #[cfg(test)]
             resolutions: Default::default(),
+            #[cfg(test)]
+            in_resolve: Default::default(),
         }
     }
 
@@ -243,7 +248,22 @@ impl Site {
 
     /// The frames, innermost first; symbolised on the first call and cached.
     pub fn frames(&self) -> &[Frame] {
-        self.resolved.get_or_init(|| self.resolve())
+        if let Some(frames) = self.resolved.get() {
+            return frames;
+        }
+        // Symbolised before, not inside, the cell's initialisation, which only stores
+        // the frames: a child forked while a parent thread was symbolising (for
+        // milliseconds) would otherwise find the cell being initialised by a thread it
+        // does not have, and wait for it forever. Two threads asking at once may both
+        // symbolise; the first to store wins, and both frames are the same.
+        let frames = self.resolve();
+        self.resolved.get_or_init(|| frames)
+    }
+
+    /// Runs `f` inside the next symbolisation of this site (tests of a fork during one).
+    #[cfg(test)]
+    pub(crate) fn run_in_next_resolve(&self, f: Box<dyn FnOnce() + Send>) {
+        *self.in_resolve.lock().unwrap() = Some(f);
     }
 
     /// How many times this site's frames were symbolised (0 until someone asks).
@@ -256,6 +276,13 @@ impl Site {
         #[cfg(test)]
         self.resolutions
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        #[cfg(test)]
+        {
+            let f = self.in_resolve.lock().unwrap().take();
+            if let Some(f) = f {
+                f();
+            }
+        }
         let mut frames: Vec<Frame> = self.location.iter().chain(&self.host).cloned().collect();
         if self.show_native {
             let skip = usize::from(self.location.is_some());

@@ -356,6 +356,31 @@ mod tests {
         );
     }
 
+    /// A child forked while a parent thread was symbolising a call site's frames (an
+    /// error's frames read on another thread) reads that site's frames: the site's cell
+    /// is not being initialised while the slow symbolisation runs, only when its result
+    /// is stored (the child waited forever for the parent thread to finish it).
+    #[test]
+    fn a_child_forked_while_a_site_was_being_symbolised_reads_its_frames() {
+        use std::sync::Arc;
+        crate::exec::fork::watch();
+        let site = Arc::new(crate::error::Site::capture_native(
+            crate::error::site::DEFAULT_DEPTH,
+        ));
+        let held = site.clone();
+        let status = fork_while_held(
+            move |forked| {
+                held.run_in_next_resolve(forked);
+                let _ = held.frames();
+            },
+            || !site.frames().is_empty(),
+        );
+        assert!(
+            exited_cleanly(status),
+            "the child hung or failed (status {status:#x})"
+        );
+    }
+
     /// A child forked while another thread was walking its stack for a call site (an
     /// `ndx_invoke` on another thread) captures sites: the fork waits for the walk to
     /// end. The `backtrace` crate's own lock stayed held in the child by a thread it
