@@ -115,7 +115,7 @@ pub struct Invocation<'a> {
 pub struct Document {
     text: OnceLock<String>,
     /// What the document records, and the site to symbolise, until first read.
-    pending: Mutex<Option<(Record, Arc<Site>)>>,
+    pending: Mutex<Option<(Arc<Record>, Arc<Site>)>>,
 }
 
 impl Document {
@@ -124,21 +124,32 @@ impl Document {
     pub fn new(inv: &Invocation<'_>, error: &Error, max_bytes: u64) -> Document {
         Document {
             text: OnceLock::new(),
-            pending: Mutex::new(Some((Record::new(inv, error, max_bytes), inv.site.clone()))),
+            pending: Mutex::new(Some((
+                Arc::new(Record::new(inv, error, max_bytes)),
+                inv.site.clone(),
+            ))),
         }
     }
 
     /// The JSON text; the first call symbolises the site and writes it.
     pub fn text(&self) -> &str {
-        self.text.get_or_init(|| {
-            let mut pending = self.pending.lock();
-            let text = pending
-                .as_ref()
-                .map(|(record, site)| render(&mut record.unsited(), site))
-                .unwrap_or_default();
-            *pending = None;
-            text
-        })
+        if let Some(text) = self.text.get() {
+            return text;
+        }
+        // Written with neither lock held (the cell's initialisation only stores the
+        // text): a child forked while a parent thread was writing it (symbolising the
+        // site takes milliseconds) would otherwise find the cell, or the pending lock,
+        // held by a thread it does not have, and wait for it forever. Two threads
+        // reading at once may both write it; the first to store wins (the same text).
+        // The pending record goes only once the text is stored, so a reader that finds
+        // it gone finds the text.
+        let pending = self.pending.lock().clone();
+        let text = pending
+            .map(|(record, site)| render(&mut record.unsited(), &site))
+            .unwrap_or_default();
+        let text = self.text.get_or_init(|| text);
+        *self.pending.lock() = None;
+        text
     }
 }
 

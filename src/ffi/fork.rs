@@ -381,6 +381,51 @@ mod tests {
         );
     }
 
+    /// A child forked while a parent thread was writing a failure's repro document (its
+    /// first read, which symbolises the site) reads that document: it is written with
+    /// no lock held, and its cell only stores it (the child waited forever for the
+    /// parent thread to finish writing it).
+    #[test]
+    fn a_child_forked_while_a_repro_was_being_written_reads_it() {
+        use crate::exec::{Args, CallSite, EvalMode, Input};
+        crate::exec::fork::watch();
+        let ctx = crate::exec::new_context(
+            crate::exec::Settings {
+                mode: EvalMode::Eager,
+                ..crate::exec::Settings::default()
+            },
+            2,
+        );
+        let i32s = |v: &[i32]| Input::host(v, &[v.len() as i64]).unwrap();
+        let node = ctx
+            .invoke(
+                "floordiv",
+                vec![i32s(&[7, 8]), i32s(&[1, 0])],
+                Args::new(),
+                None,
+                CallSite::default(),
+            )
+            .unwrap();
+        node.wait(Some(Duration::from_secs(10))).unwrap();
+        let Some(Err(e)) = node.result() else {
+            panic!("floordiv by zero did not fail");
+        };
+        let e = e.clone();
+        let site = e.site().expect("a site").clone();
+        let held = e.clone();
+        let status = fork_while_held(
+            move |forked| {
+                site.run_in_next_resolve(forked);
+                let _ = held.repro();
+            },
+            || e.repro().is_some_and(|t| t.contains("floordiv")),
+        );
+        assert!(
+            exited_cleanly(status),
+            "the child hung or failed (status {status:#x})"
+        );
+    }
+
     /// A child forked while another thread was walking its stack for a call site (an
     /// `ndx_invoke` on another thread) captures sites: the fork waits for the walk to
     /// end. The `backtrace` crate's own lock stayed held in the child by a thread it
