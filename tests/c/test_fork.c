@@ -97,10 +97,11 @@ static int child(ndx_context_t* parent_ctx, ndx_future_t* pending, ndx_tensor_t*
 }
 
 /* ---- forks while other threads use a complete invocation -------------------------------
- * Parent threads keep invoking SYNC_CPU consumers of a complete future's output and
- * registering callbacks on it while the main thread forks: each child uses that output
- * and future (invoke SYNC_CPU and EAGER, on_ready, cancel) without hanging on a lock a
- * parent thread held at the fork. A child that hangs is ended by alarm(). */
+ * Parent threads keep invoking SYNC_CPU consumers of a complete future's output,
+ * exporting it through DLPack and registering callbacks on it while the main thread
+ * forks: each child uses that output and future (invoke SYNC_CPU and EAGER, export,
+ * on_ready, cancel) without hanging on a lock a parent thread held at the fork. A child
+ * that hangs is ended by alarm(). */
 #define N_FORKS 150
 #define N_USERS 2
 
@@ -113,6 +114,19 @@ static void count_cb(void* user, const ndx_future_t* f) {
   __atomic_fetch_add((int*)user, 1, __ATOMIC_SEQ_CST);
 }
 
+/* Exports `t` through DLPack and reads its first float into *first; 0 on success. */
+static int export_first(const ndx_tensor_t* t, float* first) {
+  DLManagedTensorVersioned* m = NULL;
+  ndx_error_t* e = ndx_tensor_to_dlpack_versioned(t, &m);
+  if (e != NULL || m == NULL) {
+    ndx_error_free(e);
+    return 1;
+  }
+  *first = *(const float*)m->dl_tensor.data;
+  m->deleter(m);
+  return 0;
+}
+
 static void* user_main(void* p) {
   ndx_context_t* ctx = (ndx_context_t*)p;
   int fired = 0;
@@ -120,6 +134,8 @@ static void* user_main(void* p) {
     ndx_future_t* g = NULL;
     if (invoke(ctx, "add", done_t, done_t, &g) == NULL) ndx_future_release(g);
     ndx_error_free(ndx_future_on_ready(done_f, count_cb, &fired, NULL));
+    float first = 0;
+    (void)export_first(done_t, &first);
   }
   return NULL;
 }
@@ -141,6 +157,8 @@ static int fork_child_uses_done(void) {
   ndx_error_t* e = ndx_future_on_ready(done_f, count_cb, &fired, NULL);
   if (e != NULL || fired != 1) bad = 1;
   ndx_error_free(e);
+  float first = 0;
+  if (export_first(done_t, &first) != 0 || first != 2.0f) bad = 1;
   bool cancelled = true;
   e = ndx_future_cancel(done_f, &cancelled);
   if (e != NULL || cancelled) bad = 1;
