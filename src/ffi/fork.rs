@@ -196,6 +196,42 @@ mod tests {
         status
     }
 
+    fn assert_child_ok(status: i32) {
+        assert!(
+            exited_cleanly(status),
+            "the child hung or failed (status {status:#x})"
+        );
+    }
+
+    /// A host tensor of one int32.
+    fn one_i32(v: i32) -> std::sync::Arc<crate::tensor::Tensor> {
+        let t = crate::tensor::Tensor::new_host(
+            crate::tensor::DType::I32,
+            &[1],
+            Default::default(),
+            |b| {
+                b.copy_from_slice(&v.to_ne_bytes());
+                Ok(())
+            },
+        );
+        std::sync::Arc::new(t.unwrap())
+    }
+
+    /// Runs `body` in a child forked while another thread holds `t`'s event lock.
+    fn fork_while_event_lock_held(
+        t: &std::sync::Arc<crate::tensor::Tensor>,
+        body: impl FnOnce() -> bool,
+    ) -> i32 {
+        let held = t.clone();
+        fork_while_held(
+            move |forked| {
+                let _held = held.storage().hold_event_lock();
+                forked();
+            },
+            body,
+        )
+    }
+
     fn sync_cpu_context() -> crate::exec::Context {
         let settings = crate::exec::Settings {
             mode: crate::exec::EvalMode::SyncCpu,
@@ -251,10 +287,7 @@ mod tests {
                     })
             },
         );
-        assert!(
-            exited_cleanly(status),
-            "the child hung or failed (status {status:#x})"
-        );
+        assert_child_ok(status);
     }
 
     /// A child forked while a parent thread held a host tensor's event lock (a kernel
@@ -266,41 +299,20 @@ mod tests {
         use crate::exec::{Args, CallSite, Input, TensorRef};
         use std::sync::Arc;
         crate::exec::fork::watch();
-        let t = Arc::new(
-            crate::tensor::Tensor::new_host(
-                crate::tensor::DType::I32,
-                &[1],
-                Default::default(),
-                |b| {
-                    b.copy_from_slice(&5i32.to_ne_bytes());
-                    Ok(())
-                },
-            )
-            .unwrap(),
-        );
-        let held = t.clone();
-        let status = fork_while_held(
-            move |forked| {
-                let _held = held.storage().hold_event_lock();
-                forked();
-            },
-            || {
-                let input = || Input::Tensor(Arc::new(TensorRef::ready(t.clone())));
-                sync_cpu_context()
-                    .invoke(
-                        "add",
-                        vec![input(), input()],
-                        Args::new(),
-                        None,
-                        CallSite::default(),
-                    )
-                    .is_ok_and(|n| matches!(n.result(), Some(Ok(_))))
-            },
-        );
-        assert!(
-            exited_cleanly(status),
-            "the child hung or failed (status {status:#x})"
-        );
+        let t = one_i32(5);
+        let status = fork_while_event_lock_held(&t, || {
+            let input = || Input::Tensor(Arc::new(TensorRef::ready(t.clone())));
+            sync_cpu_context()
+                .invoke(
+                    "add",
+                    vec![input(), input()],
+                    Args::new(),
+                    None,
+                    CallSite::default(),
+                )
+                .is_ok_and(|n| matches!(n.result(), Some(Ok(_))))
+        });
+        assert_child_ok(status);
     }
 
     /// A child forked while a parent thread held a host tensor's event lock (another
@@ -313,47 +325,26 @@ mod tests {
         use crate::exec::TensorRef;
         use std::sync::Arc;
         crate::exec::fork::watch();
-        let t = Arc::new(
-            crate::tensor::Tensor::new_host(
-                crate::tensor::DType::I32,
-                &[1],
-                Default::default(),
-                |b| {
-                    b.copy_from_slice(&7i32.to_ne_bytes());
-                    Ok(())
-                },
-            )
-            .unwrap(),
-        );
-        let held = t.clone();
-        let status = fork_while_held(
-            move |forked| {
-                let _held = held.storage().hold_event_lock();
-                forked();
-            },
-            || {
-                let handle = crate::ffi::handle::into_handle::<crate::ffi::ndx_tensor_t>(Arc::new(
-                    TensorRef::ready(t.clone()),
-                ));
-                let mut out = std::ptr::null_mut();
-                let e = crate::ffi::tensor::ndx_tensor_to_dlpack_versioned(handle, &mut out);
-                let good = e.is_null() && !out.is_null() && {
-                    // SAFETY: an export ndx just made: its data is one i32, and its
-                    // deleter is called once.
-                    unsafe {
-                        let value = *(*out).dl_tensor.data.cast::<i32>();
-                        ((*out).deleter.unwrap())(out);
-                        value == 7
-                    }
-                };
-                crate::ffi::tensor::ndx_tensor_release(handle);
-                good
-            },
-        );
-        assert!(
-            exited_cleanly(status),
-            "the child hung or failed (status {status:#x})"
-        );
+        let t = one_i32(7);
+        let status = fork_while_event_lock_held(&t, || {
+            let handle = crate::ffi::handle::into_handle::<crate::ffi::ndx_tensor_t>(Arc::new(
+                TensorRef::ready(t.clone()),
+            ));
+            let mut out = std::ptr::null_mut();
+            let e = crate::ffi::tensor::ndx_tensor_to_dlpack_versioned(handle, &mut out);
+            let good = e.is_null() && !out.is_null() && {
+                // SAFETY: an export ndx just made: its data is one i32, and its
+                // deleter is called once.
+                unsafe {
+                    let value = *(*out).dl_tensor.data.cast::<i32>();
+                    ((*out).deleter.unwrap())(out);
+                    value == 7
+                }
+            };
+            crate::ffi::tensor::ndx_tensor_release(handle);
+            good
+        });
+        assert_child_ok(status);
     }
 
     /// A child forked while a parent thread was symbolising a call site's frames (an
@@ -375,10 +366,7 @@ mod tests {
             },
             || !site.frames().is_empty(),
         );
-        assert!(
-            exited_cleanly(status),
-            "the child hung or failed (status {status:#x})"
-        );
+        assert_child_ok(status);
     }
 
     /// A child forked while a parent thread was writing a failure's repro document (its
@@ -420,10 +408,7 @@ mod tests {
             },
             || e.repro().is_some_and(|t| t.contains("floordiv")),
         );
-        assert!(
-            exited_cleanly(status),
-            "the child hung or failed (status {status:#x})"
-        );
+        assert_child_ok(status);
     }
 
     /// A child forked while another thread was walking its stack for a call site (an
@@ -461,9 +446,6 @@ mod tests {
                 .is_ok_and(|n| matches!(n.result(), Some(Ok(_))) && !n.site().frames().is_empty())
         });
         walker.join().unwrap();
-        assert!(
-            exited_cleanly(status),
-            "the child hung or failed (status {status:#x})"
-        );
+        assert_child_ok(status);
     }
 }
