@@ -396,8 +396,9 @@ impl Storage {
     }
     /// The event after which CUDA memory is valid, if any is pending.
     pub fn ready_event(&self) -> Option<std::sync::Arc<crate::cuda::Event>> {
-        // Plain host memory never has one: not locked (every export of it asks; see
-        // `wait_host_readable`).
+        // Plain host memory never has one: not locked, as every export and every kernel
+        // run asks (in a child forked while a parent thread held the lock, no one would
+        // let go of it, and they all hung there).
         if self.device.kind == crate::tensor::DeviceKind::Cpu {
             return None;
         }
@@ -416,14 +417,10 @@ impl Storage {
     /// memory (kDLCUDA) is read only by work ordered on a stream, and host memory
     /// carries no event.
     pub fn wait_host_readable(&self) -> Result<()> {
-        // Plain host memory never has an event: not locked, as every kernel run reads
-        // it (in a child forked while a parent thread held the lock, no one would let
-        // go of it, and every kernel reading this tensor hung there).
-        if !self.device.host_accessible() || self.device.kind == crate::tensor::DeviceKind::Cpu {
+        if !self.device.host_accessible() {
             return Ok(());
         }
-        let ready = self.ready.lock().clone();
-        match ready {
+        match self.ready_event() {
             Some(event) => event.synchronize(),
             None => Ok(()),
         }
