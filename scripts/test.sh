@@ -99,7 +99,9 @@ else
 fi
 
 step "ctest (C and C++ tests, examples under valgrind, install consumers)"
-ctest --test-dir "$build" --output-on-failure -j"$(nproc)"
+# --timeout: a test that hangs fails on its own after 10 minutes (the slowest, valgrind
+# runs included, take well under one) instead of holding up CI until it is killed.
+ctest --test-dir "$build" --output-on-failure -j"$(nproc)" --timeout 600
 
 step "Python FFI tests (ctypes + pytest) against $build/cargo/release/libndx.so"
 NDX_LIBRARY="$(cd "$build" && pwd)/cargo/release/libndx.so" python3 -m pytest -q -p no:cacheprovider tests/python
