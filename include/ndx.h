@@ -1460,7 +1460,8 @@ ndx_error_t *ndx_context_set_backend(const ndx_context_t *ctx,
  * or ALL (see `ndx_frame_provider_t`: which thread, re-entry). Registering one does
  * not change the policy: under the default, NATIVE, it is never called, so a host
  * language that wants its own lines in errors also sets HOST or ALL
- * (`ndx_context_set_capture_policy`). Invocations already made keep the frames they recorded; pending work never calls the provider.
+ * (`ndx_context_set_capture_policy`). Invocations already made keep the frames they
+ * recorded; pending work never calls the provider.
  * `user_free(user)` (if not NULL) is called exactly once, after the last call of
  * `provider`: when the provider is replaced or removed, or the context is released (on
  * the thread of the last `ndx_context_release`, when that release waits for the
