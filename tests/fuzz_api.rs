@@ -3842,14 +3842,19 @@ fn extreme_once(x: &Extreme) {
         ndx_eval_mode_t::NDX_EVAL_SYNC_CPU as i32
     };
     let mut keep = Vec::new();
-    let Some(tensors) = x
+    let made: Vec<_> = x
         .inputs
         .iter()
         .map(|o| make_operand(o, &mut keep))
-        .collect::<Option<Vec<_>>>()
-    else {
+        .collect();
+    if made.iter().any(Option::is_none) {
+        // An operand was refused: release those made before (or after) it.
+        for t in made.into_iter().flatten() {
+            ndx_tensor_release(t);
+        }
         return;
-    };
+    }
+    let tensors: Vec<_> = made.into_iter().flatten().collect();
     let list: Vec<ndx_input_t> = tensors
         .iter()
         .map(|&t| ndx_input_t {
