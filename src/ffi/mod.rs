@@ -126,10 +126,11 @@ pub(crate) fn out_param<T>(out: *mut T, empty: T, f: impl FnOnce() -> Result<T>)
 /// the caller's call, i.e. the caller's line. One load from the entry point's own
 /// frame record — available when the crate is built with frame pointers (the
 /// repository's `.cargo/config.toml` forces them; `build.rs` sets `ndx_frame_pointers`
-/// only then). `None` elsewhere: callers then unwind one frame instead.
+/// only then). `None` elsewhere, and under Miri, which runs no inline assembly:
+/// callers then unwind one frame instead.
 #[inline(always)]
 pub(crate) fn caller_return_address() -> Option<usize> {
-    #[cfg(all(ndx_frame_pointers, target_arch = "x86_64"))]
+    #[cfg(all(ndx_frame_pointers, target_arch = "x86_64", not(miri)))]
     {
         let ra: usize;
         // SAFETY: with frame pointers forced, every function sets rbp to its frame
@@ -140,7 +141,7 @@ pub(crate) fn caller_return_address() -> Option<usize> {
         }
         Some(ra)
     }
-    #[cfg(all(ndx_frame_pointers, target_arch = "aarch64"))]
+    #[cfg(all(ndx_frame_pointers, target_arch = "aarch64", not(miri)))]
     {
         let ra: usize;
         // SAFETY: with frame pointers, x29 points at the frame record {fp, lr}; the
@@ -152,7 +153,8 @@ pub(crate) fn caller_return_address() -> Option<usize> {
     }
     #[cfg(not(all(
         ndx_frame_pointers,
-        any(target_arch = "x86_64", target_arch = "aarch64")
+        any(target_arch = "x86_64", target_arch = "aarch64"),
+        not(miri)
     )))]
     {
         None
