@@ -7,7 +7,9 @@
 # aliasing rules (Tree Borrows), something neither sanitizer sees.
 # Not part of scripts/test.sh: it needs a nightly toolchain with rust-src (std is
 # rebuilt instrumented, so that its atomics and allocations are seen too) and miri,
-# and takes about 25 minutes on 2 cores.
+# takes about 25 minutes on 2 cores, and leaves about 30 GB of builds under
+# target/san-address and target/san-thread (the instrumented std, debug info
+# included, is linked into every test binary): delete them when done.
 #
 #   rustup toolchain install nightly --component rust-src miri   # once
 #   scripts/sanitize.sh [address|thread|miri]...                  # default: all three
