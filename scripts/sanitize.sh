@@ -22,6 +22,12 @@ build=${NDX_BUILD_DIR:-build}
 host=$(rustc -vV | sed -n 's/^host: //p')
 sanitizers=("$@")
 [ ${#sanitizers[@]} -gt 0 ] || sanitizers=(address thread miri)
+for san in "${sanitizers[@]}"; do
+  case $san in
+    address | thread | miri) ;;
+    *) echo "unknown sanitizer '$san' (address, thread or miri)" >&2; exit 2 ;;
+  esac
+done
 
 # What each sanitizer is told, and why:
 # - allocator_may_return_null=1: tests ask for tensors of petabytes and expect
@@ -101,33 +107,34 @@ run_binary() {
   fi
 }
 
-for san in "${sanitizers[@]}"; do
-  case $san in
-    address | thread) ;;
-    miri)
-      printf '\n==> miri: tests/dlpack_api.rs and tests/out_api.rs\n'
-      mkdir -p target/san-miri/logs
-      t0=$SECONDS
-      NDX_CUDA_DISABLE=1 \
-        MIRIFLAGS="-Zmiri-disable-isolation -Zmiri-permissive-provenance -Zmiri-tree-borrows -Zmiri-ignore-leaks" \
-        cargo +nightly miri test --test dlpack_api --test out_api > target/san-miri/logs/miri.log 2>&1
-      rc=$?
-      summary+=("$(printf '%-8s %-40s rc=%-3s %13s %4ss' miri "dlpack_api out_api" "$rc" "" "$((SECONDS - t0))")")
-      if [ "$rc" -ne 0 ]; then
-        status=1
-        echo "FAILED: target/san-miri/logs/miri.log" >&2
-        grep -E -A30 '^error|panicked at' target/san-miri/logs/miri.log | head -n 60 >&2
-      fi
-      continue
-      ;;
-    *) echo "unknown sanitizer '$san' (address, thread or miri)" >&2; exit 2 ;;
-  esac
+# The DLPack and out-tensor tests under Miri (see above for why only these).
+run_miri() {
+  local log=target/san-miri/logs/miri.log
+  printf '\n==> miri: tests/dlpack_api.rs and tests/out_api.rs\n'
+  mkdir -p "$(dirname "$log")"
+  local t0=$SECONDS
+  NDX_CUDA_DISABLE=1 \
+    MIRIFLAGS="-Zmiri-disable-isolation -Zmiri-permissive-provenance -Zmiri-tree-borrows -Zmiri-ignore-leaks" \
+    cargo +nightly miri test --test dlpack_api --test out_api > "$log" 2>&1
+  local rc=$?
+  summary+=("$(printf '%-8s %-40s rc=%-3s %4ss' miri "dlpack_api out_api" "$rc" "$((SECONDS - t0))")")
+  if [ "$rc" -ne 0 ]; then
+    status=1
+    echo "FAILED: $log" >&2
+    grep -E -A30 '^error|panicked at' "$log" | head -n 60 >&2
+  fi
+}
+
+# Every test binary under sanitizer $1, then the CUDA and unit tests on the emulated
+# driver.
+run_sanitizer() {
+  local san=$1 list="target/san-$1/tests"
   printf '\n==> %s: build\n' "$san"
-  list="target/san-$san/tests"
   mkdir -p "target/san-$san"
   build_tests "$san" > "$list.plain" || { echo "the $san build failed" >&2; exit 1; }
   build_tests "$san" --features test-hooks --lib --test cuda_api > "$list.emu" ||
     { echo "the $san build (test-hooks) failed" >&2; exit 1; }
+  local exe plain emu
   mapfile -t plain < "$list.plain"
   mapfile -t emu < "$list.emu"
   printf '\n==> %s: run\n' "$san"
@@ -137,6 +144,13 @@ for san in "${sanitizers[@]}"; do
   for exe in "${emu[@]}"; do
     run_binary "$san" "$exe" "+emu" env LD_LIBRARY_PATH="$emu_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   done
+}
+
+for san in "${sanitizers[@]}"; do
+  case $san in
+    address | thread) run_sanitizer "$san" ;;
+    miri) run_miri ;;
+  esac
 done
 
 printf '\n==> summary\n'
