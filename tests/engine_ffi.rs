@@ -1211,6 +1211,140 @@ fn args_round_trip_through_the_builder_and_getters() {
     ndx_args_free(args);
 }
 
+/// Each `ndx_input_t` holds exactly one of a tensor and a batch: an entry with
+/// neither or both is NDX_ERROR_VALUE naming its index, no future is made, and the
+/// caller keeps both handles.
+#[test]
+fn an_input_entry_with_neither_or_both_handles_is_refused() {
+    let ctx = common::Ctx::new(0);
+    let t = common::T::copy(&[1f32, 2.], ndx_dtype_t::NDX_DTYPE_FLOAT32 as i32, &[2]);
+    let (b, counts) = common::f32_batch(&[(&[3., 4.], &[2])]);
+    let entry =
+        |tensor: *const ndx_tensor_t, batch: *const ndx_batch_t| ndx_input_t { tensor, batch };
+    for (second, says) in [
+        (
+            entry(std::ptr::null(), std::ptr::null()),
+            "inputs[1] has neither a tensor nor a batch",
+        ),
+        (
+            entry(t.0, b),
+            "inputs[1] has both a tensor and a batch; set exactly one",
+        ),
+    ] {
+        let inputs = [t.input(), second];
+        let mut f = 0x5a5a_usize as *mut ndx_future_t;
+        common::expect_err(
+            ndx_invoke(
+                ctx.0,
+                c"add".as_ptr(),
+                inputs.as_ptr(),
+                2,
+                std::ptr::null(),
+                std::ptr::null(),
+                &mut f,
+            ),
+            ndx_error_kind_t::NDX_ERROR_VALUE,
+            says,
+        );
+        assert!(f.is_null(), "no future");
+    }
+    // Both handles are still the caller's: they work, and release once.
+    let f = common::invoke_with(
+        &ctx,
+        c"add",
+        &[t.input(), entry(std::ptr::null(), b)],
+        std::ptr::null(),
+        &common::invoke_options(0, &[]),
+    )
+    .unwrap();
+    ok(ndx_future_wait(f, -1));
+    ndx_future_release(f);
+    ndx_batch_release(b);
+    drop(ctx);
+    assert_eq!(common::calls(&counts[0]), 1);
+}
+
+/// The getters of every argument type, as a host operator's kernel reads its
+/// arguments: each returns what was set (a float getter converts an int), and one of
+/// another type is NDX_ERROR_TYPE naming the argument and both types, with the
+/// out-param cleared.
+#[test]
+fn args_getters_of_each_type_read_their_own_and_refuse_the_others() {
+    let args = common::Args::new().int(c"n", -3).string(c"s", c"text");
+    ok(ndx_args_set_bool(args.0, c"flag".as_ptr(), true));
+    ok(ndx_args_set_float(args.0, c"x".as_ptr(), 0.25));
+    ok(ndx_args_set_dtype(
+        args.0,
+        c"dt".as_ptr(),
+        ndx_dtype_t::NDX_DTYPE_BFLOAT16 as i32,
+    ));
+    let mut b = false;
+    ok(ndx_args_get_bool(args.0, c"flag".as_ptr(), &mut b));
+    assert!(b);
+    let mut d = 0i32;
+    ok(ndx_args_get_dtype(args.0, c"dt".as_ptr(), &mut d));
+    assert_eq!(d, ndx_dtype_t::NDX_DTYPE_BFLOAT16 as i32);
+    let mut x = 0f64;
+    ok(ndx_args_get_float(args.0, c"x".as_ptr(), &mut x));
+    assert_eq!(x, 0.25);
+    ok(ndx_args_get_float(args.0, c"n".as_ptr(), &mut x));
+    assert_eq!(x, -3.0, "an int argument read as a float converts");
+
+    let ty = ndx_error_kind_t::NDX_ERROR_TYPE;
+    b = true;
+    common::expect_err(
+        ndx_args_get_bool(args.0, c"n".as_ptr(), &mut b),
+        ty,
+        "argument 'n' is an int, not a bool",
+    );
+    assert!(!b, "bool cleared");
+    d = 7;
+    common::expect_err(
+        ndx_args_get_dtype(args.0, c"s".as_ptr(), &mut d),
+        ty,
+        "argument 's' is a string, not a dtype",
+    );
+    assert_eq!(d, 0, "dtype cleared");
+    x = 1.0;
+    common::expect_err(
+        ndx_args_get_float(args.0, c"flag".as_ptr(), &mut x),
+        ty,
+        "argument 'flag' is a bool, not a float",
+    );
+    assert_eq!(x, 0.0, "float cleared");
+    let mut v = 5i64;
+    common::expect_err(
+        ndx_args_get_int(args.0, c"x".as_ptr(), &mut v),
+        ty,
+        "argument 'x' is a float, not an int",
+    );
+    assert_eq!(v, 0, "int cleared");
+    let mut s = c"stale".as_ptr();
+    common::expect_err(
+        ndx_args_get_string(args.0, c"dt".as_ptr(), &mut s),
+        ty,
+        "argument 'dt' is a dtype, not a string",
+    );
+    assert!(s.is_null(), "string cleared");
+    let (mut ip, mut n) = (std::ptr::null(), 9usize);
+    common::expect_err(
+        ndx_args_get_int_array(args.0, c"n".as_ptr(), &mut ip, &mut n),
+        ty,
+        "argument 'n' is an int, not an int array",
+    );
+    assert_eq!((ip, n), (std::ptr::null(), 0), "array cleared");
+    common::expect_err(
+        ndx_args_get_bool(args.0, c"missing".as_ptr(), &mut b),
+        ndx_error_kind_t::NDX_ERROR_VALUE,
+        "no argument 'missing' was given",
+    );
+    common::expect_err(
+        ndx_args_get_dtype(args.0, c"dt".as_ptr(), std::ptr::null_mut()),
+        ndx_error_kind_t::NDX_ERROR_VALUE,
+        "argument 'out' is NULL",
+    );
+}
+
 static PROVIDER_FREED_ON: std::sync::Mutex<Vec<std::thread::ThreadId>> =
     std::sync::Mutex::new(Vec::new());
 
@@ -1539,6 +1673,52 @@ fn a_schema_with_a_reserved_input_count_is_refused() {
         ..one_in_one_out(0, std::ptr::null(), std::ptr::null())
     };
     ok(register_noop(ctx.0, c"reserved", &schema));
+}
+
+/// A schema with no outputs, or with an argument type outside `ndx_arg_type_t`, is
+/// NDX_ERROR_VALUE naming the field (an enum from C is validated, never trusted), and
+/// the name stays free for a valid schema.
+#[test]
+fn a_schema_with_no_outputs_or_an_unknown_argument_type_is_refused() {
+    let ctx = common::Ctx::new(0);
+    let schema = ndx_op_schema_t {
+        n_outputs: 0,
+        ..one_in_one_out(0, std::ptr::null(), std::ptr::null())
+    };
+    common::expect_err(
+        register_noop(ctx.0, c"mine", &schema),
+        ndx_error_kind_t::NDX_ERROR_VALUE,
+        "schema->n_outputs is 0: an operator needs at least one output",
+    );
+    let names = [c"a".as_ptr(), c"b".as_ptr()];
+    for (bad, says) in [
+        (0, "schema->arg_types[1] is 0, not an ndx_arg_type_t value"),
+        (8, "schema->arg_types[1] is 8, not an ndx_arg_type_t value"),
+        (
+            -1,
+            "schema->arg_types[1] is -1, not an ndx_arg_type_t value",
+        ),
+    ] {
+        let types = [ndx_arg_type_t::NDX_ARG_INT as i32, bad];
+        common::expect_err(
+            register_noop(
+                ctx.0,
+                c"mine",
+                &one_in_one_out(2, names.as_ptr(), types.as_ptr()),
+            ),
+            ndx_error_kind_t::NDX_ERROR_VALUE,
+            says,
+        );
+    }
+    let types = [
+        ndx_arg_type_t::NDX_ARG_INT as i32,
+        ndx_arg_type_t::NDX_ARG_DTYPE as i32,
+    ];
+    ok(register_noop(
+        ctx.0,
+        c"mine",
+        &one_in_one_out(2, names.as_ptr(), types.as_ptr()),
+    ));
 }
 
 fn i32_tensor(values: &[i32]) -> *mut ndx_tensor_t {

@@ -2012,6 +2012,38 @@ static NDX_TEST_NOINLINE void test_struct_size_messages(void) {
   expect_error(ndx_register_op(ctx, "mine", &schema, k_copy, NULL, NULL), NDX_ERROR_VALUE,
                "schema->n_inputs is SIZE_MAX - 1: give the exact number of inputs");
   schema.n_inputs = 1;
+  /* No outputs, and argument types outside ndx_arg_type_t (validated, never trusted). */
+  schema.n_outputs = 0;
+  expect_error(ndx_register_op(ctx, "mine", &schema, k_copy, NULL, NULL), NDX_ERROR_VALUE,
+               "schema->n_outputs is 0: an operator needs at least one output");
+  schema.n_outputs = 1;
+  const int32_t bad_types[2][2] = {{NDX_ARG_INT, 0}, {NDX_ARG_INT, NDX_ARG_DTYPE + 1}};
+  const char* const says[2] = {"schema->arg_types[1] is 0, not an ndx_arg_type_t value",
+                               "schema->arg_types[1] is 8, not an ndx_arg_type_t value"};
+  for (int k = 0; k < 2; k++) {
+    schema.arg_types = bad_types[k];
+    expect_error(ndx_register_op(ctx, "mine", &schema, k_copy, NULL, NULL), NDX_ERROR_VALUE,
+                 says[k]);
+  }
+  schema.arg_types = types;
+  /* An input entry holds exactly one of a tensor and a batch. */
+  ndx_input_t two[2] = {ndx_test_in(a), {NULL, NULL}};
+  f = (ndx_future_t*)&f;
+  expect_error(ndx_invoke(ctx, "add", two, 2, NULL, NULL, &f), NDX_ERROR_VALUE,
+               "inputs[1] has neither a tensor nor a batch");
+  CHECK(f == NULL, "no future for an empty input entry");
+  const int64_t n1 = 1;
+  const int32_t one = 1;
+  DLManagedTensorVersioned* m =
+      ndx_test_versioned(NULL, NDX_TEST_DL_I32, 1, &n1, NULL, &one, sizeof one);
+  ndx_batch_t* b = NULL;
+  CHECK_OK(ndx_batch_from_dlpack_versioned(&m, 1, NULL, &b));
+  two[1].tensor = a;
+  two[1].batch = b;
+  expect_error(ndx_invoke(ctx, "add", two, 2, NULL, NULL, &f), NDX_ERROR_VALUE,
+               "inputs[1] has both a tensor and a batch; set exactly one");
+  CHECK(f == NULL, "no future for an input entry with both");
+  ndx_batch_release(b);
   CHECK_OK(ndx_register_op(ctx, "mine", &schema, k_copy, NULL, NULL));
   ndx_tensor_release(a);
   ndx_context_release(ctx);

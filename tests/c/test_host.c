@@ -763,6 +763,98 @@ static void test_host_kernel_reads_declared_types(void) {
   ndx_context_release(ctx);
 }
 
+/* What bool_dtype_reader read: "flag" (bool) and "dt" (dtype), and the kind of error
+ * and message of reading "dt" as a bool. */
+typedef struct {
+  int flag_ok, dt_ok, wrong_kind;
+  bool flag;
+  int32_t dt;
+  char wrong_message[160];
+} bool_dtype_read_t;
+
+static ndx_error_t* bool_dtype_reader(void* user, const ndx_tensor_t* const* inputs,
+                                      size_t n_inputs, const ndx_args_t* args,
+                                      ndx_tensor_t** outputs, size_t n_outputs) {
+  (void)n_inputs; (void)n_outputs;
+  bool_dtype_read_t* r = (bool_dtype_read_t*)user;
+  ndx_error_t* e = ndx_args_get_bool(args, "flag", &r->flag);
+  r->flag_ok = e == NULL;
+  ndx_error_free(e);
+  e = ndx_args_get_dtype(args, "dt", &r->dt);
+  r->dt_ok = e == NULL;
+  ndx_error_free(e);
+  bool b = true;
+  e = ndx_args_get_bool(args, "dt", &b);
+  r->wrong_kind = e == NULL ? -1 : ndx_error_kind(e);
+  if (e != NULL) snprintf(r->wrong_message, sizeof r->wrong_message, "%s", ndx_error_message(e));
+  if (b) r->wrong_kind = -2; /* the out-param must be cleared */
+  ndx_error_free(e);
+  ndx_error_t* re = ndx_tensor_retain(inputs[0]);
+  if (re != NULL) return re;
+  outputs[0] = (ndx_tensor_t*)inputs[0];
+  return NULL;
+}
+
+/* ndx_args_get_bool and ndx_args_get_dtype: on a builder, and in a host kernel whose
+ * schema declares a BOOL and a DTYPE argument; an argument of another type is
+ * NDX_ERROR_TYPE naming it and both types, with the out-param cleared. */
+static void test_args_bool_and_dtype(void) {
+  ndx_args_t* a = NULL;
+  CHECK_OK(ndx_args_new(&a));
+  CHECK_OK(ndx_args_set_bool(a, "flag", true));
+  CHECK_OK(ndx_args_set_dtype(a, "dt", NDX_DTYPE_FLOAT16));
+  CHECK_OK(ndx_args_set_int(a, "n", 2));
+  bool b = false;
+  int32_t d = 0;
+  CHECK_OK(ndx_args_get_bool(a, "flag", &b));
+  CHECK(b, "flag read back true");
+  CHECK_OK(ndx_args_get_dtype(a, "dt", &d));
+  CHECK(d == NDX_DTYPE_FLOAT16, "dt read back %d", (int)d);
+  d = 9;
+  expect_error(ndx_args_get_dtype(a, "n", &d), NDX_ERROR_TYPE,
+               "argument 'n' is an int, not a dtype");
+  CHECK(d == 0, "dtype cleared on error (%d)", (int)d);
+  b = true;
+  expect_error(ndx_args_get_bool(a, "missing", &b), NDX_ERROR_VALUE,
+               "no argument 'missing' was given");
+  CHECK(!b, "bool cleared on error");
+
+  ndx_context_options_t o;
+  memset(&o, 0, sizeof o);
+  o.struct_size = sizeof o;
+  o.eval_mode = NDX_EVAL_SYNC_CPU;
+  ndx_context_t* ctx = ndx_test_new_context(&o);
+  const char* const names[2] = {"flag", "dt"};
+  const int32_t types[2] = {NDX_ARG_BOOL, NDX_ARG_DTYPE};
+  ndx_op_schema_t s = one_in_one_out(2, names, types);
+  s.flags = NDX_OP_OUTPUTS_MAY_ALIAS;
+  bool_dtype_read_t r;
+  memset(&r, 0, sizeof r);
+  CHECK_OK(ndx_register_op(ctx, "bool_dtype", &s, bool_dtype_reader, &r, NULL));
+  const float v = 1;
+  ndx_tensor_t* t = ndx_test_tensor(&v, NDX_DTYPE_FLOAT32, 0, NULL);
+  ndx_input_t in = ndx_test_in(t);
+  ndx_future_t* f = NULL;
+  ndx_args_free(a);
+  a = NULL;
+  CHECK_OK(ndx_args_new(&a));
+  CHECK_OK(ndx_args_set_bool(a, "flag", true));
+  CHECK_OK(ndx_args_set_dtype(a, "dt", NDX_DTYPE_BFLOAT16));
+  if (CHECK_OK(ndx_invoke(ctx, "bool_dtype", &in, 1, a, NULL, &f))) {
+    CHECK_OK(ndx_future_wait(f, -1));
+    CHECK(r.flag_ok && r.flag, "kernel read flag: ok %d, %d", r.flag_ok, (int)r.flag);
+    CHECK(r.dt_ok && r.dt == NDX_DTYPE_BFLOAT16, "kernel read dt: ok %d, %d", r.dt_ok,
+          (int)r.dt);
+    CHECK(r.wrong_kind == NDX_ERROR_TYPE &&
+              strstr(r.wrong_message, "argument 'dt' is a dtype, not a bool") != NULL,
+          "kernel read dt as a bool: kind %d, message \"%s\"", r.wrong_kind, r.wrong_message);
+  }
+  ndx_future_release(f);
+  ndx_args_free(a);
+  ndx_tensor_release(t);
+  ndx_context_release(ctx);
+}
+
 /* A kernel that invokes an EAGER neg on its context (user), polls it until it completed
  * (for at most about 10 s of CPU time) and returns its output. */
 static ndx_error_t* eager_inside(void* user, const ndx_tensor_t* const* inputs, size_t n_inputs,
@@ -1040,6 +1132,7 @@ int main(void) {
   test_names_must_be_utf8();
   test_args_copied_at_invoke();
   test_host_kernel_reads_declared_types();
+  test_args_bool_and_dtype();
   test_kernel_output_of_its_own_eager_invocation();
   test_slice_length_mismatch_message();
   test_negative_shape_and_pad_entries_message();
