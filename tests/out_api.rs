@@ -515,6 +515,101 @@ fn batches_write_per_sample_into_an_out_batch() {
     }
 }
 
+/// An out tensor or batch must hold data: the output of an invocation that failed is
+/// refused with that failure's message, a pending batch output like a pending tensor;
+/// a batch for a tensor output is a type error, as `ndx_future_batch` of a tensor
+/// output is. Nothing is written by the refused calls.
+#[test]
+fn failed_or_pending_outputs_and_batches_for_tensors_are_refused() {
+    let ctx = Ctx::new(SYNC);
+    let i32s = ndx_dtype_t::NDX_DTYPE_INT32 as i32;
+    let (n, d) = (
+        T::copy(&[1i32, 2], i32s, &[2]),
+        T::copy(&[1i32, 0], i32s, &[2]),
+    );
+    let failed = invoke(
+        &ctx,
+        c"div",
+        &[n.input(), d.input()],
+        std::ptr::null(),
+        &[],
+        0,
+    )
+    .unwrap();
+    let err = ndx_future_wait(failed, -1);
+    expect_err(err, NDX_ERROR_VALUE, "division by zero");
+    let mut t = std::ptr::null_mut();
+    ok(ndx_future_tensor(failed, 0, &mut t));
+    let failed_out = T(t);
+    expect_invoke_err(
+        &ctx,
+        c"neg",
+        &[n.input()],
+        &[failed_out.out()],
+        NDX_ERROR_VALUE,
+        "opts->outputs[0] is the output of 'div' (#1), which failed: integer division by zero (output element 1)",
+    );
+    ndx_future_release(failed);
+
+    let (input, in_counts) = f32_batch(&[(&[1., -2.], &[2]), (&[-3.], &[1])]);
+    let deferred = invoke(
+        &ctx,
+        c"abs",
+        &[batch_in(input)],
+        std::ptr::null(),
+        &[],
+        DEFERRED,
+    )
+    .unwrap();
+    let mut pending = std::ptr::null_mut();
+    ok(ndx_future_batch(deferred, 0, &mut pending));
+    expect_invoke_err(
+        &ctx,
+        c"neg",
+        &[batch_in(input)],
+        &[batch_out(pending)],
+        NDX_ERROR_VALUE,
+        "opts->outputs[0] is the output of 'abs' (#2), which is still pending",
+    );
+    let mut as_tensor = 0x5a5a_usize as *mut ndx_tensor_t;
+    expect_err(
+        ndx_future_tensor(deferred, 0, &mut as_tensor),
+        NDX_ERROR_TYPE,
+        "output 0 of 'abs' (#2) is a batch; use ndx_future_batch",
+    );
+    assert!(as_tensor.is_null());
+    ndx_future_release(deferred);
+    ndx_batch_release(pending);
+
+    let (out, out_counts) = f32_batch(&[(&[0., 0.], &[2])]);
+    let x = T::copy(&[1f32, -2.], F32, &[2]);
+    expect_invoke_err(
+        &ctx,
+        c"neg",
+        &[x.input()],
+        &[batch_out(out)],
+        NDX_ERROR_TYPE,
+        "outputs[0] is a batch, but output 0 is a tensor",
+    );
+    assert_eq!(sample_values(out, 0), [0.0, 0.0], "nothing written");
+    let f = invoke(&ctx, c"neg", &[x.input()], std::ptr::null(), &[], 0).unwrap();
+    let mut as_batch = 0x5a5a_usize as *mut ndx_batch_t;
+    expect_err(
+        ndx_future_batch(f, 0, &mut as_batch),
+        NDX_ERROR_TYPE,
+        "output 0 of 'neg' (#3) is a tensor; use ndx_future_tensor",
+    );
+    assert!(as_batch.is_null());
+    ndx_future_release(f);
+    for b in [input, out] {
+        ndx_batch_release(b);
+    }
+    drop(ctx);
+    for c in in_counts.iter().chain(&out_counts) {
+        assert_eq!(calls(c), 1, "every producer tensor is released once");
+    }
+}
+
 #[test]
 fn batch_to_tensor_stacks_a_batch_or_tensors_into_an_out_tensor() {
     let ctx = Ctx::new(DEFERRED);

@@ -320,6 +320,74 @@ static ndx_batch_t* batch_over(float* a, float* b) {
   return batch;
 }
 
+/* An out tensor or batch must hold data: the output of an invocation that failed is
+ * refused with that failure's message, a pending batch output like a pending tensor; a
+ * batch for a tensor output is a type error, as ndx_future_batch of a tensor output
+ * (and ndx_future_tensor of a batch output) is. Refused calls write nothing. */
+static void test_failed_pending_and_mismatched_outputs(void) {
+  ndx_context_t* ctx = context_in(NDX_EVAL_SYNC_CPU);
+  const int32_t nv[2] = {1, 2}, dv[2] = {1, 0};
+  const int64_t s2[1] = {2};
+  ndx_tensor_t* n = ndx_test_tensor(nv, NDX_DTYPE_INT32, 1, s2);
+  ndx_tensor_t* d = ndx_test_tensor(dv, NDX_DTYPE_INT32, 1, s2);
+  ndx_input_t nd[2] = {ndx_test_in(n), ndx_test_in(d)};
+  ndx_future_t* failed = NULL;
+  CHECK_OK(ndx_invoke(ctx, "div", nd, 2, NULL, NULL, &failed));
+  expect_error(ndx_future_wait(failed, -1), NDX_ERROR_VALUE, "integer division by zero");
+  ndx_tensor_t* failed_out = NULL;
+  CHECK_OK(ndx_future_tensor(failed, 0, &failed_out));
+  ndx_output_t outs[1] = {out_of(failed_out)};
+  ndx_invoke_options_t o = with_outputs(outs, 1);
+  ndx_future_t* f = (ndx_future_t*)&f; /* must be reset to NULL */
+  expect_error(ndx_invoke(ctx, "neg", nd, 1, NULL, &o, &f), NDX_ERROR_VALUE,
+               "opts->outputs[0] is the output of 'div' (#1), which failed: integer "
+               "division by zero (output element 1)");
+  CHECK(f == NULL, "no future on a call-time error");
+
+  float a0[2] = {1, -2}, a1[2] = {-3, 4}, o0[2] = {0, 0}, o1[2] = {0, 0};
+  ndx_batch_t* in_batch = batch_over(a0, a1);
+  ndx_batch_t* out_batch = batch_over(o0, o1);
+  ndx_input_t bin[1] = {{NULL, in_batch}};
+  ndx_invoke_options_t deferred;
+  memset(&deferred, 0, sizeof deferred);
+  deferred.struct_size = sizeof deferred;
+  deferred.mode = NDX_EVAL_DEFERRED;
+  ndx_future_t* pending_f = NULL;
+  CHECK_OK(ndx_invoke(ctx, "abs", bin, 1, NULL, &deferred, &pending_f));
+  ndx_batch_t* pending = NULL;
+  CHECK_OK(ndx_future_batch(pending_f, 0, &pending));
+  outs[0].tensor = NULL;
+  outs[0].batch = pending;
+  expect_error(ndx_invoke(ctx, "neg", bin, 1, NULL, &o, &f), NDX_ERROR_VALUE,
+               "opts->outputs[0] is the output of 'abs' (#2), which is still pending");
+  ndx_tensor_t* as_tensor = (ndx_tensor_t*)&as_tensor;
+  expect_error(ndx_future_tensor(pending_f, 0, &as_tensor), NDX_ERROR_TYPE,
+               "output 0 of 'abs' (#2) is a batch; use ndx_future_batch");
+  CHECK(as_tensor == NULL, "no tensor for a batch output");
+
+  outs[0].batch = out_batch;
+  expect_error(ndx_invoke(ctx, "neg", nd, 1, NULL, &o, &f), NDX_ERROR_TYPE,
+               "outputs[0] is a batch, but output 0 is a tensor");
+  CHECK(o0[0] == 0 && o0[1] == 0 && o1[0] == 0 && o1[1] == 0, "refused calls wrote nothing");
+  ndx_future_t* g = NULL;
+  CHECK_OK(ndx_invoke(ctx, "neg", nd, 1, NULL, NULL, &g));
+  ndx_batch_t* as_batch = (ndx_batch_t*)&as_batch;
+  expect_error(ndx_future_batch(g, 0, &as_batch), NDX_ERROR_TYPE,
+               "output 0 of 'neg' (#3) is a tensor; use ndx_future_tensor");
+  CHECK(as_batch == NULL, "no batch for a tensor output");
+
+  ndx_future_release(g);
+  ndx_batch_release(pending);
+  ndx_future_release(pending_f);
+  ndx_batch_release(out_batch);
+  ndx_batch_release(in_batch);
+  ndx_tensor_release(failed_out);
+  ndx_future_release(failed);
+  ndx_tensor_release(d);
+  ndx_tensor_release(n);
+  ndx_context_release(ctx);
+}
+
 /* A host kernel returning its input (retained). */
 static ndx_error_t* k_pass(void* user, const ndx_tensor_t* const* inputs, size_t n_inputs,
                            const ndx_args_t* args, ndx_tensor_t** outputs, size_t n_outputs) {
@@ -501,6 +569,7 @@ int main(void) {
   test_misaligned();
   test_strided_and_in_place();
   test_refusals();
+  test_failed_pending_and_mismatched_outputs();
   test_host_operator();
   test_host_outputs_made_out_of_order();
   test_host_other_output_not_in_an_out_tensor();
