@@ -561,4 +561,29 @@ mod tests {
         assert!(col.take().is_none());
         assert_eq!(col.raised_total(), 5);
     }
+
+    /// EAGER invocations of one site may complete out of order: a flag of an earlier
+    /// invocation arriving after a later one's becomes the one reported (its sequence
+    /// number and first index), with the counts of both; a second flag of the same
+    /// invocation (another sample) is not another occurrence.
+    #[test]
+    fn an_earlier_invocations_flag_arriving_later_is_the_one_reported() {
+        let site = Arc::new(Site::from_ips(vec![1]));
+        let mut col = Collector::new(4);
+        col.add(flag(9, &site, 4));
+        col.add(flag(3, &site, 2));
+        col.add(flag(3, &site, 1));
+        let e = col.take().expect("flags");
+        assert_eq!(e.related().len(), 1);
+        let r = &e.related()[0];
+        assert_eq!(r.sequence(), Some(3));
+        let info = r.check_info().expect("info");
+        assert_eq!((info.first_index, info.count, info.occurrences), (3, 7, 2));
+        assert!(
+            r.message()
+                .contains("raised 2 times at this site (first by #3): 7 failing elements"),
+            "{}",
+            r.message()
+        );
+    }
 }
