@@ -277,6 +277,50 @@ def test_missing_kernels_fail_at_invoke_naming_op_dtype_and_device(ctx):
     assert "operator 'add': input 1 is in host memory (kDLCPU:0) but input 0 is on kDLCUDA:0" in err.value.message
 
 
+NINE_D = (1, 2, 1, 2, 1, 2, 1, 2, 1)
+
+
+@pytest.mark.parametrize("op, dtype, shape, args, says", [
+    ("cast", np.float64, (4,), {"dtype": ("dtype", ndx.NDX_DTYPE_FLOAT32)},
+     "operator 'cast': no CUDA kernel for float64 on kDLCUDA:0"),
+    ("cast", np.float32, (4,), {"dtype": ("dtype", ndx.NDX_DTYPE_FLOAT64)},
+     "operator 'cast': no CUDA kernel for float64 on kDLCUDA:0 (as the target dtype)"),
+    ("sum", np.int64, (4,), {}, "operator 'sum': no CUDA kernel for int64 on kDLCUDA:0"),
+    ("max", np.int16, (4,), {}, "operator 'max': no CUDA kernel for int16 on kDLCUDA:0"),
+    ("normalize", np.float64, (2, 2, 1), {"mean": [0.0], "std": [1.0]},
+     "operator 'normalize': no CUDA kernel for float64 on kDLCUDA:0"),
+    ("resize", np.int16, (2, 2, 1), {"h": 1, "w": 1},
+     "operator 'resize': no CUDA kernel for int16 on kDLCUDA:0"),
+    ("check_finite", np.int64, (4,), {},
+     "operator 'check_finite': no CUDA kernel for int64 on kDLCUDA:0"),
+    ("add", np.float32, NINE_D, {},
+     "operator 'add': no CUDA kernel for float32 on kDLCUDA:0 with 9 dimensions (at most 8)"),
+    ("sum", np.float32, NINE_D, {"axes": [0, 2]},
+     "operator 'sum': no CUDA kernel for float32 on kDLCUDA:0 over the non-adjacent axes "
+     "[0, 2] of 9 dimensions (at most 8)"),
+], ids=["cast_from", "cast_to", "sum_int64", "max_int16", "normalize_float64", "resize_int16",
+        "check_finite_int64", "add_9d", "sum_9d_gapped"])
+def test_each_unsupported_combination_fails_at_invoke(ctx, op, dtype, shape, args, says):
+    # Each refusal names the operator, the dtype, the device and, where the dtype has
+    # kernels, what else is out of reach; nothing is enqueued.
+    t = to_dev(ctx, np.ones(shape, dtype))
+    inputs = [t, t] if op == "add" else [t]
+    a = ndx.Args()
+    for name, value in args.items():
+        if isinstance(value, tuple):  # ("dtype", code): a dtype argument
+            a.set_dtype(name, value[1])
+        else:
+            a.set(name, value)
+    with pytest.raises(ndx.NdxError) as err:
+        ctx.invoke(op, inputs, args=a)
+    assert err.value.kind == ndx.NDX_ERROR_NOT_IMPLEMENTED, err.value.message
+    assert says in err.value.message, err.value.message
+    if "non-adjacent" in says:
+        # Adjacent axes of the same 9-d tensor have a kernel: only the gap was refused.
+        out = ctx.invoke(op, inputs, args=ndx.Args(axes=[0, 1])).tensor()
+        assert to_np(ctx, out).shape == shape[2:]
+
+
 def test_an_out_tensor_for_outputs_on_the_device_is_refused_at_invoke(ctx):
     x = to_dev(ctx, np.arange(3, dtype=np.float32))
     sink = np.zeros(3, np.float32)
