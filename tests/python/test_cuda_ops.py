@@ -332,6 +332,13 @@ def test_an_out_tensor_for_outputs_on_the_device_is_refused_at_invoke(ctx):
     # to_host's output is host memory: it takes one.
     ctx.invoke("to_host", [x], out=[sink]).wait()
     np.testing.assert_array_equal(sink, [0, 1, 2])
+    # Device memory is no out tensor for a host invocation either, and stays as it was.
+    with pytest.raises(ndx.NdxError) as err:
+        ctx.invoke("neg", [ndx.tensor_from_numpy(np.ones(3, np.float32))], out=[x])
+    assert err.value.kind == ndx.NDX_ERROR_NOT_IMPLEMENTED
+    assert ("operator 'neg': outputs[0] lives in kDLCUDA:0 memory; this build writes host "
+            "memory only") in err.value.message, err.value.message
+    np.testing.assert_array_equal(to_np(ctx, x), [0, 1, 2])
 
 
 def test_the_accuracy_fault_perturbs_outputs_on_the_device(ctx):
