@@ -387,6 +387,29 @@ fn replay_errors_say_what_would_be_accepted() {
         ))
     );
     assert_eq!(replay_error(&doc("\"-inf\"")), None);
+    // An argument type or a dtype name the reader does not know is named.
+    let typed = |ty: &str, value: &str| {
+        format!(
+            "{{\"ndx_repro\": 1, \"op\": \"cast\", \"args\": [{{\"name\": \"dtype\", \
+             \"type\": \"{ty}\", \"value\": {value}}}], \"mode\": \"sync_cpu\", \
+             \"inputs\": [{input}]}}"
+        )
+    };
+    assert_eq!(
+        replay_error(&typed("complex", "\"float64\"")),
+        Some((
+            value,
+            "repro document: args[0] has unknown type 'complex'".into()
+        ))
+    );
+    assert_eq!(
+        replay_error(&typed("dtype", "\"float128\"")),
+        Some((
+            value,
+            "repro document: args[0]: unknown dtype 'float128'".into()
+        ))
+    );
+    assert_eq!(replay_error(&typed("dtype", "\"float64\"")), None);
 }
 
 /// An object naming a key twice is refused, naming the key: the JSON reader kept the
