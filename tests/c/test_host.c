@@ -682,6 +682,13 @@ static void test_args_copied_at_invoke(void) {
   }
 }
 
+/* Returns a kernel's input 0 as its output 0 (retained). */
+static ndx_error_t* pass_input(const ndx_tensor_t* const* inputs, ndx_tensor_t** outputs) {
+  ndx_error_t* e = ndx_tensor_retain(inputs[0]);
+  if (e == NULL) outputs[0] = (ndx_tensor_t*)inputs[0];
+  return e;
+}
+
 /* What typed_reader read, each argument with the getter of its declared type. */
 typedef struct {
   int ia_ok, fa_ok, f_ok;
@@ -708,10 +715,7 @@ static ndx_error_t* typed_reader(void* user, const ndx_tensor_t* const* inputs, 
   e = ndx_args_get_float(args, "f", &r->f);
   r->f_ok = e == NULL;
   ndx_error_free(e);
-  ndx_error_t* re = ndx_tensor_retain(inputs[0]);
-  if (re != NULL) return re;
-  outputs[0] = (ndx_tensor_t*)inputs[0];
-  return NULL;
+  return pass_input(inputs, outputs);
 }
 
 /* A schema's NDX_ARG_INT_ARRAY accepts a single int and NDX_ARG_FLOAT_ARRAY a single
@@ -789,10 +793,7 @@ static ndx_error_t* bool_dtype_reader(void* user, const ndx_tensor_t* const* inp
   if (e != NULL) snprintf(r->wrong_message, sizeof r->wrong_message, "%s", ndx_error_message(e));
   if (b) r->wrong_kind = -2; /* the out-param must be cleared */
   ndx_error_free(e);
-  ndx_error_t* re = ndx_tensor_retain(inputs[0]);
-  if (re != NULL) return re;
-  outputs[0] = (ndx_tensor_t*)inputs[0];
-  return NULL;
+  return pass_input(inputs, outputs);
 }
 
 /* ndx_args_get_bool and ndx_args_get_dtype: on a builder, and in a host kernel whose

@@ -282,20 +282,21 @@ static void test_replay_errors_say_what_is_accepted(void) {
                "\"-inf\")");
   CHECK(r == NULL, "no future");
   /* An argument type or a dtype name the reader does not know is named. */
-  const char* complex_arg =
-      "{\"ndx_repro\": 1, \"op\": \"cast\", \"args\": [{\"name\": \"dtype\", \"type\": "
-      "\"complex\", \"value\": \"float64\"}], \"mode\": \"sync_cpu\", \"inputs\": "
-      "[{\"dtype\": \"float32\", \"shape\": [1], \"bytes\": \"0000c07f\"}]}";
-  expect_error(ndx_repro_run(ctx, complex_arg, &r), NDX_ERROR_VALUE,
-               "repro document: args[0] has unknown type 'complex'");
-  CHECK(r == NULL, "no future");
-  const char* float128 =
-      "{\"ndx_repro\": 1, \"op\": \"cast\", \"args\": [{\"name\": \"dtype\", \"type\": "
-      "\"dtype\", \"value\": \"float128\"}], \"mode\": \"sync_cpu\", \"inputs\": "
-      "[{\"dtype\": \"float32\", \"shape\": [1], \"bytes\": \"0000c07f\"}]}";
-  expect_error(ndx_repro_run(ctx, float128, &r), NDX_ERROR_VALUE,
-               "repro document: args[0]: unknown dtype 'float128'");
-  CHECK(r == NULL, "no future");
+  const struct {
+    const char *type, *value, *says;
+  } unknown_args[2] = {
+      {"complex", "float64", "repro document: args[0] has unknown type 'complex'"},
+      {"dtype", "float128", "repro document: args[0]: unknown dtype 'float128'"}};
+  for (int k = 0; k < 2; k++) {
+    char doc[512];
+    snprintf(doc, sizeof doc,
+             "{\"ndx_repro\": 1, \"op\": \"cast\", \"args\": [{\"name\": \"dtype\", "
+             "\"type\": \"%s\", \"value\": \"%s\"}], \"mode\": \"sync_cpu\", \"inputs\": "
+             "[{\"dtype\": \"float32\", \"shape\": [1], \"bytes\": \"0000c07f\"}]}",
+             unknown_args[k].type, unknown_args[k].value);
+    expect_error(ndx_repro_run(ctx, doc, &r), NDX_ERROR_VALUE, unknown_args[k].says);
+    CHECK(r == NULL, "no future");
+  }
   /* Two "op" keys: refused, not the last one replayed. */
   const char* twice =
       "{\"ndx_repro\": 1, \"op\": \"sqrt\", \"op\": \"neg\", \"args\": [], \"mode\": "
