@@ -476,6 +476,83 @@ fn capture_depth_is_bounded_by_ndx_max_capture_depth() {
     assert!(ctx.is_null());
 }
 
+/// Enums from C are validated, never trusted: an eval mode or a capture policy outside
+/// its enum is NDX_ERROR_VALUE naming the argument, the value and the range, in the
+/// setters (which then change nothing) and in the context options (no context is
+/// made). A NULL future polls FAILED and its error names it; a NULL string value is
+/// refused.
+#[test]
+fn unknown_modes_and_policies_are_refused_and_change_nothing() {
+    let value = ndx_error_kind_t::NDX_ERROR_VALUE;
+    let ctx = common::Ctx::new(ndx_eval_mode_t::NDX_EVAL_SYNC_CPU as i32);
+    for bad in [0, 5, -1] {
+        common::expect_err(
+            ndx_context_set_eval_mode(ctx.0, bad),
+            value,
+            &format!("argument 'mode' is {bad}, not an ndx_eval_mode_t value (expected 1 to 4)"),
+        );
+        common::expect_err(
+            ndx_context_set_capture_policy(ctx.0, bad, 0),
+            value,
+            &format!(
+                "argument 'policy' is {bad}, not an ndx_capture_policy_t value (expected 1 to 4)"
+            ),
+        );
+    }
+    // Still SYNC_CPU: the invocation has completed when ndx_invoke returns.
+    let t = common::T::copy(&[1f32], ndx_dtype_t::NDX_DTYPE_FLOAT32 as i32, &[1]);
+    let f = common::invoke_with(
+        &ctx,
+        c"neg",
+        &[t.input()],
+        std::ptr::null(),
+        &common::invoke_options(0, &[]),
+    )
+    .unwrap();
+    assert_eq!(
+        ndx_future_poll(f),
+        ndx_future_status_t::NDX_FUTURE_READY as i32
+    );
+    ndx_future_release(f);
+
+    for (opts, says) in [
+        (
+            ndx_context_options_t {
+                eval_mode: 9,
+                ..Default::default()
+            },
+            "opts->eval_mode is 9, not an ndx_eval_mode_t value (expected 1 to 4)",
+        ),
+        (
+            ndx_context_options_t {
+                capture_policy: -2,
+                ..Default::default()
+            },
+            "opts->capture_policy is -2, not an ndx_capture_policy_t value (expected 1 to 4)",
+        ),
+    ] {
+        let mut made = 0x5a5a_usize as *mut ndx_context_t;
+        common::expect_err(ndx_context_new(&opts, &mut made), value, says);
+        assert!(made.is_null(), "no context");
+    }
+
+    assert_eq!(
+        ndx_future_poll(std::ptr::null()),
+        ndx_future_status_t::NDX_FUTURE_FAILED as i32
+    );
+    common::expect_err(
+        ndx_future_error(std::ptr::null()),
+        value,
+        "argument 'future' is NULL",
+    );
+    let args = common::Args::new();
+    common::expect_err(
+        ndx_args_set_string(args.0, c"s".as_ptr(), std::ptr::null()),
+        value,
+        "argument 'value' is NULL",
+    );
+}
+
 static USER_FREES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 unsafe extern "C" fn count_user_free(_: *mut c_void) {

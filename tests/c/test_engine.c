@@ -2379,6 +2379,58 @@ static size_t depth_probe(void* user, ndx_host_frame_t* frames, size_t capacity)
   return 1;
 }
 
+/* Enums from C are validated, never trusted: an eval mode or a capture policy outside its
+ * enum is NDX_ERROR_VALUE naming the argument, the value and the range, in the setters
+ * (which change nothing) and in the context options (no context is made). A NULL future
+ * polls FAILED and its error names it; a NULL string value is refused. */
+static void test_unknown_modes_and_policies(void) {
+  ndx_context_t* ctx = make_ctx(NDX_EVAL_SYNC_CPU, NDX_CAPTURE_NATIVE, NULL);
+  const int32_t bad[3] = {0, 5, -1};
+  char want[160];
+  for (int k = 0; k < 3; k++) {
+    snprintf(want, sizeof want,
+             "argument 'mode' is %d, not an ndx_eval_mode_t value (expected 1 to 4)",
+             (int)bad[k]);
+    expect_error(ndx_context_set_eval_mode(ctx, bad[k]), NDX_ERROR_VALUE, want);
+    snprintf(want, sizeof want,
+             "argument 'policy' is %d, not an ndx_capture_policy_t value (expected 1 to 4)",
+             (int)bad[k]);
+    expect_error(ndx_context_set_capture_policy(ctx, bad[k], 0), NDX_ERROR_VALUE, want);
+  }
+  /* Still SYNC_CPU: the invocation has completed when ndx_invoke returns. */
+  ndx_tensor_t* a = t_i32(kA);
+  ndx_input_t in[1] = {ndx_test_in(a)};
+  ndx_future_t* f = NULL;
+  CHECK_OK(ndx_invoke(ctx, "neg", in, 1, NULL, NULL, &f));
+  CHECK(ndx_future_poll(f) == NDX_FUTURE_READY, "the refused setters left SYNC_CPU");
+  ndx_future_release(f);
+  ndx_tensor_release(a);
+  ndx_context_release(ctx);
+
+  ndx_context_options_t o;
+  memset(&o, 0, sizeof o);
+  o.struct_size = sizeof o;
+  o.eval_mode = 9;
+  ndx_context_t* made = (ndx_context_t*)NDX_TEST_BOGUS_PTR;
+  expect_error(ndx_context_new(&o, &made), NDX_ERROR_VALUE,
+               "opts->eval_mode is 9, not an ndx_eval_mode_t value (expected 1 to 4)");
+  CHECK(made == NULL, "no context for an unknown eval mode");
+  o.eval_mode = 0;
+  o.capture_policy = -2;
+  made = (ndx_context_t*)NDX_TEST_BOGUS_PTR;
+  expect_error(ndx_context_new(&o, &made), NDX_ERROR_VALUE,
+               "opts->capture_policy is -2, not an ndx_capture_policy_t value (expected 1 to 4)");
+  CHECK(made == NULL, "no context for an unknown capture policy");
+
+  CHECK(ndx_future_poll(NULL) == NDX_FUTURE_FAILED, "a NULL future polls FAILED");
+  expect_error(ndx_future_error(NULL), NDX_ERROR_VALUE, "argument 'future' is NULL");
+  ndx_args_t* args = NULL;
+  CHECK_OK(ndx_args_new(&args));
+  expect_error(ndx_args_set_string(args, "s", NULL), NDX_ERROR_VALUE,
+               "argument 'value' is NULL");
+  ndx_args_free(args);
+}
+
 /* A depth above NDX_MAX_CAPTURE_DEPTH is refused (it once made ndx allocate the depth up
  * front and abort the process); the maximum works in every policy. */
 static NDX_TEST_NOINLINE void test_capture_depth_limit(void) {
@@ -3347,6 +3399,7 @@ int main(void) {
   }
   RUN(test_eager_on_worker());
   RUN(test_capture_depth_limit());
+  RUN(test_unknown_modes_and_policies());
   RUN(test_provider_overcount());
   RUN(test_failed_chain_release());
   RUN(test_wide_group_format());
