@@ -5,7 +5,7 @@
 # instrumented libndx.so. A line counts as covered when any of them ran it: the Rust
 # test binaries and the shared library are separate builds, whose counters are read
 # separately and joined per line (given both builds of a function at once, llvm-cov
-# reports them as mismatched data and counts neither).
+# reports them as mismatched data).
 # Not part of scripts/test.sh: it is for finding untested code, not a gate. It needs
 # the llvm-tools component (`rustup component add llvm-tools-preview`), the build of
 # scripts/test.sh's cmake step (for the C programs; without it they are left out) and
