@@ -472,6 +472,22 @@ def test_nan_category(context, op):
     assert_flag(flag, op, 1, message, NAN, 1, count, site=site)
 
 
+def test_nan_flags_of_a_strided_view_index_its_logical_elements(context):
+    """A unary operator reads a transposed view in place (no compact copy) and flags the
+    NaNs it made at their logical flat indices, not the NaN it was given."""
+    ctx = context(check_policy=COLLECT)
+    base = np.array([[1.0, -1.0, 2.0], [np.nan, 3.0, -2.0]], np.float32)
+    view = base.T  # logical order 1, nan, -1, 3, 2, -2
+    site = where()
+    out = ctx.invoke("log", [ndx.tensor_from_numpy(view)]).result()
+    with np.errstate(invalid="ignore"):
+        np.testing.assert_array_equal(out, np.log(view), strict=True)
+    (flag,) = group_flags(ctx.take_check_errors(), 1)
+    assert_flag(flag, "log", 1,
+                "NAN check failed: 2 elements became NaN or infinite from finite inputs (first at flat "
+                "index 2)", NAN, 2, 2, site=site)
+
+
 def test_nan_not_raised_for_non_finite_inputs(context):
     ctx = context(check_policy=COLLECT)
     out = ctx.invoke("mul", [np.array([np.nan, np.inf, 1.0]), np.array([1.0, 2.0, 3.0])]).result()
