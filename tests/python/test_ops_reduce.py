@@ -360,6 +360,19 @@ def test_reduce(ctx, op, dt, layout):
         check_all_choices(ctx, op, x)
 
 
+@pytest.mark.parametrize("op", ARG_OPS)
+def test_argmin_argmax_of_a_view_split_into_pieces_keep_the_first_extreme(ctx, op):
+    """Over an axis of more than 2^18 elements of a reversed view, each output's
+    argmin/argmax is found piece by piece and the pieces' answers joined in order: with
+    the extremes repeated in every piece, the first one in logical order must win."""
+    rng = rng_for("pieces", op)
+    x = rng.integers(0, 3, size=(270000, 2), dtype=np.int32)
+    for view, axis in ((x[::-1], 0), (x[::-1].T, 1)):
+        assert not view.flags.c_contiguous
+        got = run(ctx, op, view, make_args(op, axis))
+        check(op, got, reference(op, view, axis), describe(op, view, axis, False))
+
+
 @pytest.mark.parametrize("dt", [np.dtype(np.int32), I64, U64, F32, F64], ids=name)
 @pytest.mark.parametrize("op", OPS)
 def test_larger_inputs(ctx, op, dt):
