@@ -30,9 +30,12 @@ fi
 out="$PWD/target/coverage"
 prof="$out/prof"
 rm -rf "$prof" "$out/lib"
-mkdir -p "$prof/rust" "$prof/lib" "$out/lib"
+mkdir -p "$prof/rust" "$prof/lib" "$prof/other" "$out/lib"
 export CARGO_TARGET_DIR="$out/build"
 export RUSTFLAGS="-Cinstrument-coverage"
+# Every crate is instrumented, proc macros and build scripts too: what they write
+# goes here, not into the working directory; the steps below name their own places.
+export LLVM_PROFILE_FILE="$prof/other/%p-%m.profraw"
 status=0
 step() { printf '\n==> %s\n' "$*"; }
 run() { "$@" || { echo "FAILED: $*" >&2; status=1; }; }
