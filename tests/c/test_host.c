@@ -682,6 +682,15 @@ static void test_args_copied_at_invoke(void) {
   }
 }
 
+/* A new context whose invocations run SYNC_CPU. */
+static ndx_context_t* sync_cpu_context(void) {
+  ndx_context_options_t o;
+  memset(&o, 0, sizeof o);
+  o.struct_size = sizeof o;
+  o.eval_mode = NDX_EVAL_SYNC_CPU;
+  return ndx_test_new_context(&o);
+}
+
 /* Returns a kernel's input 0 as its output 0 (retained). */
 static ndx_error_t* pass_input(const ndx_tensor_t* const* inputs, ndx_tensor_t** outputs) {
   ndx_error_t* e = ndx_tensor_retain(inputs[0]);
@@ -723,11 +732,7 @@ static ndx_error_t* typed_reader(void* user, const ndx_tensor_t* const* inputs, 
  * ("argument 'ia' is an int, not an int array"), so an invocation ndx_invoke accepted
  * failed in the kernel. The kernel's copy now holds the declared types. */
 static void test_host_kernel_reads_declared_types(void) {
-  ndx_context_options_t o;
-  memset(&o, 0, sizeof o);
-  o.struct_size = sizeof o;
-  o.eval_mode = NDX_EVAL_SYNC_CPU;
-  ndx_context_t* ctx = ndx_test_new_context(&o);
+  ndx_context_t* ctx = sync_cpu_context();
   const char* const names[3] = {"ia", "fa", "f"};
   const int32_t types[3] = {NDX_ARG_INT_ARRAY, NDX_ARG_FLOAT_ARRAY, NDX_ARG_FLOAT};
   ndx_op_schema_t s = one_in_one_out(3, names, types);
@@ -820,11 +825,7 @@ static void test_args_bool_and_dtype(void) {
                "no argument 'missing' was given");
   CHECK(!b, "bool cleared on error");
 
-  ndx_context_options_t o;
-  memset(&o, 0, sizeof o);
-  o.struct_size = sizeof o;
-  o.eval_mode = NDX_EVAL_SYNC_CPU;
-  ndx_context_t* ctx = ndx_test_new_context(&o);
+  ndx_context_t* ctx = sync_cpu_context();
   const char* const names[2] = {"flag", "dt"};
   const int32_t types[2] = {NDX_ARG_BOOL, NDX_ARG_DTYPE};
   ndx_op_schema_t s = one_in_one_out(2, names, types);
