@@ -180,6 +180,74 @@ fn every_invalid_field_fails_naming_it_and_leaves_the_tensor_with_the_caller() {
     }
 }
 
+/// Each DLPack device type and type code ndx does not take is named in the refusal by
+/// its `kDL*` name or kind (an unassigned one as "unknown"), and the caller keeps the
+/// tensor.
+#[test]
+fn unsupported_device_types_and_dtype_codes_are_refused_by_name() {
+    let devices = [
+        (4, "kDLOpenCL"),
+        (5, "unknown"),
+        (7, "kDLVulkan"),
+        (8, "kDLMetal"),
+        (9, "kDLVPI"),
+        (10, "kDLROCM"),
+        (11, "kDLROCMHost"),
+        (12, "kDLExtDev"),
+        (14, "kDLOneAPI"),
+        (15, "kDLWebGPU"),
+        (16, "kDLHexagon"),
+        (17, "kDLMAIA"),
+        (18, "kDLTrn"),
+        (99, "unknown"),
+    ];
+    let codes = [
+        (3, "opaque handle"),
+        (7, "float8"),
+        (14, "float8"),
+        (15, "float6"),
+        (16, "float6"),
+        (17, "float4"),
+        (200, "unknown"),
+    ];
+    let refusals = devices
+        .iter()
+        .map(|&(t, name)| {
+            let mut spec = base();
+            spec.device.device_type = DLDeviceType(t);
+            (
+                spec,
+                NDX_ERROR_VALUE as i32,
+                format!("device type {t} ({name}) is not supported"),
+            )
+        })
+        .chain(codes.iter().map(|&(c, name)| {
+            let mut spec = base();
+            spec.dtype = DLDataType {
+                code: DLDataTypeCode(c),
+                bits: 8,
+                lanes: 1,
+            };
+            (
+                spec,
+                NDX_ERROR_TYPE as i32,
+                format!("dtype code {c} ({name}), bits 8, lanes 1 is not supported"),
+            )
+        }));
+    for (spec, kind, says) in refusals {
+        let (m, count) = spec.versioned();
+        let (k, msg) = import_v(m).expect_err(&says);
+        assert_eq!(
+            (k, msg.contains(&says)),
+            (kind, true),
+            "{msg:?} lacks {says:?}"
+        );
+        assert_eq!(calls(&count), 0, "{says}: the caller still owns the tensor");
+        drop_versioned(m);
+        assert_eq!(calls(&count), 1);
+    }
+}
+
 /// A shape or strides array at an odd address (a broken producer) is refused, naming
 /// it, instead of being read (`slice::from_raw_parts` aborts a debug build there);
 /// the caller still owns the tensor.

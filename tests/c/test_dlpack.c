@@ -257,6 +257,49 @@ static int mutate(enum mutation m, DLTensor* dl, ndx_import_options_t* opts) {
   return 0;
 }
 
+/* Each DLPack device type and type code ndx does not take is named in the refusal by its
+ * kDL* name or kind (an unassigned one as "unknown"), and the caller keeps the tensor. */
+static void test_unsupported_devices_and_codes_named(void) {
+  static const struct {
+    int32_t type;
+    const char* name;
+  } devices[] = {{4, "kDLOpenCL"},   {5, "unknown"},    {7, "kDLVulkan"},  {8, "kDLMetal"},
+                 {9, "kDLVPI"},      {10, "kDLROCM"},   {11, "kDLROCMHost"}, {12, "kDLExtDev"},
+                 {14, "kDLOneAPI"},  {15, "kDLWebGPU"}, {16, "kDLHexagon"}, {17, "kDLMAIA"},
+                 {18, "kDLTrn"},     {99, "unknown"}};
+  static const struct {
+    uint8_t code;
+    const char* name;
+  } codes[] = {{3, "opaque handle"}, {7, "float8"}, {14, "float8"}, {15, "float6"},
+               {16, "float6"},       {17, "float4"}, {200, "unknown"}};
+  const size_t n_devices = sizeof devices / sizeof devices[0];
+  const size_t n_codes = sizeof codes / sizeof codes[0];
+  for (size_t i = 0; i < n_devices + n_codes; i++) {
+    int deleted = 0;
+    DLManagedTensorVersioned* v = v_2x3(&deleted);
+    char want[128];
+    int kind;
+    if (i < n_devices) {
+      v->dl_tensor.device.device_type = (DLDeviceType)devices[i].type;
+      snprintf(want, sizeof want, "device type %d (%s) is not supported", (int)devices[i].type,
+               devices[i].name);
+      kind = NDX_ERROR_VALUE;
+    } else {
+      const size_t c = i - n_devices;
+      v->dl_tensor.dtype = ndx_test_dl_dtype(codes[c].code, 8, 1);
+      snprintf(want, sizeof want, "dtype code %d (%s), bits 8, lanes 1 is not supported",
+               (int)codes[c].code, codes[c].name);
+      kind = NDX_ERROR_TYPE;
+    }
+    ndx_tensor_t* t = (ndx_tensor_t*)NDX_TEST_BOGUS_PTR;
+    expect_error(ndx_tensor_from_dlpack_versioned(v, NULL, &t), kind, want);
+    CHECK(t == NULL, "%s: out reset to NULL", want);
+    CHECK(deleted == 0, "%s: the caller still owns the tensor", want);
+    ndx_test_drop_versioned(v);
+    CHECK(deleted == 1, "freed by the test");
+  }
+}
+
 static void test_invalid_fields(void) {
   /* NULL tensor. */
   ndx_tensor_t* t = (ndx_tensor_t*)NDX_TEST_BOGUS_PTR;
@@ -1579,6 +1622,7 @@ int main(void) {
   test_legacy_import_success();
   test_scalar_and_empty();
   test_invalid_fields();
+  test_unsupported_devices_and_codes_named();
   test_unknown_major_version();
   test_bulk_success();
   test_bulk_failures();
