@@ -108,42 +108,78 @@ pub(crate) fn cache_lock() -> &'static ForkLock<Cache> {
     })
 }
 
-fn cache_take(len: usize) -> Option<*mut u8> {
-    let mut c = cache_lock().lock();
-    let ptr = c.by_len.get_mut(&len)?.pop()?.0;
-    c.bytes -= len;
-    if let Some(i) = c.order.iter().rposition(|&l| l == len) {
-        c.order.remove(i);
+impl Cache {
+    /// A cached buffer of `len` bytes, if one is kept (its entry in `order` is the
+    /// caller's to remove).
+    fn pop(&mut self, len: usize) -> Option<CachedPtr> {
+        let kept = self.by_len.get_mut(&len)?;
+        let ptr = kept.pop()?;
+        if kept.is_empty() {
+            // A size class with no buffer goes: sizes that come and go (crops of every
+            // size, say) must not grow the map for the life of the process.
+            self.by_len.remove(&len);
+        }
+        self.bytes -= len;
+        Some(ptr)
     }
-    Some(ptr)
+
+    /// A cached buffer of `len` bytes for reuse, if one is kept: the most recently
+    /// freed entry of that size leaves `order`.
+    fn take(&mut self, len: usize) -> Option<CachedPtr> {
+        let ptr = self.pop(len)?;
+        if let Some(i) = self.order.iter().rposition(|&l| l == len) {
+            self.order.remove(i);
+        }
+        Some(ptr)
+    }
+
+    /// Keeps a freed buffer of `len` bytes, evicting the least recently freed ones it
+    /// needs room for, which it returns for freeing; or gives the buffer back
+    /// (`Err`) when it is larger than the whole cache.
+    fn put(
+        &mut self,
+        ptr: CachedPtr,
+        len: usize,
+    ) -> std::result::Result<Vec<(CachedPtr, usize)>, CachedPtr> {
+        if len > self.limit {
+            return Err(ptr);
+        }
+        let mut evicted = Vec::new();
+        while self.bytes + len > self.limit {
+            let Some(old) = self.order.pop_front() else {
+                break;
+            };
+            if let Some(p) = self.pop(old) {
+                evicted.push((p, old));
+            }
+        }
+        self.by_len.entry(len).or_default().push(ptr);
+        self.order.push_back(len);
+        self.bytes += len;
+        Ok(evicted)
+    }
+}
+
+fn cache_take(len: usize) -> Option<*mut u8> {
+    cache_lock().lock().take(len).map(|p| p.0)
 }
 
 /// Keeps a freed buffer, or gives it back (returns it) when it does not fit.
 fn cache_put(ptr: *mut u8, len: usize) -> Option<*mut u8> {
-    let mut c = cache_lock().lock();
-    if len > c.limit {
-        return Some(ptr);
-    }
-    let mut evicted = Vec::new();
-    while c.bytes + len > c.limit {
-        let Some(old) = c.order.pop_front() else {
-            break;
-        };
-        if let Some(p) = c.by_len.get_mut(&old).and_then(Vec::pop) {
-            c.bytes -= old;
-            evicted.push((p, old));
+    let evicted = cache_lock().lock().put(CachedPtr(ptr), len);
+    match evicted {
+        Err(back) => Some(back.0),
+        Ok(evicted) => {
+            for (p, l) in evicted {
+                // SAFETY: a cached buffer was allocated in `owned` with this length and
+                // alignment, and the cache held the only pointer to it.
+                unsafe {
+                    std::alloc::dealloc(p.0, Layout::from_size_align_unchecked(l, ALIGNMENT))
+                };
+            }
+            None
         }
     }
-    c.by_len.entry(len).or_default().push(CachedPtr(ptr));
-    c.order.push_back(len);
-    c.bytes += len;
-    drop(c);
-    for (p, l) in evicted {
-        // SAFETY: a cached buffer was allocated in `owned` with this length and
-        // alignment, and the cache held the only pointer to it.
-        unsafe { std::alloc::dealloc(p.0, Layout::from_size_align_unchecked(l, ALIGNMENT)) };
-    }
-    None
 }
 
 /// Frees every cached buffer; returns the bytes released.
@@ -633,5 +669,53 @@ mod tests {
             "{}",
             e.message()
         );
+    }
+    /// The cache's bookkeeping, on fake pointers it never dereferences: the least
+    /// recently freed buffers are evicted first, bytes stay counted exactly, a buffer
+    /// larger than the cache is given back, and a size class that empties leaves the
+    /// map (sizes that come and go must not grow it for the life of the process).
+    #[test]
+    fn the_cache_evicts_the_least_recently_freed_and_forgets_empty_sizes() {
+        let mut c = Cache {
+            by_len: Default::default(),
+            order: Default::default(),
+            bytes: 0,
+            limit: 100,
+        };
+        let fake = |n: usize| CachedPtr(n as *mut u8);
+        let addrs = |v: Vec<(CachedPtr, usize)>| -> Vec<(usize, usize)> {
+            v.into_iter().map(|(p, l)| (p.0 as usize, l)).collect()
+        };
+        // Freed in the order a (40), b (30), a' (40): 110 bytes do not fit in 100, so
+        // the oldest (a) goes when a' comes.
+        assert!(addrs(c.put(fake(0xa0), 40).ok().unwrap()).is_empty());
+        assert!(addrs(c.put(fake(0xb0), 30).ok().unwrap()).is_empty());
+        assert_eq!(addrs(c.put(fake(0xa1), 40).ok().unwrap()), [(0xa0, 40)]);
+        assert_eq!(c.bytes, 70);
+        // The next to go is b, then a': the order of freeing, not of size.
+        assert_eq!(
+            addrs(c.put(fake(0xc0), 70).ok().unwrap()),
+            [(0xb0, 30), (0xa1, 40)]
+        );
+        assert_eq!((c.bytes, c.by_len.len(), c.order.len()), (70, 1, 1));
+        // Reuse empties the size class: nothing of it is left behind.
+        assert_eq!(c.take(70).map(|p| p.0 as usize), Some(0xc0));
+        assert!(c.take(70).is_none());
+        assert_eq!((c.bytes, c.by_len.len(), c.order.len()), (0, 0, 0));
+        // Larger than the whole cache: given back at once.
+        assert_eq!(
+            c.put(fake(0xd0), 101).err().map(|p| p.0 as usize),
+            Some(0xd0)
+        );
+        assert_eq!(c.bytes, 0);
+        // A buffer taken for reuse leaves the most recent entry of its size, so the
+        // older one of that size is still the first to go.
+        for (p, l) in [(0xe0, 20), (0xf0, 30), (0xe1, 20)] {
+            assert!(c.put(fake(p), l).ok().unwrap().is_empty());
+        }
+        assert!(c.take(20).is_some());
+        assert_eq!(c.order.iter().copied().collect::<Vec<_>>(), [20, 30]);
+        // Nothing here may be freed: the pointers are fake.
+        std::mem::forget(c);
     }
 }
