@@ -752,6 +752,53 @@ fn waiting_inside_a_callback_is_refused_not_a_deadlock() {
     assert!(msg.contains("would block an ndx worker"), "{msg}");
 }
 
+/// A SYNC invocation made inside a callback whose input is still pending would have
+/// to wait for it on an ndx worker: it is refused at invoke (RUNTIME, naming both
+/// invocations) instead of blocking the pool, and the pending input is left to run
+/// later.
+#[test]
+fn a_sync_invocation_inside_a_callback_on_a_pending_input_fails_not_blocks() {
+    let ctx = context(EvalMode::Eager, CapturePolicy::Off);
+    let f = call(&ctx, "add", vec![i32s(&[1], &[1]), i32s(&[1], &[1])]);
+    let g = call_in(&ctx, "neg", vec![i32s(&[5], &[1])], EvalMode::Deferred);
+    let seen = Arc::new(Mutex::new(None));
+    let (s, inner, pending) = (seen.clone(), ctx.clone(), g.clone());
+    f.on_ready(Box::new(move |_| {
+        let r = inner
+            .invoke(
+                "abs",
+                vec![out(&pending)],
+                Args::new(),
+                Some(EvalMode::SyncCpu),
+                here(),
+            )
+            .map(|_| ())
+            .map_err(|e| (e.kind(), e.message().to_string()));
+        *s.lock().unwrap() = Some(r);
+    }));
+    f.wait(None).unwrap();
+    let got = loop {
+        if let Some(v) = seen.lock().unwrap().take() {
+            break v;
+        }
+        std::thread::yield_now();
+    };
+    let (kind, msg) = got.expect_err("refused to block");
+    assert_eq!(kind, ErrorKind::Runtime, "{msg}");
+    assert!(
+        msg.contains(&format!(
+            "a SYNC invocation of 'abs' waiting for its input from invocation #{} from \
+             inside an ndx callback or host operator would block an ndx worker",
+            g.seq()
+        )),
+        "{msg}"
+    );
+    // The DEFERRED input was not run by the refusal; it runs when asked for.
+    assert_eq!(g.poll(), Status::Pending);
+    g.wait(None).unwrap();
+    assert_eq!(values_i32(&g), [-5]);
+}
+
 #[test]
 fn batch_inputs_run_per_sample() {
     use ndx::exec::BatchRef;
