@@ -166,20 +166,22 @@ fn cache_take(len: usize) -> Option<*mut u8> {
 
 /// Keeps a freed buffer, or gives it back (returns it) when it does not fit.
 fn cache_put(ptr: *mut u8, len: usize) -> Option<*mut u8> {
-    let evicted = cache_lock().lock().put(CachedPtr(ptr), len);
-    match evicted {
-        Err(back) => Some(back.0),
-        Ok(evicted) => {
-            for (p, l) in evicted {
-                // SAFETY: a cached buffer was allocated in `owned` with this length and
-                // alignment, and the cache held the only pointer to it.
-                unsafe {
-                    std::alloc::dealloc(p.0, Layout::from_size_align_unchecked(l, ALIGNMENT))
-                };
-            }
-            None
-        }
+    // The lock is released at the end of this statement, before anything is freed.
+    let evicted = match cache_lock().lock().put(CachedPtr(ptr), len) {
+        Ok(evicted) => evicted,
+        Err(back) => return Some(back.0),
+    };
+    for (p, l) in evicted {
+        free_cached(p, l);
     }
+    None
+}
+
+/// Frees a buffer the cache held (and no longer holds) of `len` bytes.
+fn free_cached(p: CachedPtr, len: usize) {
+    // SAFETY: a cached buffer was allocated in `owned` with this length and alignment,
+    // and the cache held the only pointer to it.
+    unsafe { std::alloc::dealloc(p.0, Layout::from_size_align_unchecked(len, ALIGNMENT)) };
 }
 
 /// Frees every cached buffer; returns the bytes released.
@@ -191,9 +193,7 @@ fn cache_release_all() -> usize {
     drop(c);
     for (len, ptrs) in buffers {
         for p in ptrs {
-            // SAFETY: a cached buffer was allocated in `owned` with this length and
-            // alignment, and the cache held the only pointer to it.
-            unsafe { std::alloc::dealloc(p.0, Layout::from_size_align_unchecked(len, ALIGNMENT)) };
+            free_cached(p, len);
         }
     }
     released
@@ -670,6 +670,7 @@ mod tests {
             e.message()
         );
     }
+
     /// The cache's bookkeeping, on fake pointers it never dereferences: the least
     /// recently freed buffers are evicted first, bytes stay counted exactly, a buffer
     /// larger than the cache is given back, and a size class that empties leaves the
